@@ -1,0 +1,77 @@
+"""Configuration models, frozen and validated (pydantic).
+
+Core code never reads the environment; the CLI and the Dagster resources build these models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_ZOOKEEPER = "127.0.0.1:2181"
+DEFAULT_CHROOT = "/stream_ops"
+
+
+class ZooKeeperConfig(BaseModel):
+    """How to reach ZooKeeper."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hosts: str = Field(DEFAULT_ZOOKEEPER, description="Comma-separated host:port list.")
+    chroot: str = Field(DEFAULT_CHROOT, description="Root znode for all stream_ops data.")
+    session_timeout_s: float = Field(10.0, gt=0, description="ZooKeeper session timeout.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="How long to wait for a first connection.")
+    auth_digest: str | None = Field(None, description="Optional 'user:password' digest credentials.")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_have_ports(cls, value: str) -> str:
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if not parts:
+            raise ValueError("give at least one ZooKeeper server as host:port")
+        for part in parts:
+            host, sep, port = part.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"ZooKeeper server {part!r} must be written host:port, e.g. 127.0.0.1:2181")
+        return ",".join(parts)
+
+    @field_validator("chroot")
+    @classmethod
+    def _chroot_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/") or (len(value) > 1 and value.endswith("/")):
+            raise ValueError(f"chroot {value!r} must start with '/' and not end with '/', e.g. /stream_ops")
+        return value
+
+    @property
+    def connection_string(self) -> str:
+        """Hosts plus chroot, as kazoo expects them."""
+        return self.hosts if self.chroot == "/" else f"{self.hosts}{self.chroot}"
+
+
+class ClusterConfig(BaseModel):
+    """Where a stream_ops cluster keeps its files.
+
+    ``root`` may be any path the workers share (a local directory on one machine). The dist
+    store, topics and Spark checkpoints live under it unless given explicitly.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    root: Path = Field(Path("var/stream_ops"), description="Base directory for everything below.")
+    dist_dir: Path | None = Field(None, description="Dist store: plan, conf and code of each submission.")
+    topics_root: Path | None = Field(None, description="Internal topics (shuffle, state, dead letters).")
+    checkpoints_root: Path | None = Field(None, description="Spark checkpoints, one per task.")
+    local_state_dir: Path | None = Field(None, description="Local RocksDB stores of this machine's workers.")
+
+    def resolved_dist_dir(self) -> Path:
+        return self.dist_dir or self.root / "dist"
+
+    def resolved_topics_root(self) -> Path:
+        return self.topics_root or self.root / "topics"
+
+    def resolved_checkpoints_root(self) -> Path:
+        return self.checkpoints_root or self.root / "checkpoints"
+
+    def resolved_local_state_dir(self) -> Path:
+        return self.local_state_dir or self.root / "local"

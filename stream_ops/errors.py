@@ -1,0 +1,102 @@
+"""Every exception stream_ops raises, in one place.
+
+All derive from :class:`StreamOpsError`. Errors a caller may retry (a lost connection, a
+contended compare-and-set) derive from :class:`TransientError` as well; everything else is
+fatal for the operation that raised it. Messages say what to do about the problem.
+"""
+
+from __future__ import annotations
+
+
+class StreamOpsError(Exception):
+    """Root of every stream_ops error."""
+
+
+class TransientError(StreamOpsError):
+    """The operation may succeed if retried (connection loss, contention)."""
+
+
+# --- definition time -------------------------------------------------------------------
+
+
+class TopologyDefinitionError(StreamOpsError):
+    """A topology definition is invalid (unknown field, bad operator order, ...)."""
+
+
+class TopologyLoadError(StreamOpsError):
+    """An import string such as ``pkg.module:topology`` could not be loaded."""
+
+
+# --- state -----------------------------------------------------------------------------
+
+
+class StateError(StreamOpsError):
+    """Keyed state could not be read or written."""
+
+
+class TxidOrderError(StateError):
+    """A batch txid is older than the txid already stored for a value (never applied)."""
+
+
+class ReplayError(StateError):
+    """A state topic could not be replayed (corrupt entry, impossible ordering)."""
+
+
+# --- topics ----------------------------------------------------------------------------
+
+
+class TopicError(StreamOpsError):
+    """A FileTopic could not be read or written."""
+
+
+# --- coordination ----------------------------------------------------------------------
+
+
+class CoordinationError(StreamOpsError):
+    """ZooKeeper refused or failed an operation."""
+
+
+class ZooKeeperUnavailableError(CoordinationError, TransientError):
+    """No ZooKeeper server answered in time."""
+
+
+class ConcurrentUpdateError(CoordinationError, TransientError):
+    """A compare-and-set lost against another writer too many times."""
+
+
+class OwnershipLostError(CoordinationError):
+    """This worker no longer owns the task; it must stop without writing."""
+
+
+class ZooKeeperServerError(CoordinationError):
+    """The embedded ZooKeeper server could not be started or stopped."""
+
+
+class JavaNotFoundError(ZooKeeperServerError):
+    """No Java runtime was found to run the embedded ZooKeeper."""
+
+
+# --- nimbus ----------------------------------------------------------------------------
+
+
+class SubmissionError(StreamOpsError):
+    """A topology could not be submitted."""
+
+
+class TopologyNotFoundError(StreamOpsError):
+    """No submitted topology has the given name or id."""
+
+
+class SchedulingError(StreamOpsError):
+    """Tasks could not be assigned (no slots, bad arguments)."""
+
+
+# --- runtime ---------------------------------------------------------------------------
+
+
+class WorkerError(StreamOpsError):
+    """A worker could not run its tasks."""
+
+
+class QueryError(StreamOpsError):
+    """A state query could not be answered."""
