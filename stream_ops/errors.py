@@ -64,6 +64,32 @@ class ConcurrentUpdateError(CoordinationError, TransientError):
     """A compare-and-set lost against another writer too many times."""
 
 
+class ZnodeExistsError(CoordinationError):
+    """A znode to create already exists (e.g. another worker holds an ownership node)."""
+
+
+class ZnodeNotFoundError(CoordinationError):
+    """A znode to read, update or delete does not exist."""
+
+
+class TransactionFailedError(CoordinationError):
+    """A multi-operation ZooKeeper transaction was rolled back; nothing was applied.
+
+    Attributes:
+        index: Position of the operation that failed (0-based).
+        operation: Kind of that operation: ``create``, ``delete``, ``set_data`` or ``check``.
+        path: Znode path of that operation (relative to the chroot).
+        reason: ZooKeeper's reason, e.g. ``BadVersionError`` or ``NoNodeError``.
+    """
+
+    def __init__(self, message: str, *, index: int, operation: str, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.operation = operation
+        self.path = path
+        self.reason = reason
+
+
 class OwnershipLostError(CoordinationError):
     """This worker no longer owns the task; it must stop without writing."""
 

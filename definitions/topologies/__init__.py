@@ -1,0 +1,1 @@
+"""Example topologies (the seed systems' examples, in stream_ops form)."""

@@ -1,0 +1,59 @@
+"""Trident's word count: sentences -> split -> group by word -> persistent count.
+
+Where the input lives comes from ``STREAM_OPS_HOME`` (default ``var/stream_ops`` under the
+current directory), so the same module serves the local stack, tests and the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+
+SAMPLE_SENTENCES = (
+    "the cow jumped over the moon",
+    "the man went to the store and bought some candy",
+    "four score and seven years ago",
+    "how many apples can you eat",
+    "to be or not to be the person",
+    "how are you",
+    "nice to meet you",
+    "what a good day",
+)
+
+
+def split(sentence: str) -> Iterator[str]:
+    """Trident's ``Split``: one output per space-separated word."""
+    yield from sentence.split(" ")
+
+
+def build_wordcount(
+    input_path: str | os.PathLike[str],
+    *,
+    name: str = "wordcount",
+    queues: int = 2,
+    state: Any = OpaqueMapState,
+) -> Topology:
+    """The word-count topology reading sentences from ``input_path``."""
+    topology = Topology(name)
+    counts = (
+        topology.source("sentences", FileTopic(input_path, queues=queues), schema={"sentence": "string"})
+        .each(split, out="word", fields=["sentence"])
+        .group_by("word")
+        .persistent_aggregate(Count(), out="count", state=state)
+    )
+    topology.query("words", counts)
+    return topology
+
+
+def input_path() -> Path:
+    """Where the example reads its sentences."""
+    return Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve() / "input" / "sentences"
+
+
+def topology() -> Topology:
+    """The example word count on the configured input path."""
+    return build_wordcount(input_path())

@@ -1,0 +1,516 @@
+"""A real, single-node ZooKeeper server run from the jars that pyspark ships.
+
+The pyspark wheel contains ``zookeeper-<version>.jar`` (and its jute, netty, slf4j and log4j
+dependencies) in ``pyspark/jars``, so a Java runtime is all that is needed to run ZooKeeper
+locally::
+
+    java -cp "<pyspark>/jars/*" org.apache.zookeeper.server.ZooKeeperServerMain <zoo.cfg>
+
+:class:`EmbeddedZooKeeper` writes the ``zoo.cfg`` (see FACTS.md for why each setting is there),
+launches the JVM in its own process group with its output in ``<data_dir>/zookeeper.log``,
+and reports ready only once the server answers the ``srvr`` four-letter word with a
+``Mode:`` line: an open port or a live process is not proof that the server serves.
+
+Example:
+    >>> from pathlib import Path
+    >>> with EmbeddedZooKeeper(Path("/tmp/zk")) as zk:  # doctest: +SKIP
+    ...     print(zk.hosts)
+    127.0.0.1:41234
+
+The CLI (``stream-ops zookeeper start``) runs a server in the foreground with
+:func:`serve_forever` / :func:`run_foreground`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO
+
+from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError
+
+logger = logging.getLogger(__name__)
+
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+LOG_FILE_NAME = "zookeeper.log"
+CONFIG_FILE_NAME = "zoo.cfg"
+LOG4J_FILE_NAME = "log4j2.properties"
+PROBE_TIMEOUT_S = 0.25
+PROBE_INTERVAL_S = 0.05
+#: Largest session timeout the server grants, in milliseconds (clients asking for more get this).
+MAX_SESSION_TIMEOUT_MS = 120_000
+_LOG_TAIL_LINES = 40
+
+_LOG4J2_PROPERTIES = """\
+# Written by stream_ops: ZooKeeper logs to stdout, which EmbeddedZooKeeper sends to zookeeper.log
+status = warn
+appender.console.type = Console
+appender.console.name = console
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{ISO8601} %-5p [%t] %c{1}: %m%n
+rootLogger.level = info
+rootLogger.appenderRef.console.ref = console
+"""
+
+
+def find_java() -> str:
+    """Locate the ``java`` executable.
+
+    ``$JAVA_HOME/bin/java`` wins when it exists; otherwise ``java`` on ``PATH``.
+
+    Returns:
+        The path of the java executable.
+
+    Raises:
+        JavaNotFoundError: No Java runtime was found.
+
+    Example:
+        >>> find_java()  # doctest: +SKIP
+        '/usr/bin/java'
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+        logger.warning("JAVA_HOME=%s has no executable bin/java; looking on PATH", java_home)
+    found = shutil.which("java")
+    if found:
+        return found
+    raise JavaNotFoundError(
+        "No Java runtime found: the embedded ZooKeeper needs Java 17 or newer. Install it "
+        "(e.g. `apt-get install openjdk-17-jre-headless` or `brew install openjdk@17`) and put "
+        "`java` on PATH, or set JAVA_HOME to the JDK/JRE directory."
+        + (f" (JAVA_HOME={java_home} has no bin/java)" if java_home else "")
+    )
+
+
+def pyspark_jars_dir() -> Path:
+    """Return the ``jars`` directory of the installed pyspark (holds the ZooKeeper jar).
+
+    Raises:
+        ZooKeeperServerError: pyspark is not installed or ships no ZooKeeper jar.
+    """
+    try:
+        import pyspark
+    except ImportError as e:  # pragma: no cover - pyspark is a hard dependency
+        raise ZooKeeperServerError(
+            "pyspark is not installed; the embedded ZooKeeper runs from pyspark's jars. "
+            "Install stream-ops with its dependencies (`pip install stream-ops`)."
+        ) from e
+    jars = Path(pyspark.__file__).resolve().parent / "jars"
+    if not any(jars.glob("zookeeper-*.jar")):
+        raise ZooKeeperServerError(
+            f"No zookeeper-*.jar in {jars}; reinstall pyspark (the wheel ships ZooKeeper) "
+            "or run a ZooKeeper server yourself and point stream_ops at it."
+        )
+    return jars
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def four_letter_word(host: str, port: int, word: str = "srvr", timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """Send a ZooKeeper four-letter command and return the reply.
+
+    Args:
+        host: Server address.
+        port: Client port.
+        word: Command, one of the whitelisted ``srvr``, ``ruok``, ``mntr``, ``stat``.
+        timeout_s: Socket timeout for connect and each read.
+
+    Raises:
+        OSError: Connection refused, reset or timed out.
+    """
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.settimeout(timeout_s)
+        sock.sendall(word.encode("ascii"))
+        chunks: list[bytes] = []
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+class EmbeddedZooKeeper:
+    """One standalone ZooKeeper server in a child JVM.
+
+    Args:
+        data_dir: Directory for snapshots, transaction logs, ``zoo.cfg`` and ``zookeeper.log``.
+            Created if missing; reusing it keeps the data of an earlier run.
+        port: Client port; ``None`` picks a free one.
+        host: Interface to listen on (``clientPortAddress``).
+        tick_time_ms: ZooKeeper ``tickTime``. Session timeouts are bounded below by
+            ``2 * tick_time_ms``, so keep it small for fast tests.
+
+    Example:
+        >>> zk = EmbeddedZooKeeper(Path("/tmp/zk"), tick_time_ms=500)  # doctest: +SKIP
+        >>> zk.start()  # doctest: +SKIP
+        >>> zk.hosts  # doctest: +SKIP
+        '127.0.0.1:38211'
+        >>> zk.stop()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        tick_time_ms: int = 500,
+    ) -> None:
+        if tick_time_ms < 1:
+            raise ValueError(f"tick_time_ms must be positive, got {tick_time_ms}")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {port}")
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.tick_time_ms = tick_time_ms
+        self._requested_port = port
+        self._port: int | None = port
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_handle: IO[bytes] | None = None
+        self._lock = threading.RLock()
+
+    # --- properties ------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The client port (chosen at :meth:`start` when none was given)."""
+        if self._port is None:
+            raise ZooKeeperServerError("the server has no port yet: call start() first")
+        return self._port
+
+    @property
+    def hosts(self) -> str:
+        """Connection string ``host:port`` for clients."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the JVM, or ``None`` if never started."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the JVM process is alive (not proof that it serves; see :meth:`is_serving`)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def config_path(self) -> Path:
+        """Where the generated ``zoo.cfg`` lives."""
+        return self.data_dir / CONFIG_FILE_NAME
+
+    @property
+    def log_path(self) -> Path:
+        """The JVM's combined stdout/stderr."""
+        return self.data_dir / LOG_FILE_NAME
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Launch the server and wait until it serves.
+
+        Args:
+            timeout_s: How long to wait for the server to answer ``srvr`` with ``Mode:``.
+
+        Raises:
+            JavaNotFoundError: No Java runtime.
+            ZooKeeperServerError: Already running, port taken, the JVM exited, or the server
+                did not become ready in time (the message carries the tail of the log).
+        """
+        with self._lock:
+            if self.running:
+                raise ZooKeeperServerError(f"ZooKeeper at {self.hosts} (pid {self.pid}) is already running")
+            java = find_java()
+            jars = pyspark_jars_dir()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if self._requested_port is None:
+                self._port = free_port(self.host)
+            elif not _port_is_free(self.host, self._requested_port):
+                raise ZooKeeperServerError(
+                    f"port {self.host}:{self._requested_port} is already in use; stop whatever "
+                    "listens there or choose another port (or none, to pick a free one)"
+                )
+            self._write_config()
+            cmd = [
+                java,
+                "-Xms32m",
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_FILE_NAME}",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-cp",
+                f"{jars}{os.sep}*",
+                MAIN_CLASS,
+                str(self.config_path),
+            ]
+            self._log_handle = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            logger.info("starting ZooKeeper on %s (data %s)", self.hosts, self.data_dir)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_handle,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+            )
+            atexit.register(self.stop)
+            started = time.monotonic()
+            try:
+                self._wait_ready(timeout_s)
+            except BaseException:
+                self._terminate(grace_s=2.0)
+                raise
+            logger.info(
+                "ZooKeeper ready on %s (pid %s) in %.2fs", self.hosts, self.pid, time.monotonic() - started
+            )
+
+    def _write_config(self) -> None:
+        tick = self.tick_time_ms
+        lines = [
+            "# Written by stream_ops EmbeddedZooKeeper; regenerated at every start",
+            f"dataDir={self.data_dir.resolve()}",
+            f"clientPort={self.port}",
+            f"clientPortAddress={self.host}",
+            f"tickTime={tick}",
+            f"minSessionTimeout={2 * tick}",
+            f"maxSessionTimeout={max(MAX_SESSION_TIMEOUT_MS, 20 * tick)}",
+            "initLimit=10",
+            "syncLimit=5",
+            "maxClientCnxns=0",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=srvr,ruok,mntr,stat",
+            "autopurge.snapRetainCount=3",
+            "autopurge.purgeInterval=1",
+        ]
+        self.config_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (self.data_dir / LOG4J_FILE_NAME).write_text(_LOG4J2_PROPERTIES, encoding="utf-8")
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last_error: str = "no reply yet"
+        while True:
+            assert self._proc is not None
+            code = self._proc.poll()
+            if code is not None:
+                raise ZooKeeperServerError(
+                    f"ZooKeeper JVM exited with code {code} before it was ready on {self.hosts}; "
+                    f"last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                reply = four_letter_word(self.host, self.port, "srvr")
+            except OSError as e:
+                last_error = f"{type(e).__name__}: {e}"
+            else:
+                if "Mode:" in reply:
+                    # Guard against answering for someone else's server on a reused port.
+                    if self._proc.poll() is None:
+                        return
+                    continue
+                last_error = f"reply without Mode: {reply[:200]!r}"
+            if time.monotonic() >= deadline:
+                raise ZooKeeperServerError(
+                    f"ZooKeeper on {self.hosts} was not ready after {timeout_s:.1f}s ({last_error}); "
+                    f"last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(PROBE_INTERVAL_S)
+
+    def is_serving(self) -> bool:
+        """Whether the server answers ``srvr`` with a ``Mode:`` line right now."""
+        if not self.running:
+            return False
+        try:
+            return "Mode:" in four_letter_word(self.host, self.port, "srvr")
+        except OSError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server: SIGTERM to its process group, SIGKILL after ``timeout_s``.
+
+        Idempotent; does nothing if the server is not running.
+        """
+        with self._lock:
+            if self._proc is None:
+                return
+            was_running = self.running
+            self._terminate(grace_s=timeout_s)
+            if was_running:
+                logger.info("ZooKeeper on %s stopped", self.hosts)
+
+    def kill(self) -> None:
+        """SIGKILL the JVM at once (simulates a crash; for tests)."""
+        with self._lock:
+            if self._proc is None:
+                return
+            self._signal(signal.SIGKILL)
+            self._proc.wait()
+            logger.info("ZooKeeper on %s killed", self.hosts)
+            self._cleanup()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        if self._proc.poll() is not None:
+            return
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # pragma: no cover - group gone and pid reused
+            self._proc.send_signal(sig)
+
+    def _terminate(self, grace_s: float) -> None:
+        assert self._proc is not None
+        if self._proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("ZooKeeper pid %s ignored SIGTERM for %.1fs; sending SIGKILL", self.pid, grace_s)
+                self._signal(signal.SIGKILL)
+                self._proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+        atexit.unregister(self.stop)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """Return the last ``lines`` lines of the server log (empty if there is none)."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> EmbeddedZooKeeper:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        port = self._port if self._port is not None else "?"
+        state = "running" if self.running else "stopped"
+        return f"EmbeddedZooKeeper({self.host}:{port}, {state}, data_dir={str(self.data_dir)!r})"
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop_event: threading.Event) -> Iterator[None]:
+    """Set ``stop_event`` on SIGTERM/SIGINT while inside; handlers only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _handler(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s, stopping ZooKeeper", signal.Signals(signum).name)
+        stop_event.set()
+
+    previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_forever(
+    server: EmbeddedZooKeeper,
+    stop_event: threading.Event | None = None,
+    *,
+    start_timeout_s: float = 30.0,
+    poll_interval_s: float = 0.5,
+) -> None:
+    """Run ``server`` in the foreground until SIGTERM/SIGINT or ``stop_event``, then stop it.
+
+    Starts the server if it is not running, logs its address, and waits. When called from
+    the main thread, SIGTERM and SIGINT set the stop event (previous handlers are restored on
+    return). The server is always stopped on the way out.
+
+    Args:
+        server: The server to run.
+        stop_event: Set it from another thread to return; one is created if ``None``.
+        start_timeout_s: Readiness timeout passed to :meth:`EmbeddedZooKeeper.start`.
+        poll_interval_s: How often to check that the JVM is still alive.
+
+    Raises:
+        ZooKeeperServerError: The server could not start, or its JVM died while serving.
+
+    Example:
+        >>> serve_forever(EmbeddedZooKeeper(Path("var/zookeeper"), port=2181))  # doctest: +SKIP
+    """
+    event = stop_event if stop_event is not None else threading.Event()
+    with _stop_on_signals(event):
+        try:
+            if not server.running:
+                server.start(timeout_s=start_timeout_s)
+            logger.info(
+                "ZooKeeper serving on %s (pid %s, data %s, log %s); SIGTERM or Ctrl-C stops it",
+                server.hosts,
+                server.pid,
+                server.data_dir,
+                server.log_path,
+            )
+            while not event.wait(poll_interval_s):
+                if not server.running:
+                    raise ZooKeeperServerError(
+                        f"ZooKeeper on {server.hosts} exited unexpectedly; last lines of "
+                        f"{server.log_path}:\n{server.log_tail()}"
+                    )
+        finally:
+            server.stop()
+
+
+def run_foreground(
+    data_dir: Path,
+    port: int | None = 2181,
+    host: str = "127.0.0.1",
+    *,
+    tick_time_ms: int = 500,
+    stop_event: threading.Event | None = None,
+) -> None:
+    """Build an :class:`EmbeddedZooKeeper` and :func:`serve_forever` it (for the CLI).
+
+    Args:
+        data_dir: Server data directory.
+        port: Client port (``None`` picks a free one and logs it).
+        host: Interface to listen on.
+        tick_time_ms: ZooKeeper ``tickTime``.
+        stop_event: Optional event that stops the server when set.
+    """
+    serve_forever(EmbeddedZooKeeper(data_dir, port=port, host=host, tick_time_ms=tick_time_ms), stop_event)

@@ -1,0 +1,101 @@
+"""The JSON records stored in each znode (DESIGN section 3), as frozen pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TopologyStatusName = Literal["ACTIVE", "INACTIVE", "REBALANCING", "KILLED"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class StormRecord(_Record):
+    """``/storms/{id}``: one submitted topology."""
+
+    topology_id: str
+    name: str
+    status: TopologyStatusName
+    workers: int
+    conf: dict[str, Any] = Field(default_factory=dict)
+    dist_dir: str
+    submitted_at: float
+    num_tasks: int
+    code_sha256: str | None = None
+
+
+class TaskRecord(_Record):
+    """``/tasks/{id}/{task}``: what a task runs."""
+
+    task_id: int
+    stage: int
+    stage_name: str
+    queue: int
+    input_path: str
+
+
+class AssignmentRecord(_Record):
+    """``/assignments/{id}``: task -> worker id; the znode version is the assignment epoch."""
+
+    tasks: dict[int, str] = Field(default_factory=dict)
+    start_times: dict[int, float] = Field(default_factory=dict)
+
+
+class WorkerRecord(_Record):
+    """``/workers/{host:port}`` (ephemeral): a live worker slot."""
+
+    worker_id: str
+    host: str
+    port: int
+    pid: int
+    capacity: int
+    started_at: float
+    launched_by: str = "cli"
+
+
+class OwnerRecord(_Record):
+    """``/owners/{id}/{task}`` (ephemeral): the worker running a task, and its owner epoch."""
+
+    worker_id: str
+    epoch: int
+    since: float
+
+
+class TransactionalRecord(_Record):
+    """``/transactional/{id}/{task}``: the last committed txid and the owner epoch history."""
+
+    committed_txid: int = -1
+    committed_epoch: int = 0
+    epoch: int = 0
+    attempt: int = 0
+    offsets: list[Any] = Field(default_factory=list)
+    committed_at: float | None = None
+    rows: int = 0
+
+
+class HeartbeatRecord(_Record):
+    """``/taskheartbeats/{id}/{task}`` (ephemeral, rewritten every beat)."""
+
+    worker_id: str
+    time: float
+    epoch: int
+    txid_in_flight: int | None = None
+    committed_txid: int = -1
+    rows_per_s: float = 0.0
+    rows_out_per_s: float = 0.0
+    lag_files: int = 0
+    state_keys: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+
+
+class ErrorRecord(_Record):
+    """``/errors/{id}/{task}``: the most recent errors of a task (bounded)."""
+
+    errors: list[dict[str, Any]] = Field(default_factory=list)

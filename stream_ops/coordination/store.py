@@ -1,0 +1,575 @@
+"""Typed access to ZooKeeper: the only module that calls kazoo's data API.
+
+:class:`ZkStore` wraps one :class:`kazoo.client.KazooClient` and speaks JSON: values are
+encoded compactly as UTF-8 (:func:`encode_json` / :func:`decode_json`), writes are
+compare-and-set on znode versions, and multi-node changes go through one kazoo transaction
+(:meth:`ZkStore.transaction` + :meth:`ZkStore.commit_transaction`).
+
+Every kazoo exception is translated here into a stream_ops error, chained with ``from``:
+
+=========================================================  ===================================
+kazoo                                                      stream_ops
+=========================================================  ===================================
+connect timeout, ``ConnectionLoss``, ``SessionExpired``,   :class:`ZooKeeperUnavailableError`
+``OperationTimeout``, closed client                        (transient)
+``NoNodeError``                                            :class:`ZnodeNotFoundError`
+``NodeExistsError``                                        :class:`ZnodeExistsError`
+``BadVersionError`` on an explicit version                 :class:`ConcurrentUpdateError`
+a rolled-back transaction                                  :class:`TransactionFailedError`
+anything else (``NoAuth``, ``NotEmpty``, ...)              :class:`CoordinationError`
+=========================================================  ===================================
+
+Reads (``get_json``, ``children``, ``exists``) are retried through short connection losses
+until the session timeout passes. Writes are never retried after a connection loss, because
+ZooKeeper may or may not have applied them: the caller gets
+:class:`ZooKeeperUnavailableError` and decides (re-read, then write again).
+
+Watches and recipes (``DataWatch``, ``ChildrenWatch``, ``Lock``, ``Election``, ...) are used
+by runtime code directly on :attr:`ZkStore.client`; paths always come from
+:class:`~stream_ops.coordination.paths.ZkPaths`.
+
+Example:
+    >>> from stream_ops.config import ZooKeeperConfig
+    >>> with ZkStore.connect(ZooKeeperConfig(hosts="127.0.0.1:2181")) as store:  # doctest: +SKIP
+    ...     store.create_json("/storms/wc-1-1700000000", {"status": "ACTIVE"})
+    ...     store.update_json("/storms/wc-1-1700000000", lambda s: {**s, "status": "INACTIVE"})
+    ...     store.next_counter(ZkPaths.ID_COUNTER)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient, KazooState, TransactionRequest
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+    ZookeeperStoppedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.retry import KazooRetry
+from kazoo.security import CREATOR_ALL_ACL
+
+from stream_ops.config import ZooKeeperConfig
+from stream_ops.errors import (
+    ConcurrentUpdateError,
+    CoordinationError,
+    StreamOpsError,
+    TransactionFailedError,
+    ZnodeExistsError,
+    ZnodeNotFoundError,
+    ZooKeeperUnavailableError,
+)
+
+__all__ = ["ZkStore", "ZnodeStat", "decode_json", "encode_json"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: kazoo errors that mean "no usable connection right now".
+_UNAVAILABLE = (
+    ConnectionLoss,
+    SessionExpiredError,
+    OperationTimeoutError,
+    KazooTimeoutError,
+    ZookeeperStoppedError,
+)
+#: Errors after which a read may be retried (a closed client is final).
+_RETRYABLE_READ = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+
+#: Everything kazoo raises (its timeout error is not a KazooException).
+_KAZOO_ERRORS = (KazooException, KazooTimeoutError)
+
+_MISSING: Any = object()
+
+_OP_NAMES = {
+    "Create": "create",
+    "Create2": "create",
+    "Delete": "delete",
+    "SetData": "set_data",
+    "CheckVersion": "check",
+}
+
+
+def encode_json(data: Any) -> bytes:
+    """Encode ``data`` as compact UTF-8 JSON (the format of every stream_ops znode).
+
+    Raises:
+        TypeError: ``data`` is not JSON-serialisable.
+        ValueError: ``data`` contains NaN or infinity.
+    """
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def decode_json(raw: bytes | None, path: str = "?") -> Any:
+    """Decode znode bytes written by :func:`encode_json`; empty data decodes to ``None``.
+
+    Raises:
+        CoordinationError: The znode holds something that is not UTF-8 JSON.
+    """
+    if not raw:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CoordinationError(
+            f"znode {path} does not hold UTF-8 JSON ({e}); it was not written by stream_ops "
+            "or is corrupt: inspect it with zkCli and delete or rewrite it"
+        ) from e
+
+
+def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
+    """Map a kazoo exception raised while doing ``action`` on ``path`` to a stream_ops error."""
+    if isinstance(e, ConnectionClosedError | ZookeeperStoppedError):
+        return ZooKeeperUnavailableError(f"cannot {action} {path}: this ZkStore is closed; connect a new one")
+    if isinstance(e, _UNAVAILABLE):
+        return ZooKeeperUnavailableError(
+            f"cannot {action} {path}: lost the connection to ZooKeeper ({type(e).__name__}); "
+            "the operation may or may not have been applied. Retry after re-reading the node."
+        )
+    if isinstance(e, NoNodeError):
+        return ZnodeNotFoundError(f"cannot {action} {path}: the znode (or its parent) does not exist")
+    if isinstance(e, NodeExistsError):
+        return ZnodeExistsError(f"cannot {action} {path}: the znode already exists")
+    if isinstance(e, BadVersionError):
+        return ConcurrentUpdateError(
+            f"cannot {action} {path}: its version changed since it was read (another writer won); "
+            "re-read it and try again"
+        )
+    return CoordinationError(f"cannot {action} {path}: ZooKeeper answered {type(e).__name__}: {e}")
+
+
+class ZkStore:
+    """JSON, compare-and-set access to ZooKeeper under one chroot.
+
+    Create it with :meth:`connect`; close it with :meth:`close` or use it as a context manager.
+    The instance is thread-safe (kazoo clients are).
+
+    Args:
+        client: A started :class:`KazooClient` whose chroot exists.
+        config: The configuration it was built from.
+        sleep: Sleeper used between retries (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        config: ZooKeeperConfig,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._sleep = sleep
+        self._closed = False
+
+    # --- connection ------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, config: ZooKeeperConfig, *, sleep: Callable[[float], None] = time.sleep) -> ZkStore:
+        """Connect to ZooKeeper, creating the chroot node if it is missing.
+
+        kazoo requires a chroot to exist before use, so a short-lived client without chroot
+        creates it first. With ``auth_digest`` the session authenticates with digest
+        credentials and new znodes get ``CREATOR_ALL_ACL`` (only that identity can use them).
+
+        Args:
+            config: Hosts, chroot, timeouts and optional digest credentials.
+            sleep: Sleeper used between retries (injectable for tests).
+
+        Returns:
+            A connected store.
+
+        Raises:
+            ZooKeeperUnavailableError: No server answered within ``connect_timeout_s``.
+            CoordinationError: The chroot could not be created (e.g. not authorised).
+
+        Example:
+            >>> store = ZkStore.connect(ZooKeeperConfig(hosts="127.0.0.1:2181"))  # doctest: +SKIP
+        """
+        if config.chroot != "/":
+            bootstrap = cls._start_client(config, config.hosts)
+            try:
+                bootstrap.ensure_path(config.chroot)
+            except _KAZOO_ERRORS as e:
+                raise _translate(e, "create the chroot", config.chroot) from e
+            finally:
+                bootstrap.stop()
+                bootstrap.close()
+        client = cls._start_client(config, config.connection_string)
+        logger.info(
+            "connected to ZooKeeper %s (chroot %s, session 0x%x)",
+            config.hosts,
+            config.chroot,
+            client.client_id[0] if client.client_id else 0,
+        )
+        return cls(client, config, sleep=sleep)
+
+    @staticmethod
+    def _start_client(config: ZooKeeperConfig, hosts: str) -> KazooClient:
+        auth = [("digest", config.auth_digest)] if config.auth_digest else None
+        client = KazooClient(
+            hosts=hosts,
+            timeout=config.session_timeout_s,
+            auth_data=auth,
+            default_acl=CREATOR_ALL_ACL if config.auth_digest else None,
+            # Reconnect quickly and forever (kazoo's default backs off up to an hour).
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.1),
+            command_retry=KazooRetry(max_tries=3, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.1),
+        )
+        try:
+            client.start(timeout=config.connect_timeout_s)
+        except KazooTimeoutError as e:
+            raise ZooKeeperUnavailableError(
+                f"no ZooKeeper server answered at {config.hosts} within {config.connect_timeout_s:g}s. "
+                "Check that ZooKeeper is running (`stream-ops zookeeper start` runs a local one), "
+                "that the host:port list is right, and that this machine can reach it."
+            ) from e
+        except _KAZOO_ERRORS as e:
+            client.stop()
+            client.close()
+            raise CoordinationError(
+                f"could not open a ZooKeeper session at {config.hosts}: {type(e).__name__}: {e}. "
+                "Check the auth_digest credentials and the server log."
+            ) from e
+        return client
+
+    @property
+    def client(self) -> KazooClient:
+        """The underlying kazoo client, for watches and recipes in runtime code."""
+        return self._client
+
+    @property
+    def config(self) -> ZooKeeperConfig:
+        """The configuration this store was connected with."""
+        return self._config
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session is currently connected (not suspended or lost)."""
+        return bool(self._client.connected)
+
+    def add_listener(self, fn: Callable[[KazooState], Any]) -> None:
+        """Register a session-state listener (``CONNECTED`` / ``SUSPENDED`` / ``LOST``).
+
+        The listener runs on kazoo's event thread and must not block.
+        """
+        self._client.add_listener(fn)
+
+    def remove_listener(self, fn: Callable[[KazooState], Any]) -> None:
+        """Unregister a listener added with :meth:`add_listener`."""
+        self._client.remove_listener(fn)
+
+    def close(self) -> None:
+        """End the session (ephemeral nodes vanish) and free the client. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client.stop()
+        finally:
+            self._client.close()
+        logger.debug("closed ZooKeeper session to %s%s", self._config.hosts, self._config.chroot)
+
+    def __enter__(self) -> ZkStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("connected" if self.connected else "disconnected")
+        return f"ZkStore({self._config.connection_string}, {state})"
+
+    # --- reads -----------------------------------------------------------------------
+
+    def _read(self, action: str, path: str, fn: Callable[[], T]) -> T:
+        """Run an idempotent read, retrying through connection loss until the session timeout."""
+        deadline = time.monotonic() + self._config.session_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except _RETRYABLE_READ as e:
+                if self._closed or isinstance(e, ConnectionClosedError) or time.monotonic() + delay > deadline:
+                    raise _translate(e, action, path) from e
+                logger.debug("retrying %s %s after %s", action, path, type(e).__name__)
+                self._sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except _KAZOO_ERRORS as e:
+                raise _translate(e, action, path) from e
+
+    def get_json(self, path: str, *, watch: Callable[..., Any] | None = None) -> tuple[Any, ZnodeStat] | None:
+        """Read and decode a znode.
+
+        Args:
+            path: Znode path under the chroot.
+            watch: Optional one-shot kazoo data watch.
+
+        Returns:
+            ``(value, stat)``, or ``None`` if the znode does not exist. Empty data decodes to
+            ``None``. ``stat.version`` is the version to pass to :meth:`set_json`.
+        """
+
+        def _get() -> tuple[bytes, ZnodeStat] | None:
+            try:
+                return self._client.get(path, watch=watch)
+            except NoNodeError:
+                return None
+
+        found = self._read("read", path, _get)
+        if found is None:
+            return None
+        raw, stat = found
+        return decode_json(raw, path), stat
+
+    def exists(self, path: str) -> bool:
+        """Whether the znode exists."""
+        return self._read("check", path, lambda: self._client.exists(path)) is not None
+
+    def children(self, path: str, *, watch: Callable[..., Any] | None = None) -> list[str]:
+        """Names of the children of ``path``, sorted; empty if the znode is missing."""
+
+        def _children() -> list[str]:
+            try:
+                return self._client.get_children(path, watch=watch)
+            except NoNodeError:
+                return []
+
+        return sorted(self._read("list", path, _children))
+
+    # --- writes ----------------------------------------------------------------------
+
+    def create_json(
+        self,
+        path: str,
+        data: Any,
+        *,
+        ephemeral: bool = False,
+        makepath: bool = True,
+        sequence: bool = False,
+    ) -> str:
+        """Create a znode holding ``data`` as JSON.
+
+        Args:
+            path: Znode path (for ``sequence=True``, the prefix of the name).
+            data: JSON-serialisable value.
+            ephemeral: Delete the node when this session ends.
+            makepath: Create missing parents (as persistent, empty nodes).
+            sequence: Append ZooKeeper's 10-digit sequence number to the name.
+
+        Returns:
+            The path actually created (differs from ``path`` when ``sequence`` is set).
+
+        Raises:
+            ZnodeExistsError: The node exists already.
+            ZnodeNotFoundError: The parent is missing and ``makepath`` is false.
+            ZooKeeperUnavailableError: Connection lost (the node may or may not exist now).
+        """
+        raw = encode_json(data)
+        try:
+            return str(
+                self._client.create(path, raw, ephemeral=ephemeral, sequence=sequence, makepath=makepath)
+            )
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, "create", path) from e
+
+    def set_json(self, path: str, data: Any, *, version: int = -1) -> ZnodeStat:
+        """Overwrite a znode's data with ``data`` as JSON.
+
+        Args:
+            path: Existing znode.
+            data: JSON-serialisable value.
+            version: Expected current version (compare-and-set); ``-1`` writes unconditionally.
+
+        Returns:
+            The new stat.
+
+        Raises:
+            ConcurrentUpdateError: ``version`` did not match.
+            ZnodeNotFoundError: The node does not exist.
+            ZooKeeperUnavailableError: Connection lost (the write may or may not be applied).
+        """
+        raw = encode_json(data)
+        try:
+            return self._client.set(path, raw, version=version)
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, "write", path) from e
+
+    def update_json(
+        self,
+        path: str,
+        fn: Callable[[Any], Any],
+        *,
+        default: Any = _MISSING,
+        retries: int = 20,
+    ) -> Any:
+        """Read-modify-write ``path`` with a version compare-and-set, retrying on conflicts.
+
+        ``fn`` gets the current decoded value and returns the new one; it may run several times
+        and must have no side effects. When the node is missing and ``default`` is given, the
+        node is created with ``fn(default)`` (a concurrent creator makes this attempt retry).
+
+        Args:
+            path: Znode path.
+            fn: Pure function old value -> new value.
+            default: Value to start from when the node is missing; omit to require the node.
+            retries: Attempts before giving up.
+
+        Returns:
+            The value written.
+
+        Raises:
+            ZnodeNotFoundError: The node is missing and no ``default`` was given.
+            ConcurrentUpdateError: Lost the compare-and-set ``retries`` times.
+            ZooKeeperUnavailableError: Connection lost (the last write may or may not be applied).
+
+        Example:
+            >>> store.update_json("/storms/x", lambda s: {**s, "status": "KILLED"})  # doctest: +SKIP
+        """
+        if retries < 1:
+            raise ValueError(f"retries must be >= 1, got {retries}")
+        for attempt in range(retries):
+            if attempt:
+                # Jittered backoff so contending writers spread out.
+                self._sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+            current = self.get_json(path)
+            try:
+                if current is None:
+                    if default is _MISSING:
+                        raise ZnodeNotFoundError(
+                            f"cannot update {path}: the znode does not exist (pass default= to create it)"
+                        )
+                    new = fn(default)
+                    self._client.create(path, encode_json(new), makepath=True)
+                    return new
+                value, stat = current
+                new = fn(value)
+                self._client.set(path, encode_json(new), version=stat.version)
+                return new
+            except (BadVersionError, NodeExistsError, NoNodeError) as e:
+                logger.debug("update of %s lost a race (%s), attempt %d", path, type(e).__name__, attempt + 1)
+                continue
+            except _KAZOO_ERRORS as e:
+                raise _translate(e, "update", path) from e
+        raise ConcurrentUpdateError(
+            f"gave up updating {path} after {retries} attempts: other writers changed it every time. "
+            "Retry later or reduce contention on this znode."
+        )
+
+    def next_counter(self, path: str, *, retries: int = 100) -> int:
+        """Atomically increment the JSON integer at ``path`` and return the new value.
+
+        The counter starts at 0 (the first call returns 1) and every call, from any process,
+        gets a distinct, larger value. Used for topology ids ``name-<counter>-<ts>``.
+
+        Raises:
+            ConcurrentUpdateError: Lost the compare-and-set ``retries`` times.
+            CoordinationError: The znode holds something other than an integer.
+        """
+
+        def _increment(value: Any) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CoordinationError(f"counter {path} holds {value!r}, not an integer")
+            return value + 1
+
+        return int(self.update_json(path, _increment, default=0, retries=retries))
+
+    def ensure_path(self, path: str) -> None:
+        """Create ``path`` and its parents as empty persistent nodes if missing."""
+        try:
+            self._client.ensure_path(path)
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, "create", path) from e
+
+    def delete(self, path: str, *, version: int = -1) -> None:
+        """Delete one znode (compare-and-set on ``version`` unless ``-1``).
+
+        Raises:
+            ZnodeNotFoundError: The node does not exist.
+            ConcurrentUpdateError: ``version`` did not match.
+            CoordinationError: The node has children.
+        """
+        try:
+            self._client.delete(path, version=version)
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, "delete", path) from e
+
+    def delete_recursive(self, path: str) -> None:
+        """Delete ``path`` and everything under it; a missing node is not an error."""
+        try:
+            self._client.delete(path, recursive=True)
+        except NoNodeError:
+            return
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, "delete", path) from e
+
+    # --- transactions ----------------------------------------------------------------
+
+    def transaction(self) -> TransactionRequest:
+        """Start a kazoo transaction; add operations, then :meth:`commit_transaction` it.
+
+        Encode values with :func:`encode_json`.
+
+        Example:
+            >>> tx = store.transaction()  # doctest: +SKIP
+            >>> tx.check(ZkPaths.owner(tid, 3), owner_version)  # doctest: +SKIP
+            >>> tx.set_data(ZkPaths.transactional_task(tid, 3), encode_json(meta), version=v)  # doctest: +SKIP
+            >>> store.commit_transaction(tx)  # doctest: +SKIP
+        """
+        return self._client.transaction()
+
+    def commit_transaction(self, tx: TransactionRequest) -> list[Any]:
+        """Commit ``tx``; all of its operations apply, or none do.
+
+        Returns:
+            One result per operation (created path, ``True`` for delete/check, stat for set).
+
+        Raises:
+            TransactionFailedError: ZooKeeper rolled the transaction back; the error names the
+                failing operation (index, kind, path) and ZooKeeper's reason.
+            ZooKeeperUnavailableError: Connection lost (the transaction may or may not be applied).
+        """
+        try:
+            results: list[Any] = tx.commit()
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, f"commit a transaction of {len(tx.operations)} operations on", "ZooKeeper") from e
+        failures = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        if not failures:
+            return results
+        # ZooKeeper marks the culprit with its own error, the others RolledBack/RuntimeInconsistency.
+        culprits = [(i, r) for i, r in failures if not isinstance(r, RolledBackError | RuntimeInconsistency)]
+        index, error = (culprits or failures)[0]
+        op = tx.operations[index]
+        kind = _OP_NAMES.get(type(op).__name__, type(op).__name__)
+        path = self._client.unchroot(op.path)
+        reason = type(error).__name__
+        raise TransactionFailedError(
+            f"transaction rolled back, nothing applied: operation {index} ({kind} {path}) failed "
+            f"with {reason}",
+            index=index,
+            operation=kind,
+            path=path,
+            reason=reason,
+        ) from error

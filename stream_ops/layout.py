@@ -1,0 +1,59 @@
+"""Where a submitted topology's files live under the cluster paths.
+
+Every internal topic, checkpoint and local store path is derived here from the cluster
+configuration and the topology id, so the nimbus, the workers and the Dagster layer agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from stream_ops.config import ClusterConfig
+from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topology.plan import Plan, StageSpec
+
+
+@dataclass(frozen=True)
+class TopologyLayout:
+    """Paths of one submitted topology."""
+
+    cluster: ClusterConfig
+    topology_id: str
+
+    @property
+    def dist_dir(self) -> Path:
+        """Dist store entry: plan.json, conf.json, code.zip."""
+        return self.cluster.resolved_dist_dir() / self.topology_id
+
+    @property
+    def topics_dir(self) -> Path:
+        return self.cluster.resolved_topics_root() / self.topology_id
+
+    def shuffle_topic(self, keyed_stage: StageSpec) -> FileTopic:
+        """The shuffle topic feeding a keyed stage (one queue per task of that stage)."""
+        return FileTopic(self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
+
+    def state_topic(self, keyed_stage: StageSpec) -> FileTopic:
+        """The compacted state topic of a keyed stage (one queue per input queue)."""
+        return FileTopic(self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
+
+    def dead_letter_topic(self) -> FileTopic:
+        """Records that could not be processed, one queue (files named per task and txid)."""
+        return FileTopic(self.topics_dir / "dead-letters", 1)
+
+    def checkpoint_dir(self, task_id: int) -> Path:
+        """Spark checkpoint of one task; shared so a task can move between workers."""
+        return self.cluster.resolved_checkpoints_root() / self.topology_id / f"task-{task_id:05d}"
+
+    def local_store_dir(self, worker_id: str, task_id: int) -> Path:
+        """The RocksDB of one task on one worker (local, rebuilt from the state topic on a move)."""
+        safe_worker = worker_id.replace(":", "_")
+        return self.cluster.resolved_local_state_dir() / safe_worker / self.topology_id / f"task-{task_id:05d}"
+
+    def input_topic(self, plan: Plan, stage: StageSpec) -> FileTopic:
+        """The topic a stage reads: its source, or the shuffle topic written by its upstream."""
+        if stage.kind == "source":
+            assert stage.source_path is not None
+            return FileTopic(stage.source_path, stage.queues)
+        return self.shuffle_topic(stage)

@@ -1,0 +1,89 @@
+"""Compute and store a topology's assignment from the live worker slots (Nimbus's job)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kazoo.exceptions import BadVersionError
+
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import AssignmentRecord, StormRecord, WorkerRecord
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import ConcurrentUpdateError
+from stream_ops.scheduler import Slot, assign
+
+logger = logging.getLogger(__name__)
+
+
+def live_workers(store: ZkStore) -> dict[str, WorkerRecord]:
+    """Worker id -> record for every registered (connected) worker."""
+    workers: dict[str, WorkerRecord] = {}
+    for worker_id in store.children(ZkPaths.WORKERS):
+        found = store.get_json(ZkPaths.worker(worker_id))
+        if found is not None:
+            workers[worker_id] = WorkerRecord.model_validate(found[0])
+    return workers
+
+
+def read_assignment(store: ZkStore, topology_id: str) -> tuple[AssignmentRecord, int] | None:
+    """The assignment and its epoch (znode version), or None if there is none."""
+    found = store.get_json(ZkPaths.assignment(topology_id))
+    if found is None:
+        return None
+    data, stat = found
+    return AssignmentRecord.model_validate(data), stat.version
+
+
+def reassign(
+    store: ZkStore,
+    topology_id: str,
+    *,
+    num_workers: int | None = None,
+    clock: Callable[[], float] = time.time,
+    retries: int = 10,
+) -> tuple[AssignmentRecord, int]:
+    """Re-deal a topology's tasks over the live slots, keeping healthy placements.
+
+    Tasks on live slots stay where the even split allows; tasks of vanished slots and new
+    tasks go to slots with room. Written with compare-and-set; the new znode version is the
+    new assignment epoch. With no live worker the assignment is left empty until one joins.
+    """
+    storm = StormRecord.model_validate(store.get_json(ZkPaths.storm(topology_id))[0])  # type: ignore[index]
+    wanted = num_workers if num_workers is not None else storm.workers
+    task_ids = sorted(int(t) for t in store.children(ZkPaths.tasks(topology_id)))
+    for _ in range(retries):
+        current = read_assignment(store, topology_id)
+        previous = current[0] if current is not None else AssignmentRecord()
+        slots = [Slot(w.host, w.port) for w in live_workers(store).values()]
+        if slots:
+            placed = assign(
+                task_ids,
+                slots,
+                wanted,
+                previous={t: Slot.parse(w) for t, w in previous.tasks.items()},
+            )
+            tasks = {t: str(slot) for t, slot in placed.items()}
+        else:
+            logger.warning("topology %s: no live worker; its %d tasks wait unassigned", topology_id, len(task_ids))
+            tasks = {}
+        now = clock()
+        start_times = {
+            t: previous.start_times.get(t, now) if previous.tasks.get(t) == w else now for t, w in tasks.items()
+        }
+        record = AssignmentRecord(tasks=tasks, start_times=start_times)
+        if current is not None and record.tasks == previous.tasks:
+            return previous, current[1]
+        try:
+            if current is None:
+                store.create_json(ZkPaths.assignment(topology_id), record.to_json_obj())
+                version = 0
+            else:
+                version = store.set_json(ZkPaths.assignment(topology_id), record.to_json_obj(), version=current[1]).version
+        except (BadVersionError, ConcurrentUpdateError):
+            continue
+        moved = sorted(t for t in tasks if previous.tasks.get(t) != tasks[t])
+        logger.info("topology %s: assignment epoch %d, %d tasks placed, moved %s", topology_id, version, len(tasks), moved)
+        return record, version
+    raise ConcurrentUpdateError(f"assignment of {topology_id} kept changing under us; retry the rebalance")

@@ -1,0 +1,160 @@
+"""Submit, find, activate, deactivate and kill topologies (Storm's Nimbus verbs)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from stream_ops.config import ClusterConfig
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import StormRecord, TaskRecord, TopologyStatusName, TransactionalRecord
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import SubmissionError, TopologyNotFoundError
+from stream_ops.layout import TopologyLayout
+from stream_ops.nimbus.assignment import reassign
+from stream_ops.nimbus.dist_store import build_code_archive, write_submission
+from stream_ops.topology.dsl import Topology
+from stream_ops.topology.plan import Plan, build_plan
+
+logger = logging.getLogger(__name__)
+
+
+def submit(
+    store: ZkStore,
+    cluster: ClusterConfig,
+    topology: Topology,
+    *,
+    workers: int = 2,
+    conf: Mapping[str, Any] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> str:
+    """Submit ``topology``: store plan/conf/code, create its znodes, assign its tasks.
+
+    Returns the topology id ``name-<counter>-<unix ts>``.
+
+    Example:
+        >>> with ZkStore.connect(ZooKeeperConfig()) as store:
+        ...     topology_id = submit(store, ClusterConfig(), build_wordcount("/data/in"), workers=2)
+    """
+    if workers < 1:
+        raise SubmissionError(f"workers must be at least 1, got {workers}")
+    if find_topology_id(store, topology.name, missing_ok=True) is not None:
+        raise SubmissionError(f"a topology named {topology.name!r} is already running; kill it first")
+    plan = build_plan(topology)
+    counter = store.next_counter(ZkPaths.ID_COUNTER)
+    topology_id = f"{topology.name}-{counter}-{int(clock())}"
+    layout = TopologyLayout(cluster, topology_id)
+    conf_dict = dict(conf or {})
+    sha = write_submission(layout.dist_dir, plan, conf_dict, build_code_archive(plan))
+    for stage in plan.stages:
+        if stage.kind == "keyed":
+            layout.shuffle_topic(stage).create()
+            layout.state_topic(stage).create()
+        else:
+            layout.input_topic(plan, stage).create()
+    layout.dead_letter_topic().create()
+
+    storm = StormRecord(
+        topology_id=topology_id,
+        name=topology.name,
+        status="ACTIVE",
+        workers=workers,
+        conf=conf_dict,
+        dist_dir=str(layout.dist_dir.resolve()),
+        submitted_at=clock(),
+        num_tasks=len(plan.tasks),
+        code_sha256=sha,
+    )
+    _create_nodes(store, plan, layout, storm)
+    reassign(store, topology_id, clock=clock)
+    logger.info("submitted %s: %d stages, %d tasks, %d workers wanted", topology_id, len(plan.stages), len(plan.tasks), workers)
+    return topology_id
+
+
+def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: StormRecord) -> None:
+    topology_id = storm.topology_id
+    for parent in (ZkPaths.tasks(topology_id), ZkPaths.transactional(topology_id), ZkPaths.owners(topology_id),
+                   ZkPaths.heartbeats(topology_id), ZkPaths.errors(topology_id), ZkPaths.STORMS,
+                   ZkPaths.ASSIGNMENTS, ZkPaths.WORKERS):
+        store.ensure_path(parent)
+    tx = store.transaction()
+    for task in plan.tasks:
+        stage = plan.stage(task.stage)
+        record = TaskRecord(
+            task_id=task.task_id,
+            stage=task.stage,
+            stage_name=stage.name,
+            queue=task.queue,
+            input_path=str(layout.input_topic(plan, stage).queue_path(task.queue)),
+        )
+        store.tx_create_json(tx, ZkPaths.task(topology_id, task.task_id), record.to_json_obj())
+        store.tx_create_json(tx, ZkPaths.transactional_task(topology_id, task.task_id), TransactionalRecord().to_json_obj())
+    store.tx_create_json(tx, ZkPaths.storm(topology_id), storm.to_json_obj())
+    store.commit_transaction(tx)
+
+
+def list_topologies(store: ZkStore) -> list[StormRecord]:
+    """Every submitted topology that has not been removed, oldest first."""
+    records = []
+    for topology_id in store.children(ZkPaths.STORMS):
+        found = store.get_json(ZkPaths.storm(topology_id))
+        if found is not None:
+            records.append(StormRecord.model_validate(found[0]))
+    return sorted(records, key=lambda r: r.submitted_at)
+
+
+def find_topology_id(store: ZkStore, name_or_id: str, *, missing_ok: bool = False) -> str | None:
+    """Resolve a topology name (or id) to the id of its live submission."""
+    for record in list_topologies(store):
+        if record.status != "KILLED" and name_or_id in (record.name, record.topology_id):
+            return record.topology_id
+    if missing_ok:
+        return None
+    raise TopologyNotFoundError(f"no running topology named {name_or_id!r}; see 'stream-ops list'")
+
+
+def read_storm(store: ZkStore, topology_id: str) -> StormRecord:
+    found = store.get_json(ZkPaths.storm(topology_id))
+    if found is None:
+        raise TopologyNotFoundError(f"topology {topology_id!r} does not exist")
+    return StormRecord.model_validate(found[0])
+
+
+def set_status(store: ZkStore, name_or_id: str, status: TopologyStatusName) -> str:
+    """Set a topology's status (ACTIVE, INACTIVE, ...); workers react through their watches."""
+    topology_id = find_topology_id(store, name_or_id)
+    assert topology_id is not None
+
+    def change(data: Any) -> Any:
+        return {**data, "status": status}
+
+    store.update_json(ZkPaths.storm(topology_id), change)
+    logger.info("topology %s is now %s", topology_id, status)
+    return topology_id
+
+
+def activate(store: ZkStore, name_or_id: str) -> str:
+    """Resume a deactivated topology: its workers start its tasks again."""
+    return set_status(store, name_or_id, "ACTIVE")
+
+
+def deactivate(store: ZkStore, name_or_id: str) -> str:
+    """Pause a topology: its workers stop its queries (state and checkpoints are kept)."""
+    return set_status(store, name_or_id, "INACTIVE")
+
+
+def kill(store: ZkStore, name_or_id: str, *, wait_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> str:
+    """Kill a topology: status KILLED (workers stop its tasks), then remove its znodes.
+
+    Like ``storm kill -w``, ``wait_s`` gives workers time to stop before the nodes go.
+    Files (dist store, topics, checkpoints) are kept for inspection.
+    """
+    topology_id = set_status(store, name_or_id, "KILLED")
+    if wait_s > 0:
+        sleep(wait_s)
+    for path in ZkPaths.topology_roots(topology_id):
+        store.delete_recursive(path)
+    logger.info("killed %s", topology_id)
+    return topology_id

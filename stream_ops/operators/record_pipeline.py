@@ -1,0 +1,100 @@
+"""Run a stage's each/map/filter operations on one record at a time (pure Python).
+
+The Spark compiler calls this inside ``mapInArrow``; it is kept free of Spark so it is tested
+directly. A record that makes a user function raise, or returns something that does not fit
+the declared output fields, is not lost: it comes back as a :class:`DeadLetter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stream_ops.topology.functions import resolve_function
+from stream_ops.topology.plan import OperationSpec
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that could not be processed, and why."""
+
+    record: Mapping[str, Any]
+    error: str
+
+
+class _OutputShapeError(Exception):
+    """A user function returned something that does not match the declared fields."""
+
+
+def _arguments(record: Record, fields: tuple[str, ...] | None) -> tuple[Any, ...]:
+    return (record,) if fields is None else tuple(record[f] for f in fields)
+
+
+def _as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
+    if len(out) == 1 and not isinstance(value, Mapping):
+        return {out[0]: value}
+    if isinstance(value, Mapping):
+        if set(value) != set(out):
+            raise _OutputShapeError(f"{kind} returned fields {sorted(value)}, expected {list(out)}")
+        return {name: value[name] for name in out}
+    if isinstance(value, (tuple, list)) and len(value) == len(out):
+        return dict(zip(out, value, strict=True))
+    raise _OutputShapeError(f"{kind} returned {value!r}, which does not fit the output fields {list(out)}")
+
+
+class RecordPipeline:
+    """The compiled operations of one stage.
+
+    Example:
+        >>> pipeline = RecordPipeline(plan.stage(0).operations)
+        >>> outputs, dead = pipeline.run({"sentence": "how are you"})
+    """
+
+    def __init__(self, operations: Sequence[OperationSpec]) -> None:
+        self._steps: list[tuple[OperationSpec, Callable[..., Any]]] = [
+            (op, resolve_function(op.function)) for op in operations
+        ]
+
+    def run(self, record: Record) -> tuple[list[Record], DeadLetter | None]:
+        """Apply every operation to ``record``; returns the outputs or a dead letter."""
+        current: list[Record] = [record]
+        for op, fn in self._steps:
+            following: list[Record] = []
+            for rec in current:
+                try:
+                    following.extend(self._apply(op, fn, rec))
+                except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
+                    return [], DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
+            current = following
+            if not current:
+                break
+        return current, None
+
+    def run_all(self, records: Iterable[Record]) -> tuple[list[Record], list[DeadLetter]]:
+        """Apply the operations to many records."""
+        outputs: list[Record] = []
+        dead: list[DeadLetter] = []
+        for record in records:
+            out, letter = self.run(record)
+            outputs.extend(out)
+            if letter is not None:
+                dead.append(letter)
+        return outputs, dead
+
+    @staticmethod
+    def _apply(op: OperationSpec, fn: Callable[..., Any], record: Record) -> Iterable[Record]:
+        args = _arguments(record, op.fields)
+        out = list(op.out)
+        if op.kind == "filter":
+            return [record] if fn(*args) else []
+        if op.kind == "map":
+            return [_as_fields(fn(*args), out, f"map {op.function}")]
+        results = fn(*args)
+        if results is None:
+            return []
+        if isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
+            raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
+        return [{**record, **_as_fields(value, out, f"each {op.function}")} for value in results]

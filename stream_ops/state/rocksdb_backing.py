@@ -1,0 +1,276 @@
+"""A RocksDB-backed :class:`~stream_ops.state.backing.BackingMap` with per-batch atomic writes.
+
+Writes are buffered in memory (``pending``) and written by :meth:`RocksDBBackingMap.flush` in
+ONE RocksDB write batch together with a marker recording the applied txid and owner epoch, so
+the store never holds half a batch, nor data without the txid that produced it.
+
+Layout (raw bytes): a key tuple is stored under ``encode_key(key)`` (JSON, always starting with
+``[``); its value under :func:`~stream_ops.state.values.encode_stored`. The marker lives under
+``b"\\x00meta"``, which no JSON text can equal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from stream_ops.errors import StateError, TxidOrderError
+from stream_ops.hashing import encode_key
+from stream_ops.state.backing import check_same_length
+from stream_ops.state.keys import Key, as_key
+from stream_ops.state.values import decode_stored, encode_stored
+
+logger = logging.getLogger(__name__)
+
+_META_KEY = b"\x00meta"
+_RESERVED_PREFIX = b"\x00"
+_RESTORE_BATCH = 10_000
+_TOMBSTONE = object()
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return options
+
+
+def _db_key(key: Key) -> bytes:
+    return encode_key(key).encode("utf-8")
+
+
+def _key_of(db_key: bytes) -> Key:
+    return as_key(json.loads(db_key))
+
+
+class RocksDBBackingMap:
+    """Durable keyed state of one task in a local RocksDB directory.
+
+    Safe to use from several threads (a query thread reading while the batch thread writes).
+    Only one process may open a path at a time: RocksDB's lock file enforces it.
+
+    Example:
+        >>> store = RocksDBBackingMap("/var/lib/stream-ops/state/t00003")
+        >>> store.multi_put([("apple",)], [TransactionalValue(7, 3)])
+        >>> store.flush(txid=7, epoch=2)           # data and marker in one write
+        >>> store.applied_marker()
+        (7, 2)
+        >>> store.close()
+
+    Args:
+        path: the database directory (created if missing).
+        sync: fsync RocksDB's write-ahead log on every flush, so a machine crash cannot lose
+            a flushed batch.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: bool = True) -> None:
+        self._path = Path(path)
+        self._lock = threading.RLock()
+        self._pending: dict[Key, Any] = {}
+        self._write_options = WriteOptions()
+        self._write_options.sync = sync
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db: Rdict | None = Rdict(str(self._path), _options())
+        except Exception as e:  # rocksdict raises plain Exception for every RocksDB error
+            if "lock" in str(e).lower():
+                raise StateError(
+                    f"another worker holds the state store at {self._path} (its RocksDB lock is taken); "
+                    "stop that worker, or wait until it has released the task, before opening the store here"
+                ) from e
+            raise StateError(f"could not open the state store at {self._path}: {e}") from e
+        logger.info("opened state store %s (applied marker %s)", self._path, self.applied_marker())
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # --- BackingMap ---------------------------------------------------------------------------
+
+    def multi_get(self, keys: Sequence[Key], *, include_pending: bool = True) -> list[Any | None]:
+        """The wrapped value of each key, None where absent.
+
+        Args:
+            keys: key tuples.
+            include_pending: also see writes not flushed yet (the batch's own writes). A reader
+                that must see only flushed batches passes False.
+        """
+        norm = [as_key(key) for key in keys]
+        with self._lock:
+            pending = self._pending if include_pending else {}
+            result: list[Any] = [pending.get(key) for key in norm]
+            misses = [i for i, key in enumerate(norm) if key not in pending]
+            if misses:
+                raw = self._call("read", lambda db: db.get([_db_key(norm[i]) for i in misses]))
+                for i, data in zip(misses, raw):
+                    result[i] = None if data is None else decode_stored(data)
+        return [None if value is _TOMBSTONE else value for value in result]
+
+    def multi_put(self, keys: Sequence[Key], values: Sequence[Any]) -> None:
+        """Buffer one wrapped value per key until :meth:`flush` (None deletes the key)."""
+        check_same_length(keys, values, "RocksDBBackingMap.multi_put")
+        with self._lock:
+            for key, value in zip(keys, values):
+                self._pending[as_key(key)] = _TOMBSTONE if value is None else value
+
+    # --- batches ----------------------------------------------------------------------------
+
+    def delete(self, keys: Iterable[Key]) -> None:
+        """Buffer deletions of ``keys`` until :meth:`flush`."""
+        with self._lock:
+            for key in keys:
+                self._pending[as_key(key)] = _TOMBSTONE
+
+    def pending_items(self) -> list[tuple[Key, Any | None]]:
+        """The buffered writes as (key, wrapped value), None for a deletion — the state-topic entries of the batch."""
+        with self._lock:
+            return [(key, None if value is _TOMBSTONE else value) for key, value in self._pending.items()]
+
+    def discard_pending(self) -> None:
+        """Drop the buffered writes (the batch is abandoned)."""
+        with self._lock:
+            dropped = len(self._pending)
+            self._pending.clear()
+        if dropped:
+            logger.info("state store %s: discarded %d pending writes", self._path, dropped)
+
+    def flush(self, txid: int, epoch: int) -> None:
+        """Write the pending values and the marker (txid, epoch) in one atomic write batch.
+
+        Raises:
+            TxidOrderError: if the store has already applied a later txid.
+        """
+        meta = _encode_marker(txid, epoch)
+        with self._lock:
+            marker = self.applied_marker()
+            if marker is not None and txid < marker[0]:
+                raise TxidOrderError(
+                    f"cannot flush txid {txid} to the state store at {self._path}: it has applied txid "
+                    f"{marker[0]}; rebuild the store from the state topic at the committed txid"
+                )
+            batch = WriteBatch(raw_mode=True)
+            for key, value in self._pending.items():
+                if value is _TOMBSTONE:
+                    batch.delete(_db_key(key))
+                else:
+                    batch.put(_db_key(key), encode_stored(value))
+            batch.put(_META_KEY, meta)
+            self._call("write", lambda db: db.write(batch, self._write_options))
+            written = len(self._pending)
+            self._pending.clear()
+        logger.debug("state store %s: flushed txid %d epoch %d (%d keys)", self._path, txid, epoch, written)
+
+    def applied_marker(self) -> tuple[int, int] | None:
+        """(txid, owner epoch) of the last flushed batch, or None for a store never flushed."""
+        data = self._call("read the marker", lambda db: db.get(_META_KEY))
+        if data is None:
+            return None
+        try:
+            meta = json.loads(data)
+            return int(meta["txid"]), int(meta["epoch"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise StateError(f"state store {self._path} has a corrupt marker {data!r}; rebuild the store") from e
+
+    def restore(self, items: Iterable[tuple[Key, Any]], txid: int, epoch: int) -> int:
+        """Bulk-load (key, wrapped value) pairs into an EMPTY store and set the marker.
+
+        Writes go in batches of about 10,000; the marker is written with the last one, so an
+        interrupted restore leaves a store with data but no marker — destroy it and restore
+        again. Items whose value is None are skipped.
+
+        Returns:
+            The number of keys written.
+
+        Raises:
+            StateError: if the store holds any key, a marker or pending writes.
+        """
+        meta = _encode_marker(txid, epoch)
+        with self._lock:
+            if self._pending or self.applied_marker() is not None or not self._is_empty():
+                raise StateError(
+                    f"restore needs an empty state store, but {self._path} already holds data; "
+                    "destroy it first (RocksDBBackingMap.destroy)"
+                )
+            count = 0
+            batch = WriteBatch(raw_mode=True)
+            for key, value in items:
+                if value is None:
+                    continue
+                batch.put(_db_key(as_key(key)), encode_stored(value))
+                count += 1
+                if batch.len() >= _RESTORE_BATCH:
+                    self._call("restore", lambda db, b=batch: db.write(b, self._write_options))
+                    batch = WriteBatch(raw_mode=True)
+            batch.put(_META_KEY, meta)
+            self._call("restore", lambda db: db.write(batch, self._write_options))
+        logger.info("state store %s: restored %d keys at txid %d epoch %d", self._path, count, txid, epoch)
+        return count
+
+    # --- inspection -------------------------------------------------------------------------
+
+    def items(self) -> Iterator[tuple[Key, Any]]:
+        """Every flushed (key, wrapped value), in key-byte order; pending writes are not included."""
+        for db_key, data in self._call("iterate", lambda db: db.items()):
+            if not db_key.startswith(_RESERVED_PREFIX):
+                yield _key_of(db_key), decode_stored(data)
+
+    def count_keys(self) -> int:
+        """RocksDB's *estimate* of the number of flushed keys (cheap; may be off after deletes)."""
+        estimate = self._call("count", lambda db: db.property_int_value("rocksdb.estimate-num-keys")) or 0
+        has_marker = self.applied_marker() is not None
+        return max(0, estimate - (1 if has_marker else 0))
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the database (idempotent); pending writes are dropped."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+                logger.info("closed state store %s", self._path)
+
+    def __enter__(self) -> RocksDBBackingMap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def destroy(cls, path: str | os.PathLike[str]) -> None:
+        """Delete the database at ``path`` and its directory (no-op if missing; it must be closed)."""
+        try:
+            Rdict.destroy(str(path), _options())
+        except Exception as e:  # rocksdict raises plain Exception
+            raise StateError(f"could not destroy the state store at {path}: {e}; close it first") from e
+        shutil.rmtree(path, ignore_errors=True)
+        logger.info("destroyed state store %s", path)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _is_empty(self) -> bool:
+        return next(iter(self._call("iterate", lambda db: db.keys())), None) is None
+
+    def _call(self, action: str, op: Any) -> Any:
+        """Run ``op(db)``, turning RocksDB's plain exceptions into StateError."""
+        db = self._db
+        if db is None:
+            raise StateError(f"state store {self._path} is closed; cannot {action}")
+        try:
+            return op(db)
+        except Exception as e:  # rocksdict raises plain Exception for every RocksDB error
+            raise StateError(f"state store {self._path}: could not {action}: {e}") from e
+
+
+def _encode_marker(txid: int, epoch: int) -> bytes:
+    for name, number in (("txid", txid), ("epoch", epoch)):
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise StateError(f"state store marker {name} must be a non-negative integer, got {number!r}")
+    return json.dumps({"txid": txid, "epoch": epoch}, separators=(",", ":")).encode("utf-8")

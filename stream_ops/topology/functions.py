@@ -1,0 +1,74 @@
+"""References to user functions that worker processes can import.
+
+Workers never receive pickled code: the plan names every function as ``module:qualname`` and
+the worker imports it from the submitted code archive. A function that cannot be found that
+way (a lambda, a closure, something defined in ``__main__``) is rejected at definition time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from stream_ops.errors import TopologyDefinitionError, TopologyLoadError
+
+
+def function_ref(fn: Callable[..., Any], *, what: str) -> str:
+    """The ``module:qualname`` of ``fn``, after checking a worker could import it.
+
+    Args:
+        fn: the user function.
+        what: how the caller names it in error messages (e.g. "each() on stream 'sentences'").
+
+    Raises:
+        TopologyDefinitionError: ``fn`` is not a module-level function importable by workers.
+    """
+    if not callable(fn):
+        raise TopologyDefinitionError(f"{what}: expected a function, got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or qualname is None:
+        raise TopologyDefinitionError(f"{what}: {fn!r} has no module/qualname; define it with 'def' at module level")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TopologyDefinitionError(
+            f"{what}: {module}.{qualname} is a lambda or nested function, which worker processes cannot "
+            "import; define it with 'def' at the top level of a module in your package"
+        )
+    if module == "__main__":
+        raise TopologyDefinitionError(
+            f"{what}: {qualname} is defined in __main__, which worker processes cannot import; "
+            "move it into a module of your package"
+        )
+    ref = f"{module}:{qualname}"
+    try:
+        found = resolve_function(ref)
+    except TopologyLoadError as e:
+        raise TopologyDefinitionError(f"{what}: {e}") from e
+    if found is not fn and getattr(found, "__wrapped__", None) is not fn:
+        raise TopologyDefinitionError(
+            f"{what}: importing {ref} gives a different object than the function passed; "
+            "pass the module-level function itself"
+        )
+    return ref
+
+
+def resolve_function(ref: str) -> Callable[..., Any]:
+    """Import ``module:qualname`` and return the object.
+
+    Raises:
+        TopologyLoadError: the module or attribute does not exist.
+    """
+    module_name, sep, qualname = ref.partition(":")
+    if not sep or not module_name or not qualname:
+        raise TopologyLoadError(f"{ref!r} is not an import string of the form 'pkg.module:name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TopologyLoadError(f"cannot import module {module_name!r} for {ref!r}: {e}") from e
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise TopologyLoadError(f"module {module_name!r} has no attribute {qualname!r}") from e
+    return obj
