@@ -12,12 +12,12 @@ from stream_ops.state.keys import Key, as_key
 
 @runtime_checkable
 class BackingMap(Protocol):
-    """Key -> wrapped value storage (:class:`~stream_ops.state.values.TransactionalValue`,
-    :class:`~stream_ops.state.values.OpaqueValue` or a plain value).
+    """Key -> wrapped value storage, like Trident's IBackingMap.
 
-    The map states implement the txid rules; a backing map only stores what it is given.
-    ``None`` means "absent": ``multi_get`` returns it for a missing key and ``multi_put`` of
-    ``None`` deletes the key.
+    Values are :class:`~stream_ops.state.values.TransactionalValue`,
+    :class:`~stream_ops.state.values.OpaqueValue` or plain values. The map states implement
+    the txid rules; a backing map only stores what it is given. ``None`` means "absent":
+    ``multi_get`` returns it for a missing key and ``multi_put`` of ``None`` deletes the key.
 
     For exactly-once results a backing map must make the writes of one batch durable all
     together or not at all (as :class:`~stream_ops.state.rocksdb_backing.RocksDBBackingMap`
@@ -62,7 +62,7 @@ class MemoryBackingMap:
     def multi_put(self, keys: Sequence[Key], values: Sequence[Any]) -> None:
         check_same_length(keys, values, "MemoryBackingMap.multi_put")
         with self._lock:
-            for key, value in zip(keys, values):
+            for key, value in zip(keys, values, strict=True):
                 if value is None:
                     self._data.pop(as_key(key), None)
                 else:

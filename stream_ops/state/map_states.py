@@ -112,7 +112,7 @@ class _BatchMapState(ABC):
         txid = self._require_batch("multi_get")
         norm = [as_key(key) for key in keys]
         result = []
-        for key, stored in zip(norm, self._read(norm)):
+        for key, stored in zip(norm, self._read(norm), strict=True):
             with _about(key):
                 result.append(self._value(stored, key in self._written, txid))
         return result
@@ -163,7 +163,7 @@ class _BatchMapState(ABC):
         self._read(norm)
         staged: dict[Key, Any] = {}  # what this call writes; a repeated key sees its staged value
         results = []
-        for key, fn in zip(norm, fns):
+        for key, fn in zip(norm, fns, strict=True):
             stored = staged[key] if key in staged else self._cache[key]
             written = key in staged or key in self._written
             with _about(key):
@@ -183,7 +183,7 @@ class _BatchMapState(ABC):
         """Stored values of ``keys``, fetching the ones this batch has not seen in one call."""
         missing = list(dict.fromkeys(key for key in keys if key not in self._cache))
         if missing:
-            for key, stored in zip(missing, self._backing.multi_get(missing)):
+            for key, stored in zip(missing, self._backing.multi_get(missing), strict=True):
                 self._check_kind(key, stored)
                 self._cache[key] = stored
         return [self._cache[key] for key in keys]

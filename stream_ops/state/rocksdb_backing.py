@@ -6,7 +6,7 @@ the store never holds half a batch, nor data without the txid that produced it.
 
 Layout (raw bytes): a key tuple is stored under ``encode_key(key)`` (JSON, always starting with
 ``[``); its value under :func:`~stream_ops.state.values.encode_stored`. The marker lives under
-``b"\\x00meta"``, which no JSON text can equal.
+a key starting with a NUL byte, which no JSON text can equal.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class RocksDBBackingMap:
             misses = [i for i, key in enumerate(norm) if key not in pending]
             if misses:
                 raw = self._call("read", lambda db: db.get([_db_key(norm[i]) for i in misses]))
-                for i, data in zip(misses, raw):
+                for i, data in zip(misses, raw, strict=True):
                     result[i] = None if data is None else decode_stored(data)
         return [None if value is _TOMBSTONE else value for value in result]
 
@@ -117,7 +117,7 @@ class RocksDBBackingMap:
         """Buffer one wrapped value per key until :meth:`flush` (None deletes the key)."""
         check_same_length(keys, values, "RocksDBBackingMap.multi_put")
         with self._lock:
-            for key, value in zip(keys, values):
+            for key, value in zip(keys, values, strict=True):
                 self._pending[as_key(key)] = _TOMBSTONE if value is None else value
 
     # --- batches ----------------------------------------------------------------------------
