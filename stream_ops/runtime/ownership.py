@@ -1,0 +1,127 @@
+"""Task ownership and the batch commit transaction (DESIGN section 4, invariants 1-3).
+
+Taking a task is one ZooKeeper transaction: create the ephemeral ``/owners/{id}/{task}`` node
+and raise the owner epoch in ``/transactional/{id}/{task}`` (compare-and-set). Committing batch
+``n`` is another: check our ``/owners`` node is unchanged and set the committed txid in
+``/transactional`` at the version we last wrote. Any takeover bumps that version, so a worker
+that lost its task (a zombie) can commit nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import OwnerRecord, TransactionalRecord
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import CoordinationError, OwnershipLostError, TransientError
+
+logger = logging.getLogger(__name__)
+
+
+class TaskBusyError(TransientError):
+    """Another worker still holds the task's ``/owners`` node (it may be dying)."""
+
+
+@dataclass
+class Ownership:
+    """This worker's hold on one task.
+
+    Attributes:
+        epoch: the owner epoch; every write of a batch is named with it.
+        committed: the transactional record as of the last commit (or the takeover).
+        tx_version: znode version of ``/transactional/{id}/{task}`` we expect.
+    """
+
+    topology_id: str
+    task_id: int
+    worker_id: str
+    epoch: int
+    committed: TransactionalRecord
+    tx_version: int
+    owner_version: int = 0
+
+    @property
+    def committed_txid(self) -> int:
+        return self.committed.committed_txid
+
+
+def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, clock: Callable[[], float] = time.time) -> Ownership:
+    """Take ownership of a task under a new owner epoch.
+
+    Raises:
+        TaskBusyError: another worker's ``/owners`` node still exists.
+        CoordinationError: the task does not exist.
+    """
+    tx_path = ZkPaths.transactional_task(topology_id, task_id)
+    owner_path = ZkPaths.owner(topology_id, task_id)
+    found = store.get_json(tx_path)
+    if found is None:
+        raise CoordinationError(f"task {topology_id}/{task_id} has no transactional record; was the topology killed?")
+    data, stat = found
+    record = TransactionalRecord.model_validate(data)
+    if store.exists(owner_path):
+        raise TaskBusyError(f"task {topology_id}/{task_id} is still owned by another worker")
+    epoch = record.epoch + 1
+    new_record = record.model_copy(update={"epoch": epoch})
+    tx = store.transaction()
+    store.tx_create_json(tx, owner_path, OwnerRecord(worker_id=worker_id, epoch=epoch, since=clock()).to_json_obj(), ephemeral=True)
+    store.tx_set_json(tx, tx_path, new_record.to_json_obj(), version=stat.version)
+    try:
+        store.commit_transaction(tx)
+    except CoordinationError as e:
+        raise TaskBusyError(f"task {topology_id}/{task_id} was taken concurrently: {e}") from e
+    logger.info("worker %s owns task %s/%d, epoch %d, committed txid %d", worker_id, topology_id, task_id, epoch, record.committed_txid)
+    return Ownership(topology_id, task_id, worker_id, epoch, new_record, stat.version + 1)
+
+
+def commit(
+    store: ZkStore,
+    ownership: Ownership,
+    txid: int,
+    *,
+    offsets: list[Any],
+    rows: int,
+    clock: Callable[[], float] = time.time,
+) -> TransactionalRecord:
+    """Commit batch ``txid`` if and only if we still own the task.
+
+    Raises:
+        OwnershipLostError: the owner node or the transactional record changed.
+    """
+    record = ownership.committed.model_copy(
+        update={
+            "committed_txid": txid,
+            "committed_epoch": ownership.epoch,
+            "attempt": ownership.committed.attempt + 1 if txid == ownership.committed_txid else 0,
+            "offsets": offsets,
+            "committed_at": clock(),
+            "rows": rows,
+        }
+    )
+    tx = store.transaction()
+    store.tx_check(tx, ZkPaths.owner(ownership.topology_id, ownership.task_id), version=ownership.owner_version)
+    store.tx_set_json(tx, ZkPaths.transactional_task(ownership.topology_id, ownership.task_id), record.to_json_obj(), version=ownership.tx_version)
+    try:
+        store.commit_transaction(tx)
+    except CoordinationError as e:
+        raise OwnershipLostError(
+            f"task {ownership.topology_id}/{ownership.task_id}: commit of txid {txid} under epoch {ownership.epoch} refused: {e}"
+        ) from e
+    ownership.committed = record
+    ownership.tx_version += 1
+    return record
+
+
+def release(store: ZkStore, ownership: Ownership) -> None:
+    """Give a task up: delete our ``/owners`` node if it is still ours."""
+    try:
+        found = store.get_json(ZkPaths.owner(ownership.topology_id, ownership.task_id))
+        if found is not None and found[0].get("worker_id") == ownership.worker_id and found[0].get("epoch") == ownership.epoch:
+            store.delete(ZkPaths.owner(ownership.topology_id, ownership.task_id), version=found[1].version)
+    except CoordinationError as e:
+        logger.warning("could not release task %s/%d: %s", ownership.topology_id, ownership.task_id, e)

@@ -1,0 +1,187 @@
+"""Compile a stage into a Spark streaming query and its per-batch DataFrame work.
+
+A task is one ``readStream`` of its input queue directory with a ``foreachBatch`` callback;
+the callback (the runtime's commit protocol) asks this module for the batch's results:
+
+* source stage: records parsed against the source schema (malformed ones kept in a corrupt
+  column), each/map/filter applied in ``mapInArrow``, and a partial aggregate per key computed
+  by Spark, collected to the driver together with the dead letters and the input count;
+* keyed stage: the shuffled partial aggregates combined per key by Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from stream_ops.hashing import encode_key
+from stream_ops.operators.aggregators import aggregator_from_spec
+from stream_ops.operators.record_pipeline import RecordPipeline
+from stream_ops.topology.plan import OperationSpec, StageSpec
+
+CORRUPT_COLUMN = "_corrupt_record"
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+}
+
+
+def schema_ddl(fields: dict[str, str]) -> str:
+    """Spark DDL such as ``sentence string, n long``."""
+    return ", ".join(f"`{name}` {typ}" for name, typ in fields.items())
+
+
+def start_stage_query(
+    spark: SparkSession,
+    *,
+    stage: StageSpec,
+    input_dir: Path,
+    checkpoint_dir: Path,
+    query_name: str,
+    on_batch: Callable[[DataFrame, int], None],
+    trigger_seconds: float,
+    max_files_per_trigger: int,
+) -> StreamingQuery:
+    """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch."""
+    fields = dict(stage.schema)
+    reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
+    if stage.kind == "source":
+        fields[CORRUPT_COLUMN] = "string"
+        reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+    df = reader.schema(schema_ddl(fields)).json(str(input_dir))
+    return (
+        df.writeStream.queryName(query_name)
+        .foreachBatch(on_batch)
+        .option("checkpointLocation", str(checkpoint_dir))
+        .trigger(processingTime=f"{trigger_seconds} seconds")
+        .start()
+    )
+
+
+@dataclass(frozen=True)
+class SourceBatchResult:
+    """What a source-stage batch produced, collected to the driver."""
+
+    partials: list[tuple[str, Any]]
+    """(encoded key, partial aggregate) per key."""
+    dead_letters: list[dict[str, Any]]
+    """{"record": ..., "error": ...} per bad record (repeated records repeated)."""
+    input_rows: int
+
+
+def _partial_rows(
+    operations: tuple[OperationSpec, ...],
+    key_fields: tuple[str, ...],
+    aggregator_spec: dict[str, Any],
+    value_type: str,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a source stage (runs in Spark's Python workers)."""
+    out_schema = pa.schema(
+        [("key", pa.string()), ("value", _ARROW_TYPES[value_type]), ("dead", pa.string()), ("inputs", pa.int64())]
+    )
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pipeline = RecordPipeline(operations)
+        aggregator = aggregator_from_spec(aggregator_spec)
+        for batch in batches:
+            keys: list[str | None] = []
+            values: list[Any] = []
+            dead: list[str | None] = []
+            records = batch.to_pylist()
+            for record in records:
+                corrupt = record.pop(CORRUPT_COLUMN, None)
+                if corrupt is not None:
+                    keys.append(None)
+                    values.append(None)
+                    dead.append(json.dumps({"record": corrupt, "error": "does not parse against the source schema"}))
+                    continue
+                outputs, letter = pipeline.run(record)
+                if letter is not None:
+                    keys.append(None)
+                    values.append(None)
+                    dead.append(json.dumps({"record": record, "error": letter.error}, default=str))
+                    continue
+                for out in outputs:
+                    try:
+                        key = encode_key([out[f] for f in key_fields])
+                        value = aggregator.init(out)
+                    except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
+                        keys.append(None)
+                        values.append(None)
+                        dead.append(json.dumps({"record": record, "error": f"aggregate: {type(e).__name__}: {e}"}, default=str))
+                        continue
+                    keys.append(key)
+                    values.append(value)
+                    dead.append(None)
+            keys.append(None)
+            values.append(None)
+            dead.append(None)
+            inputs: list[int | None] = [None] * (len(keys) - 1) + [len(records)]
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(keys, pa.string()),
+                    pa.array(values, _ARROW_TYPES[value_type]),
+                    pa.array(dead, pa.string()),
+                    pa.array(inputs, pa.int64()),
+                ],
+                schema=out_schema,
+            )
+
+    return run
+
+
+def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
+    """Run a source stage's operations and partial aggregation on one micro-batch."""
+    assert stage.shuffle is not None
+    shuffle = stage.shuffle
+    spark_fn = aggregator_from_spec(shuffle.aggregator).spark_function
+    fn = _partial_rows(stage.operations, shuffle.key_fields, shuffle.aggregator, shuffle.value_type)
+    out_ddl = f"key string, value {shuffle.value_type}, dead string, inputs long"
+    rows = (
+        df.mapInArrow(fn, out_ddl)
+        .groupBy("key", "dead")
+        .agg(
+            getattr(F, spark_fn)("value").alias("value"),
+            F.count(F.lit(1)).alias("n"),
+            F.sum("inputs").alias("inputs"),
+        )
+        .collect()
+    )
+    partials: list[tuple[str, Any]] = []
+    dead_letters: list[dict[str, Any]] = []
+    input_rows = 0
+    for row in rows:
+        if row["key"] is not None:
+            partials.append((row["key"], row["value"]))
+        elif row["dead"] is not None:
+            dead_letters.extend([json.loads(row["dead"])] * int(row["n"]))
+        else:
+            input_rows += int(row["inputs"] or 0)
+    return SourceBatchResult(partials=partials, dead_letters=dead_letters, input_rows=input_rows)
+
+
+def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]], int]:
+    """Combine the shuffled partial aggregates of one micro-batch per key.
+
+    Returns ((encoded key, combined partial) per key, number of shuffled rows read).
+    """
+    assert stage.state is not None
+    spark_fn = aggregator_from_spec(stage.state.aggregator).spark_function
+    rows = (
+        df.groupBy("key")
+        .agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
+    return [(row["key"], row["value"]) for row in rows if row["key"] is not None], sum(int(r["n"]) for r in rows)

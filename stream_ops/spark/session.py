@@ -1,0 +1,42 @@
+"""SparkSession factory for workers, tests and benchmarks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONF: dict[str, str] = {
+    # Small batches: many shuffle partitions only add scheduling cost.
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+
+
+def create_spark_session(
+    *,
+    master: str = "local[*]",
+    app_name: str = "stream-ops",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Create (or reuse) the process's SparkSession with stream_ops' defaults.
+
+    ``conf`` overrides the defaults; for a cluster, pass the driver host the executors can
+    reach (``spark.driver.host``) since the defaults bind to loopback.
+    """
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    logger.info("SparkSession ready (master %s, Spark %s)", master, spark.version)
+    return spark
