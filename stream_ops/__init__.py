@@ -1,1 +1,33 @@
-"""stream_ops: Storm/Trident operating model on Spark Structured Streaming, run from Dagster."""
+"""stream_ops: the Storm/Trident operating model on Spark Structured Streaming, run from Dagster.
+
+The public API for writing topologies::
+
+    from stream_ops import Topology, FileTopic, Count, Sum, OpaqueMapState, TransactionalMapState, MapState
+"""
+
+from stream_ops.errors import StreamOpsError, TopologyDefinitionError
+from stream_ops.operators.aggregators import CombinerAggregator, Count, Max, Min, Sum
+from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
+from stream_ops.state.values import OpaqueValue, TransactionalValue
+from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topology.dsl import GroupedStream, StateHandle, Stream, Topology
+
+__all__ = [
+    "CombinerAggregator",
+    "Count",
+    "FileTopic",
+    "GroupedStream",
+    "MapState",
+    "Max",
+    "Min",
+    "OpaqueMapState",
+    "OpaqueValue",
+    "StateHandle",
+    "Stream",
+    "StreamOpsError",
+    "Sum",
+    "Topology",
+    "TopologyDefinitionError",
+    "TransactionalMapState",
+    "TransactionalValue",
+]

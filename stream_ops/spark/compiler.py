@@ -55,7 +55,7 @@ def start_stage_query(
     max_files_per_trigger: int,
 ) -> StreamingQuery:
     """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch."""
-    fields = dict(stage.schema)
+    fields = dict(stage.input_fields)
     reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
     if stage.kind == "source":
         fields[CORRUPT_COLUMN] = "string"

@@ -1,4 +1,4 @@
-"""Load a topology from an import string such as ``definitions.topologies.wordcount:topology``."""
+"""Load a topology from an import string such as ``stream_ops.examples.wordcount:topology``."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class StageSpec(_Frozen):
     kind: Literal["source", "keyed"]
     queues: int
     source_path: str | None = None
-    schema: dict[str, str]
+    input_fields: dict[str, str]
     operations: tuple[OperationSpec, ...] = ()
     shuffle: ShuffleSpec | None = None
     state: StateSpec | None = None
@@ -146,7 +146,7 @@ def build_plan(topology: Topology) -> Plan:
                 kind="source",
                 queues=chain.source.topic.queues,
                 source_path=str(chain.source.topic.path),
-                schema=chain.source.schema,
+                input_fields=chain.source.schema,
                 operations=operations,
                 shuffle=ShuffleSpec(
                     to_stage=keyed_index,
@@ -163,7 +163,7 @@ def build_plan(topology: Topology) -> Plan:
                 name=agg.name,
                 kind="keyed",
                 queues=agg.queues,
-                schema={"key": "string", "value": agg.value_type},
+                input_fields={"key": "string", "value": agg.value_type},
                 from_stage=source_index,
                 state=StateSpec(
                     name=agg.name,

@@ -1,1 +1,0 @@
-"""Example topologies (the seed systems' examples, in stream_ops form)."""

@@ -1,0 +1,357 @@
+"""``stream-ops``: the command line. Every verb is a thin wrapper over a library function."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, ZooKeeperConfig
+from stream_ops.errors import StreamOpsError
+
+logger = logging.getLogger("stream_ops.cli")
+
+
+class _Context:
+    def __init__(self, zookeeper: str, chroot: str, home: Path, session_timeout: float) -> None:
+        self.zookeeper = zookeeper
+        self.chroot = chroot
+        self.home = home
+        self.session_timeout = session_timeout
+
+    def zk_config(self) -> ZooKeeperConfig:
+        return ZooKeeperConfig(hosts=self.zookeeper, chroot=self.chroot, session_timeout_s=self.session_timeout)
+
+    def cluster(self) -> ClusterConfig:
+        return ClusterConfig(root=self.home.resolve())
+
+    @contextmanager
+    def store(self) -> Iterator[Any]:
+        from stream_ops.coordination.store import ZkStore
+
+        with ZkStore.connect(self.zk_config()) as store:
+            yield store
+
+
+pass_ctx = click.make_pass_decorator(_Context)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        logger.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+class _Group(click.Group):
+    """Turns stream_ops errors into one clear line and exit code 1 instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StreamOpsError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.option("--zookeeper", envvar="STREAM_OPS_ZOOKEEPER", default=DEFAULT_ZOOKEEPER, show_default=True,
+              help="ZooKeeper hosts (host:port,...); env STREAM_OPS_ZOOKEEPER.")
+@click.option("--chroot", envvar="STREAM_OPS_CHROOT", default=DEFAULT_CHROOT, show_default=True,
+              help="Root znode of this cluster; env STREAM_OPS_CHROOT.")
+@click.option("--home", envvar="STREAM_OPS_HOME", default="var/stream_ops", show_default=True, type=click.Path(path_type=Path),
+              help="Shared directory for dist store, topics, checkpoints; env STREAM_OPS_HOME.")
+@click.option("--session-timeout", default=10.0, show_default=True, help="ZooKeeper session timeout (s).")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.pass_context
+def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, log_level: str) -> None:
+    """Run Storm/Trident-style topologies on Spark Structured Streaming."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kazoo", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    ctx.obj = _Context(zookeeper, chroot, home, session_timeout)
+
+
+# --- zookeeper ---------------------------------------------------------------------------------
+
+
+@main.group()
+def zookeeper() -> None:
+    """The embedded ZooKeeper server (from the jar in the pyspark wheel)."""
+
+
+@zookeeper.command("start")
+@click.option("--port", default=2181, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--data-dir", default="var/zookeeper", show_default=True, type=click.Path(path_type=Path))
+def zookeeper_start(port: int, host: str, data_dir: Path) -> None:
+    """Run a ZooKeeper server until SIGTERM / Ctrl-C."""
+    from stream_ops.coordination.embedded import EmbeddedZooKeeper, serve_forever
+
+    server = EmbeddedZooKeeper(data_dir=data_dir.resolve(), port=port, host=host)
+    stop = _stop_on_signals()
+    server.start()
+    click.echo(f"ZooKeeper serving on {server.hosts}")
+    serve_forever(server, stop)
+
+
+# --- topics ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("topic_path", type=click.Path(path_type=Path))
+@click.option("--queues", required=True, type=click.IntRange(min=1), help="Number of queues of the topic.")
+@click.option("--key", default=None, help="Field whose hash picks the queue (default: round-robin).")
+@click.option("--input", "input_file", type=click.File("r"), default="-", help="JSON lines file (default stdin).")
+def produce(topic_path: Path, queues: int, key: str | None, input_file: Any) -> None:
+    """Append JSON-lines records to a FileTopic."""
+    from stream_ops.topics.file_topic import FileTopic
+    from stream_ops.topics.producer import produce as produce_records
+    from stream_ops.topics.producer import read_json_lines
+
+    counts = produce_records(FileTopic(topic_path, queues), read_json_lines(input_file), key=key)
+    click.echo(json.dumps({"written": sum(counts.values()), "per_queue": counts}))
+
+
+# --- nimbus verbs ------------------------------------------------------------------------------
+
+
+def _parse_conf(items: tuple[str, ...]) -> dict[str, Any]:
+    conf: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="--conf")
+        try:
+            conf[key] = json.loads(value)
+        except json.JSONDecodeError:
+            conf[key] = value
+    return conf
+
+
+@main.command()
+@click.argument("topology_ref")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--conf", multiple=True, help="key=value stored with the topology (repeatable).")
+@pass_ctx
+def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...]) -> None:
+    """Submit a topology given as pkg.module:attribute."""
+    from stream_ops.nimbus.submission import submit as submit_topology
+    from stream_ops.topology.loading import load_topology
+
+    topology = load_topology(topology_ref)
+    with obj.store() as store:
+        topology_id = submit_topology(store, obj.cluster(), topology, workers=workers, conf=_parse_conf(conf))
+    click.echo(topology_id)
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def list_cmd(obj: _Context, as_json: bool) -> None:
+    """List submitted topologies."""
+    from stream_ops.nimbus.submission import list_topologies
+
+    with obj.store() as store:
+        records = list_topologies(store)
+    if as_json:
+        click.echo(json.dumps([r.to_json_obj() for r in records], indent=2))
+        return
+    click.echo(f"{'ID':<40} {'STATUS':<12} {'WORKERS':>7} {'TASKS':>5}")
+    for r in records:
+        click.echo(f"{r.topology_id:<40} {r.status:<12} {r.workers:>7} {r.num_tasks:>5}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--heartbeat-timeout", default=10.0, show_default=True)
+@pass_ctx
+def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) -> None:
+    """Tasks, owners, heartbeat ages and committed txids of a topology."""
+    from stream_ops.nimbus.status import describe_topology
+    from stream_ops.nimbus.submission import find_topology_id
+
+    with obj.store() as store:
+        result = describe_topology(store, find_topology_id(store, name))  # type: ignore[arg-type]
+    if as_json:
+        click.echo(json.dumps(result.to_json_obj(heartbeat_timeout), indent=2))
+        return
+    click.echo(f"{result.topology_id}  {result.status}  health={result.health(heartbeat_timeout)}  "
+               f"assignment epoch={result.assignment_epoch}  workers={','.join(result.workers_live) or '-'}")
+    click.echo(f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>5} {'KEYS':>7} {'DLQ':>5}")
+    for t in result.tasks:
+        age = "-" if t.heartbeat_age_s is None else f"{t.heartbeat_age_s:.1f}"
+        click.echo(f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
+                   f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {t.lag_files:>5} {t.state_keys:>7} {t.dead_letters:>5}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--wait", "wait_s", default=0.0, show_default=True, help="Seconds between KILLED and removal.")
+@pass_ctx
+def kill(obj: _Context, name: str, wait_s: float) -> None:
+    """Kill a topology (its files are kept)."""
+    from stream_ops.nimbus.submission import kill as kill_topology
+
+    with obj.store() as store:
+        click.echo(kill_topology(store, name, wait_s=wait_s))
+
+
+@main.command()
+@click.argument("name")
+@pass_ctx
+def activate(obj: _Context, name: str) -> None:
+    """Resume a deactivated topology."""
+    from stream_ops.nimbus.submission import activate as activate_topology
+
+    with obj.store() as store:
+        click.echo(activate_topology(store, name))
+
+
+@main.command()
+@click.argument("name")
+@pass_ctx
+def deactivate(obj: _Context, name: str) -> None:
+    """Pause a topology (queries stop; state and checkpoints are kept)."""
+    from stream_ops.nimbus.submission import deactivate as deactivate_topology
+
+    with obj.store() as store:
+        click.echo(deactivate_topology(store, name))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--workers", default=None, type=click.IntRange(min=1), help="New number of workers.")
+@pass_ctx
+def rebalance(obj: _Context, name: str, workers: int | None) -> None:
+    """Spread a topology's tasks over the live workers, moving as few as possible."""
+    from stream_ops.nimbus.assignment import reassign
+    from stream_ops.nimbus.submission import find_topology_id
+
+    with obj.store() as store:
+        topology_id = find_topology_id(store, name)
+        record, epoch = reassign(store, topology_id, num_workers=workers)  # type: ignore[arg-type]
+    click.echo(json.dumps({"topology": topology_id, "epoch": epoch, "tasks": record.tasks}))
+
+
+@main.command()
+@click.argument("topology")
+@click.argument("query_name")
+@click.argument("args", nargs=-1, required=True)
+@pass_ctx
+def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) -> None:
+    """Look keys up in a topology's state; multi-field keys as JSON lists."""
+    from stream_ops.runtime.query_client import query_state
+
+    keys = []
+    for arg in args:
+        try:
+            parsed = json.loads(arg)
+        except json.JSONDecodeError:
+            parsed = arg
+        keys.append(parsed if isinstance(parsed, list) else [arg])
+    with obj.store() as store:
+        click.echo(json.dumps(query_state(store, topology, query_name, keys)))
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Host name others reach this worker by.")
+@click.option("--port", default=6700, show_default=True, type=int, help="Slot port (state queries).")
+@click.option("--bind-host", default=None, help="Interface of the query server (default: --host).")
+@click.option("--spark-master", default="local[*]", show_default=True)
+@click.option("--trigger-seconds", default=1.0, show_default=True, type=float)
+@click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
+@click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
+@click.option("--launched-by", default="cli", show_default=True)
+@pass_ctx
+def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_master: str, trigger_seconds: float,
+           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str) -> None:
+    """Run a worker slot until SIGTERM / Ctrl-C."""
+    from stream_ops.runtime.worker import Worker, WorkerSettings
+
+    settings = WorkerSettings(
+        host=host, port=port, bind_host=bind_host or host, spark_master=spark_master,
+        trigger_seconds=trigger_seconds, max_files_per_trigger=max_files_per_trigger,
+        heartbeat_interval_s=heartbeat_interval, launched_by=launched_by,
+    )
+    stop = _stop_on_signals()
+    Worker(obj.zk_config(), obj.cluster(), settings).run(stop)
+
+
+EXAMPLE_TOPOLOGY = "stream_ops.examples.wordcount:topology"
+EXAMPLE_SENTENCES = "stream_ops.examples.wordcount:SAMPLE_SENTENCES"
+
+
+def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list[str]]:
+    """The topology to demo, its input topic and the sentences to feed (from the project dir)."""
+    from stream_ops.topology.functions import resolve_function
+    from stream_ops.topology.loading import load_topology
+
+    os.environ["STREAM_OPS_HOME"] = str(home)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    topology = load_topology(topology_ref)
+    sentences = list(resolve_function(EXAMPLE_SENTENCES)) * repeat
+    return topology, topology.chains[0].source.topic, sentences
+
+
+@main.command()
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--zookeeper-port", default=0, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--topology", "topology_ref", default=EXAMPLE_TOPOLOGY, show_default=True)
+@click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
+@click.option("--timeout", default=180.0, show_default=True, help="Give up after this many seconds.")
+@pass_ctx
+def demo(obj: _Context, workers: int, zookeeper_port: int, topology_ref: str, repeat: int, timeout: float) -> None:
+    """Headless word count: ZooKeeper, workers, submit, feed, query; then stop everything."""
+    from stream_ops.local_stack import LocalStack, run_demo
+
+    home = obj.home.resolve()
+    topology, topic, sentences = _example(home, topology_ref, repeat)
+    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port or None) as stack:
+        results = run_demo(stack, topology, topic, sentences, timeout_s=timeout)
+    click.echo(json.dumps(results))
+
+
+@main.command()
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--zookeeper-port", default=2181, show_default=True, type=int)
+@click.option("--dagster-port", default=3000, show_default=True, type=int)
+@click.option("--topology", "topology_ref", default=EXAMPLE_TOPOLOGY, show_default=True)
+@click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
+@pass_ctx
+def dev(obj: _Context, workers: int, zookeeper_port: int, dagster_port: int, topology_ref: str, repeat: int) -> None:
+    """The local stack with the Dagster UI; Ctrl-C stops everything it started."""
+    from stream_ops.local_stack import LocalStack, run_demo
+
+    home = obj.home.resolve()
+    topology, topic, sentences = _example(home, topology_ref, repeat)
+    stop = _stop_on_signals()
+    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port) as stack:
+        url = stack.start_dagster(port=dagster_port)
+        click.echo(f"Dagster UI: {url}")
+        click.echo(json.dumps(run_demo(stack, topology, topic, sentences, timeout_s=300)))
+        click.echo("Running; Ctrl-C stops ZooKeeper, workers and Dagster.")
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example topologies shipped with stream_ops (the seed systems' examples)."""

@@ -1,0 +1,254 @@
+"""The local stack on embedded defaults: ZooKeeper, worker processes and (optionally) Dagster.
+
+``stream-ops demo`` and ``stream-ops dev`` use it, and so do the end-to-end tests, so what the
+README's main command shows is what the tests prove.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import QueryError, StreamOpsError, WorkerError
+from stream_ops.nimbus.assignment import live_workers
+from stream_ops.nimbus.submission import submit
+from stream_ops.runtime.query_client import query_state
+from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topics.producer import produce
+from stream_ops.topology.dsl import Topology
+
+logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it is still there after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class WorkerProcess:
+    """A worker started as a separate ``stream-ops worker`` process."""
+
+    port: int
+    log: Path
+    proc: subprocess.Popen[Any]
+
+    @property
+    def worker_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class LocalStack:
+    """ZooKeeper plus worker processes under ``home``; a context manager that stops them all.
+
+    Args:
+        home: shared directory (dist store, topics, checkpoints, logs).
+        workers: worker processes to start.
+        zookeeper_port: fixed port, or None for a free one.
+        chroot: root znode.
+        worker_args: extra ``stream-ops worker`` options (e.g. ``["--trigger-seconds", "0.5"]``).
+    """
+
+    home: Path
+    workers: int = 2
+    zookeeper_port: int | None = None
+    chroot: str = "/stream_ops"
+    worker_args: Sequence[str] = ()
+    session_timeout_s: float = 6.0
+    zookeeper: EmbeddedZooKeeper | None = None
+    worker_processes: list[WorkerProcess] = field(default_factory=list)
+    dagster: subprocess.Popen[Any] | None = None
+
+    @property
+    def zk_config(self) -> ZooKeeperConfig:
+        assert self.zookeeper is not None
+        return ZooKeeperConfig(hosts=self.zookeeper.hosts, chroot=self.chroot, session_timeout_s=self.session_timeout_s)
+
+    @property
+    def cluster(self) -> ClusterConfig:
+        return ClusterConfig(root=self.home)
+
+    def __enter__(self) -> LocalStack:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "logs").mkdir(exist_ok=True)
+        try:
+            self.zookeeper = EmbeddedZooKeeper(data_dir=self.home / "zookeeper", port=self.zookeeper_port)
+            self.zookeeper.start()
+            for _ in range(self.workers):
+                self.start_worker()
+            self.wait_for_workers(self.workers)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def env(self) -> dict[str, str]:
+        """Environment for child processes: where ZooKeeper and the shared files are."""
+        assert self.zookeeper is not None
+        env = dict(os.environ)
+        env.update(
+            STREAM_OPS_ZOOKEEPER=self.zookeeper.hosts,
+            STREAM_OPS_CHROOT=self.chroot,
+            STREAM_OPS_HOME=str(self.home),
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def start_worker(self, port: int | None = None) -> WorkerProcess:
+        """Start one ``stream-ops worker`` process (on ``port``, or a free one)."""
+        port = port or free_port()
+        log = self.home / "logs" / f"worker-{port}.log"
+        cmd = [
+            sys.executable, "-m", "stream_ops.cli", "--session-timeout", str(self.session_timeout_s),
+            "worker", "--host", "127.0.0.1", "--port", str(port), *self.worker_args,
+        ]
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+        worker = WorkerProcess(port, log, proc)
+        self.worker_processes.append(worker)
+        logger.info("started worker %s (pid %d), log %s", worker.worker_id, proc.pid, log)
+        return worker
+
+    def kill_worker(self, worker: WorkerProcess) -> None:
+        """SIGKILL a worker's whole process group (JVM included), as a crash would."""
+        try:
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        worker.proc.wait(10)
+        self.worker_processes.remove(worker)
+
+    def wait_for_workers(self, count: int, timeout_s: float = 90.0) -> list[str]:
+        """Wait until ``count`` workers are registered in ZooKeeper."""
+        deadline = time.monotonic() + timeout_s
+        with ZkStore.connect(self.zk_config) as store:
+            while True:
+                live = sorted(live_workers(store))
+                if len(live) >= count:
+                    return live
+                for w in self.worker_processes:
+                    if w.proc.poll() is not None:
+                        raise WorkerError(f"worker {w.worker_id} exited with {w.proc.returncode}; see {w.log}:\n{_tail(w.log)}")
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"only {len(live)} of {count} workers registered after {timeout_s:.0f} s")
+                time.sleep(0.2)
+
+    def start_dagster(self, *, port: int = 3000, working_directory: Path | None = None) -> str:
+        """Start ``dagster dev`` (webserver and daemon) on the example definitions."""
+        dagster_home = self.home / "dagster"
+        dagster_home.mkdir(parents=True, exist_ok=True)
+        local_yaml = Path(__file__).resolve().parent.parent / "deployments" / "local" / "dagster.yaml"
+        if local_yaml.exists():
+            shutil.copy(local_yaml, dagster_home / "dagster.yaml")
+        env = self.env()
+        env["DAGSTER_HOME"] = str(dagster_home)
+        exe = Path(sys.executable).with_name("dagster")
+        cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "definitions", "-h", "127.0.0.1", "-p", str(port)]
+        log = self.home / "logs" / "dagster.log"
+        with open(log, "ab") as out:
+            self.dagster = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                            cwd=working_directory or Path.cwd(), start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.dagster.poll() is not None:
+                raise StreamOpsError(f"dagster dev exited with {self.dagster.returncode}; see {log}:\n{_tail(log)}")
+            try:
+                with urllib.request.urlopen(f"{url}/server_info", timeout=1):
+                    return url
+            except OSError:
+                time.sleep(0.5)
+        raise StreamOpsError(f"Dagster did not answer on {url} within 120 s; see {log}")
+
+    def close(self) -> None:
+        """Stop Dagster, the workers and ZooKeeper (in that order)."""
+        if self.dagster is not None:
+            stop_process(self.dagster)
+            self.dagster = None
+        for worker in list(self.worker_processes):
+            stop_process(worker.proc)
+        self.worker_processes.clear()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(collections.deque(f, maxlen=lines))
+    except OSError:
+        return ""
+
+
+def expected_word_counts(sentences: Sequence[str]) -> dict[str, int]:
+    """Ground truth for the word count, computed without stream_ops."""
+    return dict(collections.Counter(word for sentence in sentences for word in sentence.split(" ")))
+
+
+def wait_for_counts(
+    store: ZkStore, topology: str, query: str, expected: dict[str, int], *, timeout_s: float
+) -> dict[str, Any]:
+    """Poll the state query until every expected word has its expected count."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] = {}
+    while True:
+        try:
+            last = query_state(store, topology, query, [[w] for w in sorted(expected)])
+            if last == expected:
+                return last
+        except QueryError as e:
+            logger.debug("query not answered yet: %s", e)
+        if time.monotonic() > deadline:
+            wrong = {w: (last.get(w), n) for w, n in expected.items() if last.get(w) != n}
+            raise StreamOpsError(f"counts did not reach the ground truth in {timeout_s:.0f} s; (got, expected): {wrong}")
+        time.sleep(0.5)
+
+
+def run_demo(stack: LocalStack, topology: Topology, input_topic: FileTopic, sentences: Sequence[str], *,
+             timeout_s: float = 180.0, query_words: Sequence[str] = ("how", "are", "you", "nice", "day")) -> dict[str, Any]:
+    """Submit ``topology``, feed ``sentences``, wait for exact counts, return a few of them."""
+    started = time.monotonic()
+    with ZkStore.connect(stack.zk_config) as store:
+        topology_id = submit(store, stack.cluster, topology, workers=stack.workers)
+        produce(input_topic, ({"sentence": s} for s in sentences))
+        expected = expected_word_counts(sentences)
+        wait_for_counts(store, topology.name, "words", expected, timeout_s=timeout_s)
+        shown = query_state(store, topology.name, "words", [[w] for w in query_words])
+    return {"topology_id": topology_id, "sentences": len(sentences), "words": sum(expected.values()),
+            "seconds": round(time.monotonic() - started, 1), "counts": shown}
