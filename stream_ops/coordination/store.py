@@ -52,6 +52,7 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
@@ -151,6 +152,11 @@ def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
         return ConcurrentUpdateError(
             f"cannot {action} {path}: its version changed since it was read (another writer won); "
             "re-read it and try again"
+        )
+    if isinstance(e, NoAuthError):
+        return CoordinationError(
+            f"cannot {action} {path}: ZooKeeper answered NoAuthError, this session is not allowed "
+            "to; check ZooKeeperConfig.auth_digest (the znode was created by another identity)"
         )
     return CoordinationError(f"cannot {action} {path}: ZooKeeper answered {type(e).__name__}: {e}")
 

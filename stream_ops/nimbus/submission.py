@@ -10,7 +10,7 @@ from typing import Any
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, TaskRecord, TopologyStatusName, TransactionalRecord
-from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.store import ZkStore, encode_json
 from stream_ops.errors import SubmissionError, TopologyNotFoundError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import reassign
@@ -89,9 +89,9 @@ def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: Sto
             queue=task.queue,
             input_path=str(layout.input_topic(plan, stage).queue_path(task.queue)),
         )
-        store.tx_create_json(tx, ZkPaths.task(topology_id, task.task_id), record.to_json_obj())
-        store.tx_create_json(tx, ZkPaths.transactional_task(topology_id, task.task_id), TransactionalRecord().to_json_obj())
-    store.tx_create_json(tx, ZkPaths.storm(topology_id), storm.to_json_obj())
+        tx.create(ZkPaths.task(topology_id, task.task_id), encode_json(record.to_json_obj()))
+        tx.create(ZkPaths.transactional_task(topology_id, task.task_id), encode_json(TransactionalRecord().to_json_obj()))
+    tx.create(ZkPaths.storm(topology_id), encode_json(storm.to_json_obj()))
     store.commit_transaction(tx)
 
 

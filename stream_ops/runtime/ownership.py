@@ -17,7 +17,7 @@ from typing import Any
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import OwnerRecord, TransactionalRecord
-from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.store import ZkStore, encode_json
 from stream_ops.errors import CoordinationError, OwnershipLostError, TransientError
 
 logger = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, c
     epoch = record.epoch + 1
     new_record = record.model_copy(update={"epoch": epoch})
     tx = store.transaction()
-    store.tx_create_json(tx, owner_path, OwnerRecord(worker_id=worker_id, epoch=epoch, since=clock()).to_json_obj(), ephemeral=True)
-    store.tx_set_json(tx, tx_path, new_record.to_json_obj(), version=stat.version)
+    owner = OwnerRecord(worker_id=worker_id, epoch=epoch, since=clock())
+    tx.create(owner_path, encode_json(owner.to_json_obj()), ephemeral=True)
+    tx.set_data(tx_path, encode_json(new_record.to_json_obj()), version=stat.version)
     try:
         store.commit_transaction(tx)
     except CoordinationError as e:
@@ -104,8 +105,12 @@ def commit(
         }
     )
     tx = store.transaction()
-    store.tx_check(tx, ZkPaths.owner(ownership.topology_id, ownership.task_id), version=ownership.owner_version)
-    store.tx_set_json(tx, ZkPaths.transactional_task(ownership.topology_id, ownership.task_id), record.to_json_obj(), version=ownership.tx_version)
+    tx.check(ZkPaths.owner(ownership.topology_id, ownership.task_id), ownership.owner_version)
+    tx.set_data(
+        ZkPaths.transactional_task(ownership.topology_id, ownership.task_id),
+        encode_json(record.to_json_obj()),
+        version=ownership.tx_version,
+    )
     try:
         store.commit_transaction(tx)
     except CoordinationError as e:

@@ -116,7 +116,7 @@ class TaskRunner:
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._last_input_ts = 0.0
+        self._last_input_ms = 0
         self._aggregator = aggregator_from_spec(
             self.stage.state.aggregator if self.stage.state else self.stage.shuffle.aggregator  # type: ignore[union-attr]
         )
@@ -152,7 +152,7 @@ class TaskRunner:
                         self.topology_id, self.task.task_id, self.state.restored_keys, time.monotonic() - started,
                     )
             checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-            self._last_input_ts = latest_file_timestamp(checkpoint)
+            self._last_input_ms = latest_file_timestamp(checkpoint)
             self.query = start_stage_query(
                 self.spark,
                 stage=self.stage,
@@ -304,8 +304,8 @@ class TaskRunner:
     def lag_files(self) -> int:
         """Input files not yet read (modified after the newest file the query consumed)."""
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        self._last_input_ts = max(self._last_input_ts, latest_file_timestamp(checkpoint))
-        return count_newer_files(self.input_dir, self._last_input_ts)
+        self._last_input_ms = max(self._last_input_ms, latest_file_timestamp(checkpoint))
+        return count_newer_files(self.input_dir, self._last_input_ms)
 
     def state_keys(self) -> int:
         state = self.state
@@ -316,7 +316,7 @@ class TaskRunner:
         state = self.state
         if state is None:
             raise LookupError(f"task {self.task.task_id} keeps no state")
-        return [_unwrap(v) for v in state.store.multi_get(keys)]
+        return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
 
 
 def _combiner(aggregator: Any, partial: Any) -> Callable[[Any], Any]:

@@ -312,6 +312,7 @@ class Worker:
         if self.spark is not None:
             self.spark.stop()
         if self.store is not None:
+            self.store.remove_listener(self._on_state)
             try:
                 self.store.delete(ZkPaths.worker(self.worker_id))
             except CoordinationError:

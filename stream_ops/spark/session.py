@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
@@ -34,7 +36,11 @@ def create_spark_session(
     reach (``spark.driver.host``) since the defaults bind to loopback.
     """
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
+    # Python workers must run the interpreter that has stream_ops and its dependencies; the
+    # JVM reads PYSPARK_PYTHON from the environment it is launched with.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    defaults = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    for key, value in {**defaults, **dict(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -1,0 +1,256 @@
+"""Per-topology Dagster assets: a submission asset and one observed stream asset per stage.
+
+* The **submission asset** (``stream_ops/<topology>/submission``) is materialized to submit the
+  topology through :func:`stream_ops.nimbus.submission.submit`. If a live submission of that
+  name exists already, nothing is submitted: the materialization reports the running one
+  (and warns if it runs a different plan than the code location defines).
+* The **stream assets** (``stream_ops/<topology>/<stage>``) are external assets
+  (:class:`dagster.AssetSpec`, no materialization function): the heartbeat sensor records
+  observations on them (:mod:`stream_ops.orchestration.sensors`).
+
+Resources required: ``zookeeper`` (:class:`ZooKeeperResource`) and ``stream_cluster``
+(:class:`StreamClusterResource`).
+
+Note: this module does not use ``from __future__ import annotations`` because Dagster reads
+the resource parameters' annotations of the decorated function at definition time.
+"""
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from stream_ops.coordination.records import StormRecord
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import StreamOpsError, TopologyDefinitionError
+from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.status import TopologyStatus, describe_topology
+from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
+from stream_ops.orchestration.observations import observation_schema
+from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.topology.dsl import Topology
+from stream_ops.topology.plan import Plan, StageSpec, build_plan
+
+__all__ = [
+    "STREAM_CLUSTER_RESOURCE_KEY",
+    "ZOOKEEPER_RESOURCE_KEY",
+    "TopologyDefinitions",
+    "topology_assets",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Resource key of the :class:`ZooKeeperResource` the assets and sensors use.
+ZOOKEEPER_RESOURCE_KEY = "zookeeper"
+#: Resource key of the :class:`StreamClusterResource` the submission assets use.
+STREAM_CLUSTER_RESOURCE_KEY = "stream_cluster"
+
+
+@dataclass(frozen=True)
+class TopologyDefinitions:
+    """The Dagster definitions of one topology, as built by :func:`topology_assets`.
+
+    Attributes:
+        topology_name: The topology's name.
+        plan: Its plan (stages and tasks), built when the definitions were made.
+        submission_asset: Materialize to submit the topology (or report the live submission).
+        stream_specs: One external asset per stage, observed by the heartbeat sensor, in stage order.
+    """
+
+    topology_name: str
+    plan: Plan
+    submission_asset: dg.AssetsDefinition
+    stream_specs: tuple[dg.AssetSpec, ...]
+
+    @property
+    def assets(self) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+        """Everything to pass to :class:`dagster.Definitions` ``assets=``."""
+        return [self.submission_asset, *self.stream_specs]
+
+
+def _plan_markdown(plan: Plan) -> str:
+    lines = ["| stage | name | kind | queues | tasks | reads / keeps |", "|---:|---|---|---:|---|---|"]
+    for stage in plan.stages:
+        task_ids = [str(t.task_id) for t in plan.tasks if t.stage == stage.index]
+        if stage.kind == "source":
+            what = f"`{stage.source_path}`"
+        else:
+            what = f"{stage.state.kind} state `{stage.state.name}`" if stage.state else "keyed state"
+        lines.append(f"| {stage.index} | {stage.name} | {stage.kind} | {stage.queues} | {', '.join(task_ids)} | {what} |")
+    return "\n".join(lines)
+
+
+def _assignment_markdown(status: TopologyStatus) -> str:
+    lines = ["| task | stage | queue | worker |", "|---:|---|---:|---|"]
+    for task in status.tasks:
+        lines.append(f"| {task.task_id} | {task.stage_name} | {task.queue} | {task.assigned_to or '_unassigned_'} |")
+    return "\n".join(lines)
+
+
+def _plan_code_version(plan: Plan) -> str:
+    """Changes whenever the plan does, so Dagster flags a running submission as outdated."""
+    return hashlib.sha256(plan.to_json().encode("utf-8")).hexdigest()[:16]
+
+
+def _submitted_plan(storm: StormRecord) -> Plan | None:
+    """The plan a live submission runs, or None if its dist store entry is not readable here."""
+    try:
+        return read_plan(Path(storm.dist_dir))
+    except (StreamOpsError, ValueError) as e:
+        logger.warning("cannot read the plan of %s from %s: %s", storm.topology_id, storm.dist_dir, e)
+        return None
+
+
+def _submission_metadata(
+    store: ZkStore, storm: StormRecord, plan: Plan, *, action: str, plan_matches: bool | None
+) -> dict[str, Any]:
+    status = describe_topology(store, storm.topology_id)
+    metadata: dict[str, Any] = {
+        "topology_id": dg.MetadataValue.text(storm.topology_id),
+        "action": dg.MetadataValue.text(action),
+        "status": dg.MetadataValue.text(storm.status),
+        "tasks": dg.MetadataValue.int(storm.num_tasks),
+        "workers": dg.MetadataValue.int(storm.workers),
+        "workers_live": dg.MetadataValue.int(len(status.workers_live)),
+        "assignment_epoch": dg.MetadataValue.int(status.assignment_epoch if status.assignment_epoch is not None else -1),
+        "assignment": dg.MetadataValue.md(_assignment_markdown(status)),
+        "submitted_at": dg.MetadataValue.timestamp(storm.submitted_at),
+        "dist_dir": dg.MetadataValue.path(storm.dist_dir),
+        "conf": dg.MetadataValue.json(dict(storm.conf)),
+        "plan": dg.MetadataValue.md(_plan_markdown(plan)),
+        "plan_json": dg.MetadataValue.json(plan.model_dump(mode="json")),
+    }
+    if storm.code_sha256:
+        metadata["code_sha256"] = dg.MetadataValue.text(storm.code_sha256)
+    if plan_matches is not None:
+        metadata["plan_matches_definition"] = dg.MetadataValue.bool(plan_matches)
+    return metadata
+
+
+def _stream_spec(
+    plan: Plan, stage: StageSpec, *, submission_key: dg.AssetKey, translator: StreamOpsTranslator
+) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        key=translator.stream_asset_key(plan.topology, stage.name),
+        deps=[submission_key],
+        description=translator.description(plan, stage),
+        group_name=translator.group_name(plan.topology),
+        kinds={"spark"},
+        metadata={
+            "stream_ops/topology": dg.MetadataValue.text(plan.topology),
+            "stream_ops/stage_index": dg.MetadataValue.int(stage.index),
+            "stream_ops/stage_kind": dg.MetadataValue.text(stage.kind),
+            "stream_ops/queues": dg.MetadataValue.int(stage.queues),
+            "stream_ops/task_ids": dg.MetadataValue.json([t.task_id for t in plan.tasks if t.stage == stage.index]),
+            # The records this stage reads, and what the heartbeat sensor observes on it.
+            "stream_ops/input_schema": dg.MetadataValue.table_schema(
+                dg.TableSchema(columns=[dg.TableColumn(name=f, type=t) for f, t in stage.input_fields.items()])
+            ),
+            "stream_ops/observation_schema": dg.MetadataValue.table_schema(observation_schema()),
+        },
+    )
+
+
+def topology_assets(
+    *,
+    topology: Topology,
+    workers: int = 2,
+    conf: Mapping[str, Any] | None = None,
+    translator: StreamOpsTranslator | None = None,
+) -> TopologyDefinitions:
+    """Build the submission asset and the stream assets of one topology.
+
+    The plan is built here, so an invalid topology fails when the code location loads.
+
+    Args:
+        topology: The topology to submit and observe.
+        workers: Worker slots to ask for at submission.
+        conf: Topology configuration stored with the submission.
+        translator: Naming of keys and groups; default :class:`StreamOpsTranslator`.
+
+    Returns:
+        The topology's definitions; pass ``.assets`` to :class:`dagster.Definitions`.
+
+    Raises:
+        TopologyDefinitionError: The topology cannot be planned, two stages share a name, or
+            ``workers`` is below 1.
+
+    Example:
+        >>> from stream_ops.examples.wordcount import build_wordcount
+        >>> defs = topology_assets(topology=build_wordcount("/data/sentences"), workers=2)
+        >>> defs.submission_asset.key.to_user_string()
+        'stream_ops/wordcount/submission'
+        >>> [spec.key.path[-1] for spec in defs.stream_specs]
+        ['sentences', 'count']
+    """
+    if workers < 1:
+        raise TopologyDefinitionError(f"topology_assets(workers={workers}): ask for at least 1 worker")
+    translator = translator or StreamOpsTranslator()
+    plan = build_plan(topology)
+    stage_names = [stage.name for stage in plan.stages]
+    duplicates = sorted({n for n in stage_names if stage_names.count(n) > 1})
+    if duplicates:
+        raise TopologyDefinitionError(
+            f"topology {topology.name!r} has several stages named {duplicates}; stage names must be unique "
+            "to give each stream asset its own key: rename the sources or aggregations"
+        )
+    conf_dict = dict(conf or {})
+    submission_key = translator.submission_asset_key(topology.name)
+
+    @dg.asset(
+        key=submission_key,
+        description=translator.description(plan),
+        group_name=translator.group_name(topology.name),
+        kinds={"zookeeper"},
+        code_version=_plan_code_version(plan),
+        metadata={
+            "stream_ops/topology": dg.MetadataValue.text(topology.name),
+            "stream_ops/stages": dg.MetadataValue.int(len(plan.stages)),
+            "stream_ops/tasks": dg.MetadataValue.int(len(plan.tasks)),
+            "stream_ops/workers": dg.MetadataValue.int(workers),
+        },
+        op_tags={"stream_ops/topology": topology.name},
+    )
+    def _submission(
+        context: dg.AssetExecutionContext,
+        zookeeper: ZooKeeperResource,
+        stream_cluster: StreamClusterResource,
+    ) -> dg.MaterializeResult:
+        cluster = stream_cluster.config()
+        with zookeeper.store() as store:
+            existing = find_topology_id(store, topology.name, missing_ok=True)
+            if existing is None:
+                topology_id = submit(store, cluster, topology, workers=workers, conf=conf_dict)
+                context.log.info(f"submitted {topology_id} ({len(plan.tasks)} tasks, {workers} workers wanted)")
+                storm = read_storm(store, topology_id)
+                return dg.MaterializeResult(
+                    metadata=_submission_metadata(store, storm, plan, action="submitted", plan_matches=True)
+                )
+            storm = read_storm(store, existing)
+            running = _submitted_plan(storm)
+            plan_matches = None if running is None else running == plan
+            if plan_matches is False:
+                context.log.warning(
+                    f"{existing} runs a different plan than this code location defines for {topology.name!r}; "
+                    f"to run the new plan, kill it (stream-ops kill {topology.name}) and materialize this asset again"
+                )
+            else:
+                context.log.info(f"{topology.name!r} is already running as {existing}; nothing submitted")
+            return dg.MaterializeResult(
+                metadata=_submission_metadata(
+                    store, storm, running or plan, action="already_running", plan_matches=plan_matches
+                )
+            )
+
+    specs = tuple(
+        _stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages
+    )
+    return TopologyDefinitions(
+        topology_name=topology.name, plan=plan, submission_asset=_submission, stream_specs=specs
+    )
+

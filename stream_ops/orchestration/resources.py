@@ -1,0 +1,185 @@
+"""Dagster resources for the two external systems stream_ops talks to.
+
+* :class:`ZooKeeperResource`: where the coordination data lives (hosts, chroot, timeouts,
+  optional digest credentials). It builds a :class:`~stream_ops.config.ZooKeeperConfig`
+  and opens :class:`~stream_ops.coordination.store.ZkStore` sessions.
+* :class:`StreamClusterResource`: where the cluster keeps its files (dist store, topics,
+  checkpoints, local state). It builds a :class:`~stream_ops.config.ClusterConfig`.
+
+Validation reuses the core config models, so a bad value fails when the resource is built
+(at code-location load time) with the same message the CLI gives. Fields given as
+:class:`dagster.EnvVar` are validated when Dagster resolves them, at execution time.
+
+Why a context manager and not a long-lived client:
+    Dagster integration resources usually keep their client in a ``PrivateAttr`` created in
+    ``setup_for_execution``. ZooKeeper sessions are different: they are cheap to open
+    (one round trip), a session opened for a whole run would sit idle while ops do non-ZooKeeper
+    work and could expire under them, and the same resource is used by sensors, whose resource
+    teardown only runs when the sensor context is used as a context manager. So
+    :meth:`ZooKeeperResource.store` opens one session for exactly the block that needs it and
+    always closes it, in runs, sensors, tests and scripts alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field, ValidationError, model_validator
+
+from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.store import ZkStore
+
+__all__ = ["StreamClusterResource", "ZooKeeperResource"]
+
+
+def _literal_values(data: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """The fields of ``data`` given as literal values (not ``EnvVar``), or None if not a dict."""
+    if not isinstance(data, dict):
+        return None
+    return {k: v for k, v in data.items() if k in fields and v is not None and not isinstance(v, dg.EnvVar)}
+
+
+def _explain(resource: str, error: ValidationError) -> str:
+    """One readable line per problem: ``field: what to fix``."""
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "config"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}")
+    return f"invalid {resource} configuration: " + "; ".join(problems)
+
+
+class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """How to reach the ZooKeeper ensemble that coordinates stream_ops topologies.
+
+    Example:
+        >>> zookeeper = ZooKeeperResource(hosts="127.0.0.1:2181", chroot="/stream_ops")
+        >>> zookeeper.config().connection_string
+        '127.0.0.1:2181/stream_ops'
+        >>> with zookeeper.store() as store:  # doctest: +SKIP
+        ...     store.children("/storms")
+    """
+
+    hosts: str = Field(
+        default=DEFAULT_ZOOKEEPER,
+        description="Comma-separated ZooKeeper servers, each written host:port, e.g. 'zk1:2181,zk2:2181'.",
+    )
+    chroot: str = Field(
+        default=DEFAULT_CHROOT,
+        description="Root znode under which all stream_ops data lives, e.g. '/stream_ops'. Created if missing.",
+    )
+    session_timeout_s: float = Field(
+        default=10.0,
+        description="ZooKeeper session timeout in seconds (> 0).",
+    )
+    connect_timeout_s: float = Field(
+        default=10.0,
+        description="Seconds to wait for the first connection before giving up (> 0).",
+    )
+    auth_digest: str | None = Field(
+        default=None,
+        description="Optional digest credentials 'user:password'; use an EnvVar, never a literal secret.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _validate_with_core_config(cls, data: Any) -> Any:
+        """Fail fast with the core config's message; EnvVar fields are checked once resolved."""
+        literal = _literal_values(data, tuple(ZooKeeperConfig.model_fields))
+        if literal:
+            try:
+                ZooKeeperConfig.model_validate(literal)
+            except ValidationError as e:
+                raise ValueError(_explain("ZooKeeperResource", e)) from e
+        return data
+
+    def config(self) -> ZooKeeperConfig:
+        """The core :class:`ZooKeeperConfig` these fields describe."""
+        return ZooKeeperConfig(
+            hosts=self.hosts,
+            chroot=self.chroot,
+            session_timeout_s=self.session_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            auth_digest=self.auth_digest,
+        )
+
+    @contextlib.contextmanager
+    def store(self) -> Iterator[ZkStore]:
+        """Open a ZooKeeper session for the duration of a ``with`` block.
+
+        Yields:
+            A connected :class:`ZkStore` under :attr:`chroot`, closed when the block exits.
+
+        Raises:
+            ZooKeeperUnavailableError: No server answered within ``connect_timeout_s``.
+            CoordinationError: The session could not be opened (e.g. bad credentials).
+        """
+        with ZkStore.connect(self.config()) as store:
+            yield store
+
+
+class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Where the stream_ops cluster keeps its files (shared by workers, nimbus and Dagster).
+
+    Only ``root`` is required in practice; the other directories default to sub-directories
+    of it. Relative paths are resolved against the working directory of the process that uses
+    them, so code locations should pass absolute paths.
+
+    Example:
+        >>> cluster = StreamClusterResource(root="/srv/stream_ops")
+        >>> str(cluster.config().resolved_dist_dir())
+        '/srv/stream_ops/dist'
+    """
+
+    root: str = Field(
+        default="var/stream_ops",
+        description="Base directory of the cluster; everything below defaults to a sub-directory of it.",
+    )
+    dist_dir: str | None = Field(
+        default=None,
+        description="Dist store (plan, conf and code of each submission). Default: <root>/dist.",
+    )
+    topics_root: str | None = Field(
+        default=None,
+        description="Internal topics (shuffle, state, dead letters). Default: <root>/topics.",
+    )
+    checkpoints_root: str | None = Field(
+        default=None,
+        description="Spark checkpoints, one per task; must be shared by all workers. Default: <root>/checkpoints.",
+    )
+    local_state_dir: str | None = Field(
+        default=None,
+        description="Local RocksDB stores of the workers on this machine. Default: <root>/local.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _validate_paths(cls, data: Any) -> Any:
+        """Reject empty paths with a message naming the field."""
+        literal = _literal_values(data, tuple(ClusterConfig.model_fields))
+        if literal:
+            empty = sorted(k for k, v in literal.items() if isinstance(v, str) and not v.strip())
+            if empty:
+                raise ValueError(
+                    f"invalid StreamClusterResource configuration: {', '.join(empty)} must be a directory path, "
+                    "not an empty string (leave optional directories unset to use <root>/...)"
+                )
+        return data
+
+    def config(self) -> ClusterConfig:
+        """The core :class:`ClusterConfig` these fields describe (``~`` expanded)."""
+
+        def path(value: str | None) -> Path | None:
+            return None if value is None else Path(value).expanduser()
+
+        return ClusterConfig(
+            root=Path(self.root).expanduser(),
+            dist_dir=path(self.dist_dir),
+            topics_root=path(self.topics_root),
+            checkpoints_root=path(self.checkpoints_root),
+            local_state_dir=path(self.local_state_dir),
+        )

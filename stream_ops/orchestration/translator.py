@@ -1,0 +1,82 @@
+"""How stream_ops objects are named and described in Dagster: the one translator.
+
+Every asset key, group name and description the Dagster layer produces comes from
+:class:`StreamOpsTranslator`; subclass it to change the naming scheme (e.g. a key prefix per
+deployment) and pass the instance to :func:`~stream_ops.orchestration.assets.topology_assets`,
+:func:`~stream_ops.orchestration.sensors.build_heartbeat_sensor` and
+:func:`~stream_ops.orchestration.definitions.build_definitions`. Names are deterministic:
+they depend only on the topology and stage names, never on a submission's id.
+
+Example:
+    >>> class Prefixed(StreamOpsTranslator):
+    ...     def submission_asset_key(self, topology_name: str) -> dg.AssetKey:
+    ...         return dg.AssetKey(["prod", topology_name, "submission"])
+    >>> Prefixed().submission_asset_key("wordcount").to_user_string()
+    'prod/wordcount/submission'
+"""
+
+from __future__ import annotations
+
+import re
+
+import dagster as dg
+
+from stream_ops.topology.plan import Plan, StageSpec
+
+__all__ = ["StreamOpsTranslator", "python_identifier"]
+
+_NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
+
+
+def python_identifier(text: str) -> str:
+    """``text`` with every character Dagster does not allow in names replaced by ``_``."""
+    return _NOT_IDENTIFIER.sub("_", text)
+
+
+class StreamOpsTranslator:
+    """Maps topologies and their stages to Dagster asset keys, groups and descriptions.
+
+    Defaults:
+
+    * submission asset: ``stream_ops/<topology>/submission``
+    * stream asset of a stage: ``stream_ops/<topology>/<stage>``
+    * group: the topology name with ``-`` replaced by ``_``
+
+    Subclasses must keep keys unique per (topology, stage) and stable across deployments,
+    since observation history in Dagster is keyed by them.
+    """
+
+    key_prefix: tuple[str, ...] = ("stream_ops",)
+
+    def submission_asset_key(self, topology_name: str) -> dg.AssetKey:
+        """Key of the asset whose materialization submits ``topology_name``."""
+        return dg.AssetKey([*self.key_prefix, topology_name, "submission"])
+
+    def stream_asset_key(self, topology_name: str, stage_name: str) -> dg.AssetKey:
+        """Key of the observed stream asset of one stage of ``topology_name``."""
+        return dg.AssetKey([*self.key_prefix, topology_name, stage_name])
+
+    def group_name(self, topology_name: str) -> str | None:
+        """Asset group holding all assets of ``topology_name`` (must be a valid Dagster name)."""
+        return python_identifier(topology_name)
+
+    def description(self, plan: Plan, stage: StageSpec | None = None) -> str:
+        """Description of the submission asset (``stage`` is None) or of one stage's stream asset."""
+        if stage is None:
+            stages = ", ".join(f"{s.name} ({s.kind}, {s.queues} queues)" for s in plan.stages)
+            return (
+                f"Submission of topology `{plan.topology}` to the stream_ops cluster: {len(plan.stages)} stages "
+                f"({stages}), {len(plan.tasks)} tasks. Materializing submits it if no live submission of that "
+                "name exists, and otherwise reports the running one."
+            )
+        if stage.kind == "source":
+            what = f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations and shuffles"
+        else:
+            state = stage.state
+            kind = state.kind if state is not None else "keyed"
+            what = f"keeps the {kind} map state `{stage.name}` keyed by {', '.join(stage.state.key_fields) if state else 'key'}"
+        return (
+            f"Stage {stage.index} `{stage.name}` of topology `{plan.topology}` ({stage.kind}, {stage.queues} queues): "
+            f"{what}. Observed by the heartbeat sensor: health, heartbeat ages, committed txids, rows/s, lag, "
+            "dead letters."
+        )

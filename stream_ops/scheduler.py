@@ -1,0 +1,222 @@
+"""Task placement: Storm's default (even) scheduler, made sticky. Pure: no I/O, no clock.
+
+A *slot* is a worker port on a host (Storm's ``host:port``). :func:`assign` spreads the
+tasks of one topology over at most ``num_workers`` slots so that
+
+* the used slots differ by at most one task (an even split),
+* hosts interleave: slots are taken in :func:`sort_slots` order, which alternates hosts,
+* a fresh placement deals the sorted tasks round-robin over the sorted slots, exactly like
+  Storm's ``DefaultScheduler``/``EvenScheduler``.
+
+How it differs from Storm: Storm keeps the assignment of a topology whose slots are all
+alive, but when a slot dies or ``storm rebalance`` runs it frees *all* the topology's slots
+and places every task from scratch, so most tasks move (and, here, each move means a RocksDB
+state replay). :func:`assign` instead takes the ``previous`` assignment and moves the fewest
+tasks that still leave an even split: healthy placements stay, only the tasks of dead slots,
+new tasks and the surplus of over-full slots move. A healthy assignment is returned unchanged.
+
+Example:
+    >>> slots = [Slot("h1", 6700), Slot("h1", 6701), Slot("h2", 6700)]
+    >>> [str(s) for s in sort_slots(slots)]
+    ['h1:6700', 'h2:6700', 'h1:6701']
+    >>> a = assign(range(4), slots, num_workers=2)
+    >>> {t: str(s) for t, s in sorted(a.items())}
+    {0: 'h1:6700', 1: 'h2:6700', 2: 'h1:6700', 3: 'h2:6700'}
+    >>> b = assign(range(4), [Slot("h1", 6700), Slot("h1", 6701)], 2, previous=a)
+    >>> sorted(moved_tasks(a, b))  # only the tasks of the dead h2:6700 move
+    [1, 3]
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from stream_ops.errors import SchedulingError
+
+__all__ = ["Slot", "assign", "moved_tasks", "sort_slots"]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Slot:
+    """A worker slot: one port on one host. Ordered by host, then port.
+
+    Example:
+        >>> Slot.parse("10.0.0.5:6700")
+        Slot(host='10.0.0.5', port=6700)
+        >>> str(Slot("h1", 6701))
+        'h1:6701'
+    """
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> Slot:
+        """Parse ``"host:port"`` (the last ``:`` separates the port, so IPv6 hosts work).
+
+        Raises:
+            SchedulingError: ``text`` is not ``host:port`` with a port in 0..65535.
+        """
+        host, sep, port = text.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise SchedulingError(f"slot {text!r} must be written host:port, e.g. 10.0.0.5:6700")
+        return cls(host, int(port))
+
+
+def _as_slot(value: Slot | str) -> Slot:
+    return value if isinstance(value, Slot) else Slot.parse(value)
+
+
+def sort_slots(slots: Iterable[Slot]) -> list[Slot]:
+    """Order slots so that consecutive slots are on different hosts (Storm's ``sort-slots``).
+
+    Slots are grouped by host; hosts with more slots come first (ties by host name); ports
+    ascend within a host. The result takes the first slot of every host in that order, then
+    the second of every host, and so on. Duplicates are dropped.
+
+    Example:
+        >>> [str(s) for s in sort_slots([Slot("b", 2), Slot("a", 1), Slot("b", 1)])]
+        ['b:1', 'a:1', 'b:2']
+    """
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for slot in set(slots):
+        by_host[slot.host].append(slot.port)
+    hosts = sorted(by_host, key=lambda h: (-len(by_host[h]), h))
+    ports = [sorted(by_host[h]) for h in hosts]
+    ordered: list[Slot] = []
+    # Hosts are sorted by slot count descending, so the hosts still having a slot at
+    # depth ``i`` are always a prefix of ``hosts``.
+    active = len(hosts)
+    depth = 0
+    while active:
+        while active and len(ports[active - 1]) <= depth:
+            active -= 1
+        for h in range(active):
+            ordered.append(Slot(hosts[h], ports[h][depth]))
+        depth += 1
+    return ordered
+
+
+def assign(
+    tasks: Iterable[int],
+    slots: Iterable[Slot],
+    num_workers: int,
+    previous: Mapping[int, Slot | str] | None = None,
+) -> dict[int, Slot]:
+    """Place ``tasks`` on ``slots`` evenly, over at most ``num_workers`` slots, moving few tasks.
+
+    Steps:
+
+    1. ``used = min(num_workers, len(slots), len(tasks))`` slots will hold tasks; each gets
+       ``len(tasks) // used`` or one more.
+    2. The target slots are the live slots the ``previous`` assignment already uses (those
+       holding the most tasks first), then the other slots in :func:`sort_slots` order.
+    3. The larger capacities go to the target slots that already hold the most tasks.
+    4. Each target slot keeps its previous tasks up to its capacity (lowest task ids first).
+    5. All other tasks (surplus, tasks of dead or dropped slots, new tasks) are dealt in
+       ascending order, round-robin over the target slots with spare capacity in
+       :func:`sort_slots` order.
+
+    Without ``previous`` this is Storm's placement: sorted task ``i`` goes to sorted slot
+    ``i % used``. With a ``previous`` assignment that already satisfies the rules, the result
+    equals it. The number of tasks that move is the minimum any even split over ``used``
+    slots allows. The result depends only on the inputs (not on their iteration order).
+    Runs in O((tasks + slots) log(tasks + slots)).
+
+    Args:
+        tasks: Task ids (no duplicates).
+        slots: Live slots; duplicates are ignored.
+        num_workers: Most slots to use (Storm's ``topology.workers``); >= 1.
+        previous: Current assignment task -> slot (``Slot`` or ``"host:port"``); tasks no
+            longer in ``tasks`` and slots no longer in ``slots`` are ignored.
+
+    Returns:
+        Task -> slot for every task.
+
+    Raises:
+        SchedulingError: ``num_workers < 1``, duplicate tasks, or tasks but no slots.
+
+    Example:
+        >>> a = assign([0, 1, 2, 3], [Slot("host1", 1), Slot("host2", 1)], num_workers=2)
+        >>> sorted(str(s) for s in a.values())
+        ['host1:1', 'host1:1', 'host2:1', 'host2:1']
+    """
+    if num_workers < 1:
+        raise SchedulingError(f"num_workers must be at least 1, got {num_workers}")
+    task_list = list(tasks)
+    task_set = set(task_list)
+    if len(task_set) != len(task_list):
+        dupes = sorted(t for t, n in Counter(task_list).items() if n > 1)
+        raise SchedulingError(f"duplicate task ids {dupes[:10]}: every task must appear once")
+    if not task_list:
+        return {}
+    ordered = sort_slots(slots)
+    if not ordered:
+        raise SchedulingError(
+            f"no worker slots to place {len(task_list)} tasks on: start workers (or supervisors) "
+            "so that they register their slots, then rebalance"
+        )
+    used = min(num_workers, len(ordered), len(task_list))
+    rank = {slot: i for i, slot in enumerate(ordered)}
+
+    # Previous placements that can stay: task still wanted, slot still alive.
+    kept: dict[Slot, list[int]] = defaultdict(list)
+    if previous:
+        for task, raw_slot in previous.items():
+            if task in task_set:
+                slot = _as_slot(raw_slot)
+                if slot in rank:
+                    kept[slot].append(task)
+
+    # 2. Target slots: busiest previously-used slots first, then fresh slots in sort order.
+    prior = sorted(kept, key=lambda s: (-len(kept[s]), rank[s]))[:used]
+    chosen = set(prior)
+    # At most len(prior) of the first used + len(prior) sorted slots are chosen already.
+    targets = prior + [s for s in ordered[: used + len(prior)] if s not in chosen][: used - len(prior)]
+
+    # 3. Capacities: ceil to the slots holding the most kept tasks (ties by sort order).
+    base, extra = divmod(len(task_list), used)
+    by_load = sorted(targets, key=lambda s: (-len(kept.get(s, ())), rank[s]))
+    capacity = {slot: base + (1 if i < extra else 0) for i, slot in enumerate(by_load)}
+
+    # 4. Keep what fits.
+    result: dict[int, Slot] = {}
+    for slot in targets:
+        mine = kept.get(slot)
+        if mine:
+            mine.sort()
+            for task in mine[: capacity[slot]]:
+                result[task] = slot
+
+    # 5. Deal the rest round-robin over slots with spare capacity, in sort order.
+    pool = sorted(t for t in task_list if t not in result)
+    spare: list[tuple[Slot, int]] = []
+    for slot in sorted(targets, key=rank.__getitem__):
+        room = capacity[slot] - min(len(kept.get(slot, ())), capacity[slot])
+        if room > 0:
+            spare.append((slot, room))
+    next_task = 0
+    while next_task < len(pool):
+        still: list[tuple[Slot, int]] = []
+        for slot, room in spare[: len(pool) - next_task]:
+            result[pool[next_task]] = slot
+            next_task += 1
+            if room > 1:
+                still.append((slot, room - 1))
+        spare = still
+    return result
+
+
+def moved_tasks(previous: Mapping[int, Slot | str], new: Mapping[int, Slot | str]) -> set[int]:
+    """Tasks present in both assignments whose slot changed (new and removed tasks excluded).
+
+    Example:
+        >>> moved_tasks({1: Slot("a", 1), 2: Slot("a", 1)}, {1: Slot("a", 1), 2: Slot("b", 1), 3: Slot("b", 1)})
+        {2}
+    """
+    return {task for task, slot in new.items() if task in previous and _as_slot(previous[task]) != _as_slot(slot)}
