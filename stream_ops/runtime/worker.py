@@ -88,6 +88,8 @@ class Worker:
         self.settings = settings
         self.worker_id = settings.worker_id
         self.clock = clock
+        # A session passed in by the caller (tests, Dagster's PySparkResource) is not ours to stop.
+        self._owns_spark = spark_factory is None
         self._spark_factory = spark_factory or (
             lambda: create_spark_session(
                 master=settings.spark_master, app_name=f"stream-ops-worker-{self.worker_id}", conf=settings.spark_conf
@@ -309,7 +311,7 @@ class Worker:
                 logger.warning("stopping task %s: %s", key, e)
         if self._server is not None:
             self._server.stop()
-        if self.spark is not None:
+        if self.spark is not None and self._owns_spark:
             self.spark.stop()
         if self.store is not None:
             self.store.remove_listener(self._on_state)
