@@ -60,6 +60,8 @@ class TaskStats:
     txid_in_flight: int | None = None
     last_batch_at: float | None = None
     last_batch_ms: float = 0.0
+    commit_ms_total: float = 0.0
+    """Time spent in the commit path (state topic, RocksDB, ZooKeeper) over all batches."""
     started_at: float = field(default_factory=time.time)
 
 
@@ -246,6 +248,7 @@ class TaskRunner:
         partials, rows_in = keyed_batch(df, self.stage)
         if self._already_committed(txid):
             return rows_in, 0
+        commit_started = time.perf_counter()
         keys = [tuple(json.loads(k)) for k, _ in partials]
         aggregator = self._aggregator
         fns = [_combiner(aggregator, value) for _, value in partials]
@@ -257,6 +260,7 @@ class TaskRunner:
         state.store.flush(txid, self.ownership.epoch)
         self._commit(txid, rows_in)
         state.map_state.commit(txid)
+        self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
         return rows_in, len(changed)
 
     def _source_batch(self, df: DataFrame, txid: int) -> tuple[int, int]:
@@ -267,7 +271,9 @@ class TaskRunner:
                 return result.input_rows, 0
             epoch = self.ownership.committed.committed_epoch
         else:
+            commit_started = time.perf_counter()
             self._commit(txid, result.input_rows)
+            self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
             epoch = self.ownership.epoch
         by_queue: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for key, value in result.partials:
