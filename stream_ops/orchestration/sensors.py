@@ -112,7 +112,7 @@ def observe_tick(
             status = describe_topology(store, topology_id, clock=wall_clock) if topology_id else None
         except TopologyNotFoundError:
             status = None  # killed between the lookup and the read
-        except StreamOpsError as e:
+        except (StreamOpsError, ValueError) as e:  # ValueError: a znode with an unexpected record
             failed[name] = str(e)
             log.warning(f"cannot read topology {name!r} from ZooKeeper: {e}; keeping its last cursor")
             continue

@@ -1,0 +1,30 @@
+"""The Dagster code location of the example topologies (``dagster dev -m definitions``).
+
+Wiring only. Environment:
+
+* ``STREAM_OPS_ZOOKEEPER``: ZooKeeper servers, default ``127.0.0.1:2181``.
+* ``STREAM_OPS_CHROOT``: root znode, default ``/stream_ops``.
+* ``STREAM_OPS_HOME``: cluster directory, default ``var/stream_ops`` (resolved against the
+  working directory when the code location loads).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stream_ops.examples import wordcount
+from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
+from stream_ops.examples import wordcount
+from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
+
+defs = build_definitions(
+    topologies=[wordcount.topology()],
+    zookeeper=ZooKeeperResource(
+        hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),
+        chroot=os.environ.get("STREAM_OPS_CHROOT", DEFAULT_CHROOT),
+    ),
+    stream_cluster=StreamClusterResource(
+        root=str(Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve()),
+    ),
+)
