@@ -135,40 +135,55 @@ class TaskRunner:
 
     def start(self) -> None:
         """Take ownership, prepare state, start the query (TaskBusyError if still owned)."""
-        self.ownership = acquire(self.store, self.topology_id, self.task.task_id, self.worker_id, clock=self.clock)
+        self.prepare()
         try:
-            if self.stage.kind == "keyed":
-                assert self.stage.state is not None
-                started = time.monotonic()
-                self.state = open_task_state(
-                    store_dir=self.layout.local_store_dir(self.worker_id, self.task.task_id),
-                    state_topic=self.layout.state_topic(self.stage),
-                    queue=self.task.queue,
-                    kind=self.stage.state.kind,
-                    committed_txid=self.ownership.committed.committed_txid,
-                    committed_epoch=self.ownership.committed.committed_epoch,
-                )
-                if self.state.rebuilt:
-                    logger.info(
-                        "task %s/%d: state rebuilt from the state topic, %d keys in %.3f s",
-                        self.topology_id, self.task.task_id, self.state.restored_keys, time.monotonic() - started,
-                    )
-            checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-            self._last_input_ms = latest_file_timestamp(checkpoint)
-            self.query = start_stage_query(
-                self.spark,
-                stage=self.stage,
-                input_dir=self.input_dir,
-                checkpoint_dir=checkpoint,
-                query_name=f"{self.topology_id}-task{self.task.task_id}-e{self.ownership.epoch}",
-                on_batch=self.process_batch,
-                trigger_seconds=self.settings.trigger_seconds,
-                max_files_per_trigger=self.settings.max_files_per_trigger,
-            )
+            self.start_query()
         except BaseException:
             self._close_state()
+            assert self.ownership is not None
             release(self.store, self.ownership)
             raise
+
+    def prepare(self) -> None:
+        """Take ownership under a new epoch and open (or rebuild) the task's state."""
+        self.ownership = acquire(self.store, self.topology_id, self.task.task_id, self.worker_id, clock=self.clock)
+        if self.stage.kind != "keyed":
+            return
+        assert self.stage.state is not None
+        started = time.monotonic()
+        try:
+            self.state = open_task_state(
+                store_dir=self.layout.local_store_dir(self.worker_id, self.task.task_id),
+                state_topic=self.layout.state_topic(self.stage),
+                queue=self.task.queue,
+                kind=self.stage.state.kind,
+                committed_txid=self.ownership.committed.committed_txid,
+                committed_epoch=self.ownership.committed.committed_epoch,
+            )
+        except BaseException:
+            release(self.store, self.ownership)
+            raise
+        if self.state.rebuilt:
+            logger.info(
+                "task %s/%d: state rebuilt from the state topic, %d keys in %.3f s",
+                self.topology_id, self.task.task_id, self.state.restored_keys, time.monotonic() - started,
+            )
+
+    def start_query(self) -> None:
+        """Start the task's Spark streaming query; its batches call :meth:`process_batch`."""
+        assert self.ownership is not None
+        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        self._last_input_ms = latest_file_timestamp(checkpoint)
+        self.query = start_stage_query(
+            self.spark,
+            stage=self.stage,
+            input_dir=self.input_dir,
+            checkpoint_dir=checkpoint,
+            query_name=f"{self.topology_id}-task{self.task.task_id}-e{self.ownership.epoch}",
+            on_batch=self.process_batch,
+            trigger_seconds=self.settings.trigger_seconds,
+            max_files_per_trigger=self.settings.max_files_per_trigger,
+        )
 
     @property
     def input_dir(self):  # noqa: ANN201 - Path
