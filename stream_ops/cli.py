@@ -237,16 +237,31 @@ def deactivate(obj: _Context, name: str) -> None:
 @main.command()
 @click.argument("name")
 @click.option("--workers", default=None, type=click.IntRange(min=1), help="New number of workers.")
+@click.option("--wait", "wait_s", default=0.0, show_default=True, help="Seconds in REBALANCING before moving tasks.")
 @pass_ctx
-def rebalance(obj: _Context, name: str, workers: int | None) -> None:
-    """Spread a topology's tasks over the live workers, moving as few as possible."""
-    from stream_ops.nimbus.assignment import reassign
-    from stream_ops.nimbus.submission import find_topology_id
+def rebalance(obj: _Context, name: str, workers: int | None, wait_s: float) -> None:
+    """Spread a topology's tasks evenly over the live workers, moving as few as possible."""
+    from stream_ops.nimbus.rebalance import rebalance as rebalance_topology
 
     with obj.store() as store:
-        topology_id = find_topology_id(store, name)
-        record, epoch = reassign(store, topology_id, num_workers=workers)  # type: ignore[arg-type]
-    click.echo(json.dumps({"topology": topology_id, "epoch": epoch, "tasks": record.tasks}))
+        record, epoch = rebalance_topology(store, name, workers=workers, wait_s=wait_s)
+    click.echo(json.dumps({"topology": name, "epoch": epoch, "tasks": record.tasks}))
+
+
+@main.command()
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between monitor ticks.")
+@click.option("--task-timeout", default=10.0, show_default=True, help="Heartbeat unchanged this long = dead task.")
+@click.option("--launch-grace", default=60.0, show_default=True, help="Grace for newly (re)assigned tasks.")
+@pass_ctx
+def nimbus(obj: _Context, interval: float, task_timeout: float, launch_grace: float) -> None:
+    """Run the heartbeat monitor (leader-elected) that reassigns the tasks of dead workers."""
+    from stream_ops.nimbus.leader import run_nimbus
+
+    stop = _stop_on_signals()
+    run_nimbus(
+        obj.zk_config(), stop, interval_s=interval, task_timeout_s=task_timeout, launch_grace_s=launch_grace,
+        on_action=lambda ident, action: click.echo(json.dumps(action.to_json_obj())),
+    )
 
 
 @main.command()
