@@ -329,6 +329,21 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
 
 
 @main.command()
+@click.option("--workers", "num_workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker slots on this host.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Host name the workers register under.")
+@click.option("--base-port", default=6700, show_default=True, type=int, help="Slots use ports base, base+1, ...")
+@click.option("--worker-arg", "worker_args", multiple=True, help="Extra option passed to every worker (repeatable).")
+@pass_ctx
+def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worker_args: tuple[str, ...]) -> None:
+    """Keep N worker processes alive on this host, restarting any that dies."""
+    from stream_ops.runtime.supervisor import Supervisor
+
+    stop = _stop_on_signals()
+    ports = [base_port + i for i in range(num_workers)]
+    Supervisor(obj.zk_config(), obj.home.resolve(), host=host, ports=ports, worker_args=worker_args).run(stop)
+
+
+@main.command()
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--zookeeper-port", default=0, show_default=True, type=int, help="0 picks a free port.")
 @click.option("--topology", "topology_ref", default=EXAMPLE_TOPOLOGY, show_default=True)

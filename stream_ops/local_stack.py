@@ -10,10 +10,10 @@ import collections
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -27,7 +27,9 @@ from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryError, StreamOpsError, WorkerError
 from stream_ops.nimbus.assignment import live_workers
+from stream_ops.nimbus.leader import run_nimbus
 from stream_ops.nimbus.submission import submit
+from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.runtime.query_client import query_state
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
@@ -41,20 +43,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL it if it is still there after ``timeout_s``."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass
@@ -80,6 +68,9 @@ class LocalStack:
         zookeeper_port: fixed port, or None for a free one.
         chroot: root znode.
         worker_args: extra ``stream-ops worker`` options (e.g. ``["--trigger-seconds", "0.5"]``).
+        nimbus: run the heartbeat monitor (leader-elected) in this process, so tasks of dead
+            workers are reassigned.
+        task_timeout_s, launch_grace_s: the monitor's settings.
     """
 
     home: Path
@@ -91,6 +82,11 @@ class LocalStack:
     zookeeper: EmbeddedZooKeeper | None = None
     worker_processes: list[WorkerProcess] = field(default_factory=list)
     dagster: subprocess.Popen[Any] | None = None
+    nimbus: bool = True
+    task_timeout_s: float = 10.0
+    launch_grace_s: float = 60.0
+    _nimbus_stop: threading.Event = field(default_factory=threading.Event)
+    _nimbus_thread: threading.Thread | None = None
 
     @property
     def zk_config(self) -> ZooKeeperConfig:
@@ -110,6 +106,15 @@ class LocalStack:
             for _ in range(self.workers):
                 self.start_worker()
             self.wait_for_workers(self.workers)
+            if self.nimbus:
+                self._nimbus_thread = threading.Thread(
+                    target=run_nimbus,
+                    args=(self.zk_config, self._nimbus_stop),
+                    kwargs={"interval_s": 0.5, "task_timeout_s": self.task_timeout_s, "launch_grace_s": self.launch_grace_s},
+                    name="stream-ops-nimbus",
+                    daemon=True,
+                )
+                self._nimbus_thread.start()
         except BaseException:
             self.close()
             raise
@@ -134,23 +139,15 @@ class LocalStack:
         """Start one ``stream-ops worker`` process (on ``port``, or a free one)."""
         port = port or free_port()
         log = self.home / "logs" / f"worker-{port}.log"
-        cmd = [
-            sys.executable, "-m", "stream_ops.cli", "--session-timeout", str(self.session_timeout_s),
-            "worker", "--host", "127.0.0.1", "--port", str(port), *self.worker_args,
-        ]
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
-        worker = WorkerProcess(port, log, proc)
+        cmd = worker_command(self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=self.worker_args)
+        worker = WorkerProcess(port, log, spawn(cmd, log, self.env()))
         self.worker_processes.append(worker)
-        logger.info("started worker %s (pid %d), log %s", worker.worker_id, proc.pid, log)
+        logger.info("started worker %s (pid %d), log %s", worker.worker_id, worker.proc.pid, log)
         return worker
 
     def kill_worker(self, worker: WorkerProcess) -> None:
         """SIGKILL a worker's whole process group (JVM included), as a crash would."""
-        try:
-            os.killpg(worker.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(worker.proc)
         worker.proc.wait(10)
         self.worker_processes.remove(worker)
 
@@ -197,7 +194,11 @@ class LocalStack:
         raise StreamOpsError(f"Dagster did not answer on {url} within 120 s; see {log}")
 
     def close(self) -> None:
-        """Stop Dagster, the workers and ZooKeeper (in that order)."""
+        """Stop the monitor, Dagster, the workers and ZooKeeper (in that order)."""
+        self._nimbus_stop.set()
+        if self._nimbus_thread is not None:
+            self._nimbus_thread.join(10)
+            self._nimbus_thread = None
         if self.dagster is not None:
             stop_process(self.dagster)
             self.dagster = None
