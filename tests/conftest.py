@@ -10,17 +10,21 @@ Session fixtures are lazy: a server starts only when the first test that needs i
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stream_ops.config import ZooKeeperConfig
-from stream_ops.coordination.embedded import EmbeddedZooKeeper
-from stream_ops.coordination.store import ZkStore
-
 TESTS_DIR = Path(__file__).resolve().parent
+# Make the checkout importable when stream_ops is not pip-installed (plain `.venv/bin/pytest`).
+if str(TESTS_DIR.parent) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR.parent))
+
+from stream_ops.config import ZooKeeperConfig  # noqa: E402
+from stream_ops.coordination.embedded import EmbeddedZooKeeper  # noqa: E402
+from stream_ops.coordination.store import ZkStore  # noqa: E402
 
 # --- 1. markers by folder --------------------------------------------------------------
 

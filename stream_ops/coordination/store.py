@@ -19,10 +19,13 @@ a rolled-back transaction                                  :class:`TransactionFa
 anything else (``NoAuth``, ``NotEmpty``, ...)              :class:`CoordinationError`
 =========================================================  ===================================
 
-Reads (``get_json``, ``children``, ``exists``) are retried through short connection losses
-until the session timeout passes. Writes are never retried after a connection loss, because
-ZooKeeper may or may not have applied them: the caller gets
-:class:`ZooKeeperUnavailableError` and decides (re-read, then write again).
+Every call is bounded in time. kazoo's synchronous calls wait forever while the client
+reconnects (requests are queued until a server answers), so the store uses kazoo's async
+calls and waits at most ``operation_timeout_s`` (default: the session timeout) for each.
+Reads (``get_json``, ``children``, ``exists``) are retried through connection losses until
+that time is spent. Writes are never retried after a connection loss or a timeout, because
+ZooKeeper may or may not apply them (a queued write may still be sent after a reconnect):
+the caller gets :class:`ZooKeeperUnavailableError` and decides (re-read, then write again).
 
 Watches and recipes (``DataWatch``, ``ChildrenWatch``, ``Lock``, ``Election``, ...) are used
 by runtime code directly on :attr:`ZkStore.client`; paths always come from
@@ -41,10 +44,11 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState, TransactionRequest
 from kazoo.exceptions import (
@@ -53,6 +57,7 @@ from kazoo.exceptions import (
     ConnectionLoss,
     KazooException,
     NoAuthError,
+    NotEmptyError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
@@ -62,6 +67,7 @@ from kazoo.exceptions import (
     ZookeeperStoppedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import CREATOR_ALL_ACL
@@ -81,7 +87,6 @@ __all__ = ["ZkStore", "ZnodeStat", "decode_json", "encode_json"]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: kazoo errors that mean "no usable connection right now".
 _UNAVAILABLE = (
@@ -139,6 +144,12 @@ def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
     """Map a kazoo exception raised while doing ``action`` on ``path`` to a stream_ops error."""
     if isinstance(e, ConnectionClosedError | ZookeeperStoppedError):
         return ZooKeeperUnavailableError(f"cannot {action} {path}: this ZkStore is closed; connect a new one")
+    if isinstance(e, KazooTimeoutError):
+        return ZooKeeperUnavailableError(
+            f"cannot {action} {path}: no answer from ZooKeeper in time (the client is reconnecting "
+            "or the server is overloaded); the operation may or may not be applied later. "
+            "Check that ZooKeeper is running, then re-read the node and retry."
+        )
     if isinstance(e, _UNAVAILABLE):
         return ZooKeeperUnavailableError(
             f"cannot {action} {path}: lost the connection to ZooKeeper ({type(e).__name__}); "
@@ -171,6 +182,8 @@ class ZkStore:
         client: A started :class:`KazooClient` whose chroot exists.
         config: The configuration it was built from.
         sleep: Sleeper used between retries (injectable for tests).
+        operation_timeout_s: Longest wait for one ZooKeeper call; defaults to the session
+            timeout.
     """
 
     def __init__(
@@ -179,16 +192,42 @@ class ZkStore:
         config: ZooKeeperConfig,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        operation_timeout_s: float | None = None,
     ) -> None:
         self._client = client
         self._config = config
         self._sleep = sleep
+        self._timeout = operation_timeout_s if operation_timeout_s is not None else config.session_timeout_s
         self._closed = False
+        # Mirrors the session state (set while CONNECTED): calls wait on it instead of letting
+        # kazoo queue requests that would be sent, possibly much later, after a reconnect.
+        self._live = threading.Event()
+        client.add_listener(self._on_state)
+        if client.connected:
+            self._live.set()
+            if not client.connected:  # dropped while we looked: the listener may have run first
+                self._live.clear()
+
+    def _on_state(self, state: KazooState) -> None:
+        """Session listener (kazoo's event thread): track liveness, log changes."""
+        was_live = self._live.is_set()
+        if state == KazooState.CONNECTED:
+            self._live.set()
+        else:
+            self._live.clear()
+        if not self._closed and was_live != (state == KazooState.CONNECTED):
+            logger.info("ZooKeeper session to %s%s is %s", self._config.hosts, self._config.chroot, state)
 
     # --- connection ------------------------------------------------------------------
 
     @classmethod
-    def connect(cls, config: ZooKeeperConfig, *, sleep: Callable[[float], None] = time.sleep) -> ZkStore:
+    def connect(
+        cls,
+        config: ZooKeeperConfig,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        operation_timeout_s: float | None = None,
+    ) -> ZkStore:
         """Connect to ZooKeeper, creating the chroot node if it is missing.
 
         kazoo requires a chroot to exist before use, so a short-lived client without chroot
@@ -198,6 +237,7 @@ class ZkStore:
         Args:
             config: Hosts, chroot, timeouts and optional digest credentials.
             sleep: Sleeper used between retries (injectable for tests).
+            operation_timeout_s: Longest wait for one ZooKeeper call (default: session timeout).
 
         Returns:
             A connected store.
@@ -212,7 +252,7 @@ class ZkStore:
         if config.chroot != "/":
             bootstrap = cls._start_client(config, config.hosts)
             try:
-                bootstrap.ensure_path(config.chroot)
+                bootstrap.ensure_path_async(config.chroot).get(timeout=config.connect_timeout_s)
             except _KAZOO_ERRORS as e:
                 raise _translate(e, "create the chroot", config.chroot) from e
             finally:
@@ -225,7 +265,7 @@ class ZkStore:
             config.chroot,
             client.client_id[0] if client.client_id else 0,
         )
-        return cls(client, config, sleep=sleep)
+        return cls(client, config, sleep=sleep, operation_timeout_s=operation_timeout_s)
 
     @staticmethod
     def _start_client(config: ZooKeeperConfig, hosts: str) -> KazooClient:
@@ -308,23 +348,60 @@ class ZkStore:
         state = "closed" if self._closed else ("connected" if self.connected else "disconnected")
         return f"ZkStore({self._config.connection_string}, {state})"
 
-    # --- reads -----------------------------------------------------------------------
+    # --- calls ---------------------------------------------------------------------
 
-    def _read(self, action: str, path: str, fn: Callable[[], T]) -> T:
-        """Run an idempotent read, retrying through connection loss until the session timeout."""
-        deadline = time.monotonic() + self._config.session_timeout_s
+    def _await_connection(self, action: str, path: str, timeout: float) -> None:
+        """Wait until the session is connected; raise (nothing was sent) if it is not in time."""
+        if self._closed:
+            raise ZooKeeperUnavailableError(f"cannot {action} {path}: this ZkStore is closed; connect a new one")
+        if not self._live.wait(max(timeout, 0.0)):
+            raise ZooKeeperUnavailableError(
+                f"cannot {action} {path}: not connected to ZooKeeper at {self._config.hosts} for "
+                f"{self._timeout:g}s; nothing was sent. Check that ZooKeeper is running and reachable."
+            )
+
+    def _wait(self, result: IAsyncResult, timeout: float | None = None) -> Any:
+        """Wait for a kazoo async result at most ``timeout`` (default: the operation timeout)."""
+        return result.get(timeout=self._timeout if timeout is None else timeout)
+
+    def _read(self, action: str, path: str, start: Callable[[], IAsyncResult], missing: Any = _MISSING) -> Any:
+        """Run an idempotent read, retrying through connection loss for the operation timeout.
+
+        Returns ``missing`` when the znode does not exist (if given).
+        """
+        deadline = time.monotonic() + self._timeout
         delay = 0.05
         while True:
+            self._await_connection(action, path, deadline - time.monotonic())
+            remaining = deadline - time.monotonic()
             try:
-                return fn()
+                return self._wait(start(), max(remaining, 0.001))
+            except NoNodeError as e:
+                if missing is _MISSING:
+                    raise _translate(e, action, path) from e
+                return missing
             except _RETRYABLE_READ as e:
-                if self._closed or isinstance(e, ConnectionClosedError) or time.monotonic() + delay > deadline:
+                if (
+                    self._closed
+                    or isinstance(e, ConnectionClosedError)
+                    or time.monotonic() + delay >= deadline
+                ):
                     raise _translate(e, action, path) from e
                 logger.debug("retrying %s %s after %s", action, path, type(e).__name__)
                 self._sleep(delay)
                 delay = min(delay * 2, 1.0)
             except _KAZOO_ERRORS as e:
                 raise _translate(e, action, path) from e
+
+    def _write(self, action: str, path: str, start: Callable[[], IAsyncResult]) -> Any:
+        """Send a write once connected and wait for it; failures are translated, never retried."""
+        self._await_connection(action, path, self._timeout)
+        try:
+            return self._wait(start())
+        except _KAZOO_ERRORS as e:
+            raise _translate(e, action, path) from e
+
+    # --- reads -----------------------------------------------------------------------
 
     def get_json(self, path: str, *, watch: Callable[..., Any] | None = None) -> tuple[Any, ZnodeStat] | None:
         """Read and decode a znode.
@@ -336,15 +413,11 @@ class ZkStore:
         Returns:
             ``(value, stat)``, or ``None`` if the znode does not exist. Empty data decodes to
             ``None``. ``stat.version`` is the version to pass to :meth:`set_json`.
+
+        Raises:
+            ZooKeeperUnavailableError: No answer within the operation timeout.
         """
-
-        def _get() -> tuple[bytes, ZnodeStat] | None:
-            try:
-                return self._client.get(path, watch=watch)
-            except NoNodeError:
-                return None
-
-        found = self._read("read", path, _get)
+        found = self._read("read", path, lambda: self._client.get_async(path, watch=watch), missing=None)
         if found is None:
             return None
         raw, stat = found
@@ -352,18 +425,12 @@ class ZkStore:
 
     def exists(self, path: str) -> bool:
         """Whether the znode exists."""
-        return self._read("check", path, lambda: self._client.exists(path)) is not None
+        return self._read("check", path, lambda: self._client.exists_async(path)) is not None
 
     def children(self, path: str, *, watch: Callable[..., Any] | None = None) -> list[str]:
         """Names of the children of ``path``, sorted; empty if the znode is missing."""
-
-        def _children() -> list[str]:
-            try:
-                return self._client.get_children(path, watch=watch)
-            except NoNodeError:
-                return []
-
-        return sorted(self._read("list", path, _children))
+        names = self._read("list", path, lambda: self._client.get_children_async(path, watch=watch), missing=[])
+        return sorted(names)
 
     # --- writes ----------------------------------------------------------------------
 
@@ -394,12 +461,15 @@ class ZkStore:
             ZooKeeperUnavailableError: Connection lost (the node may or may not exist now).
         """
         raw = encode_json(data)
-        try:
-            return str(
-                self._client.create(path, raw, ephemeral=ephemeral, sequence=sequence, makepath=makepath)
+        return str(
+            self._write(
+                "create",
+                path,
+                lambda: self._client.create_async(
+                    path, raw, ephemeral=ephemeral, sequence=sequence, makepath=makepath
+                ),
             )
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, "create", path) from e
+        )
 
     def set_json(self, path: str, data: Any, *, version: int = -1) -> ZnodeStat:
         """Overwrite a znode's data with ``data`` as JSON.
@@ -418,10 +488,8 @@ class ZkStore:
             ZooKeeperUnavailableError: Connection lost (the write may or may not be applied).
         """
         raw = encode_json(data)
-        try:
-            return self._client.set(path, raw, version=version)
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, "write", path) from e
+        stat: ZnodeStat = self._write("write", path, lambda: self._client.set_async(path, raw, version=version))
+        return stat
 
     def update_json(
         self,
@@ -461,22 +529,27 @@ class ZkStore:
                 # Jittered backoff so contending writers spread out.
                 self._sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
             current = self.get_json(path)
-            try:
-                if current is None:
-                    if default is _MISSING:
-                        raise ZnodeNotFoundError(
-                            f"cannot update {path}: the znode does not exist (pass default= to create it)"
-                        )
-                    new = fn(default)
-                    self._client.create(path, encode_json(new), makepath=True)
-                    return new
+            if current is None:
+                if default is _MISSING:
+                    raise ZnodeNotFoundError(
+                        f"cannot update {path}: the znode does not exist (pass default= to create it)"
+                    )
+                new = fn(default)
+                version: int | None = None
+            else:
                 value, stat = current
                 new = fn(value)
-                self._client.set(path, encode_json(new), version=stat.version)
+                version = stat.version
+            raw = encode_json(new)
+            self._await_connection("update", path, self._timeout)
+            try:
+                if version is None:
+                    self._wait(self._client.create_async(path, raw, makepath=True))
+                else:
+                    self._wait(self._client.set_async(path, raw, version=version))
                 return new
             except (BadVersionError, NodeExistsError, NoNodeError) as e:
                 logger.debug("update of %s lost a race (%s), attempt %d", path, type(e).__name__, attempt + 1)
-                continue
             except _KAZOO_ERRORS as e:
                 raise _translate(e, "update", path) from e
         raise ConcurrentUpdateError(
@@ -504,10 +577,7 @@ class ZkStore:
 
     def ensure_path(self, path: str) -> None:
         """Create ``path`` and its parents as empty persistent nodes if missing."""
-        try:
-            self._client.ensure_path(path)
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, "create", path) from e
+        self._write("create", path, lambda: self._client.ensure_path_async(path))
 
     def delete(self, path: str, *, version: int = -1) -> None:
         """Delete one znode (compare-and-set on ``version`` unless ``-1``).
@@ -517,19 +587,31 @@ class ZkStore:
             ConcurrentUpdateError: ``version`` did not match.
             CoordinationError: The node has children.
         """
-        try:
-            self._client.delete(path, version=version)
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, "delete", path) from e
+        self._write("delete", path, lambda: self._client.delete_async(path, version=version))
 
     def delete_recursive(self, path: str) -> None:
-        """Delete ``path`` and everything under it; a missing node is not an error."""
-        try:
-            self._client.delete(path, recursive=True)
-        except NoNodeError:
+        """Delete ``path`` and everything under it; a missing node is not an error.
+
+        ``"/"`` (the chroot itself) is emptied but kept, so the store stays usable.
+        """
+        for child in self.children(path):
+            self.delete_recursive(f"{path.rstrip('/')}/{child}")
+        if path == "/":
             return
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, "delete", path) from e
+        for _ in range(10):
+            self._await_connection("delete", path, self._timeout)
+            try:
+                self._wait(self._client.delete_async(path))
+                return
+            except NoNodeError:
+                return
+            except NotEmptyError:
+                # A child appeared meanwhile: delete it too, then try again.
+                for child in self.children(path):
+                    self.delete_recursive(f"{path}/{child}")
+            except _KAZOO_ERRORS as e:
+                raise _translate(e, "delete", path) from e
+        raise ConcurrentUpdateError(f"could not delete {path}: children kept being added under it")
 
     # --- transactions ----------------------------------------------------------------
 
@@ -557,8 +639,9 @@ class ZkStore:
                 failing operation (index, kind, path) and ZooKeeper's reason.
             ZooKeeperUnavailableError: Connection lost (the transaction may or may not be applied).
         """
+        self._await_connection("commit a transaction on", "ZooKeeper", self._timeout)
         try:
-            results: list[Any] = tx.commit()
+            results: list[Any] = self._wait(tx.commit_async())
         except _KAZOO_ERRORS as e:
             raise _translate(e, f"commit a transaction of {len(tx.operations)} operations on", "ZooKeeper") from e
         failures = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
