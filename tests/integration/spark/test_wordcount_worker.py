@@ -100,3 +100,56 @@ def test_bad_records_go_to_the_dead_letter_topic(worker, zk_store, tmp_path):
             break
         time.sleep(0.2)
     assert dead == 2
+
+
+def _start_worker(zk_config, cluster, spark):
+    settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
+    w = Worker(zk_config, cluster, settings, spark_factory=lambda: spark)
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    return w, stop, thread
+
+
+def _wait(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.1)
+
+
+def test_rebalance_moves_tasks_and_deactivate_activate_pause_and_resume(worker, zk_store, zk_config, tmp_path, spark):
+    from stream_ops.nimbus import activate, deactivate, live_workers
+    from stream_ops.nimbus.rebalance import rebalance
+
+    topology = build_wordcount(tmp_path / "input")
+    topology_id = submit(zk_store, worker.cluster, topology, workers=2)
+    topic = topology.chains[0].source.topic
+    sent = list(SAMPLE_SENTENCES)
+    produce(topic, ({"sentence": s} for s in sent))
+    wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
+
+    second, stop, thread = _start_worker(zk_config, worker.cluster, spark)
+    try:
+        _wait(lambda: len(live_workers(zk_store)) == 2, 30, "second worker registered")
+        rebalance(zk_store, topology_id)
+        _wait(lambda: len(second.running_tasks) == 2 and len(worker.running_tasks) == 2, 60, "two tasks moved")
+        owners = {t.task_id: t.owner for t in describe_topology(zk_store, topology_id).tasks}
+        assert sorted(set(owners.values())) == sorted([worker.worker_id, second.worker_id])
+
+        more = ["how are you"] * 4
+        produce(topic, ({"sentence": s} for s in more))
+        sent += more
+        wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
+
+        deactivate(zk_store, "wordcount")
+        _wait(lambda: not worker.running_tasks and not second.running_tasks, 30, "tasks stopped")
+        assert all(t.owner is None for t in describe_topology(zk_store, topology_id).tasks)
+        paused = ["nice to meet you"] * 3
+        produce(topic, ({"sentence": s} for s in paused))
+        sent += paused
+        activate(zk_store, "wordcount")
+        wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
+    finally:
+        stop.set()
+        thread.join(60)
