@@ -1,5 +1,22 @@
-"""Operators usable in topologies: aggregators (and later joins and processing elements)."""
+"""Operators usable in topologies: aggregators, Storm's JoinBolt and S4's processing elements."""
 
 from stream_ops.operators.aggregators import CombinerAggregator, Count, Max, Min, Sum, aggregator_from_spec
+from stream_ops.operators.join_bolt import FieldSelector, JoinBolt, JoinClause, TumblingWindow, WindowSpec
+from stream_ops.operators.processing_element import PERuntime, ProcessingElement, Trigger
 
-__all__ = ["CombinerAggregator", "Count", "Max", "Min", "Sum", "aggregator_from_spec"]
+__all__ = [
+    "CombinerAggregator",
+    "Count",
+    "FieldSelector",
+    "JoinBolt",
+    "JoinClause",
+    "Max",
+    "Min",
+    "PERuntime",
+    "ProcessingElement",
+    "Sum",
+    "Trigger",
+    "TumblingWindow",
+    "WindowSpec",
+    "aggregator_from_spec",
+]
