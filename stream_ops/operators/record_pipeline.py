@@ -98,3 +98,59 @@ class RecordPipeline:
         if isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
             raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
         return [{**record, **_as_fields(value, out, f"each {op.function}")} for value in results]
+
+
+StateReader = Callable[[str, Any, list[Record]], list[Any]]
+"""(state name, query function object, argument records) -> one result per argument record."""
+
+
+def needs_driver(operations: Sequence[OperationSpec]) -> bool:
+    """Whether the operations must run where the batch is collected (a state query does)."""
+    return any(op.kind == "state_query" for op in operations)
+
+
+def run_batch(
+    records: Iterable[Record],
+    operations: Sequence[OperationSpec],
+    read_state: StateReader | None = None,
+) -> tuple[list[Record], list[DeadLetter]]:
+    """Apply operations one at a time over a whole batch (state queries read in bulk).
+
+    Per-record operations behave exactly as in :class:`RecordPipeline`; a ``state_query``
+    calls ``batch_retrieve`` once for all records that reach it, then ``execute`` per record.
+    """
+    from stream_ops.operators.trident_state import Collector
+    from stream_ops.topology.functions import resolve_object
+
+    current: list[Record] = list(records)
+    dead: list[DeadLetter] = []
+    for op in operations:
+        if not current:
+            break
+        if op.kind != "state_query":
+            pipeline = RecordPipeline([op])
+            current, more = pipeline.run_all(current)
+            dead.extend(more)
+            continue
+        assert op.query is not None and op.fields is not None
+        if read_state is None:
+            raise ValueError(f"state_query on {op.query['state']!r} needs a state reader")
+        query = resolve_object(op.query["function"])
+        args = [{f: rec.get(f) for f in op.fields} for rec in current]
+        try:
+            results = read_state(op.query["state"], query, args)
+        except Exception as e:  # noqa: BLE001 - a failing lookup dead-letters the batch's records
+            dead.extend(DeadLetter(rec, f"state_query {op.query['state']}: {type(e).__name__}: {e}") for rec in current)
+            current = []
+            break
+        following: list[Record] = []
+        out = list(op.out)
+        for rec, result in zip(current, results, strict=True):
+            collector = Collector(out)
+            try:
+                query.execute(rec, result, collector)
+                following.extend({**rec, **_as_fields(v, out, f"state_query {op.function}")} for v in collector.emitted)
+            except Exception as e:  # noqa: BLE001 - user code
+                dead.append(DeadLetter(rec, f"state_query {op.function}: {type(e).__name__}: {e}"))
+        current = following
+    return current, dead

@@ -31,7 +31,7 @@ class TaskState:
     """The keyed state of one task: local store, map-state rules and state-topic queue."""
 
     store: RocksDBBackingMap
-    map_state: TransactionalMapState | OpaqueMapState | MapState
+    map_state: TransactionalMapState | OpaqueMapState | MapState | None
     changelog: StateTopicQueue
     restored_keys: int
     rebuilt: bool
@@ -45,11 +45,15 @@ def open_task_state(
     store_dir: Path,
     state_topic: FileTopic,
     queue: int,
-    kind: str,
+    kind: str | None,
     committed_txid: int,
     committed_epoch: int,
 ) -> TaskState:
-    """Open (or rebuild) the local store of a keyed task."""
+    """Open (or rebuild) the local store of a stateful task.
+
+    ``kind`` is the map-state kind of a keyed stage, or None for a stage whose processor
+    keeps its own state in the store (join windows, processing elements).
+    """
     changelog = StateTopicQueue(state_topic, queue)
     expected = None if committed_txid < 0 else (committed_txid, committed_epoch)
     rebuilt = True
@@ -68,5 +72,5 @@ def open_task_state(
         store = RocksDBBackingMap(store_dir)
         if committed_txid >= 0:
             restored = rebuild_store(store, changelog, committed_txid, committed_epoch)
-    map_state = MAP_STATES[kind](store)
+    map_state = MAP_STATES[kind](store) if kind is not None else None
     return TaskState(store=store, map_state=map_state, changelog=changelog, restored_keys=restored, rebuilt=rebuilt)

@@ -145,6 +145,9 @@ class Worker:
                     continue
                 try:
                     self._reconcile()
+                    now = self.clock()
+                    for runner in list(self._runners.values()):
+                        runner.maybe_tick(now)
                     if time.monotonic() >= next_beat:
                         beat(self.store, list(self._runners.values()), clock=self.clock)
                         next_beat = time.monotonic() + self.settings.heartbeat_interval_s

@@ -24,7 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.record_pipeline import RecordPipeline
+from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
@@ -75,59 +75,69 @@ class SourceBatchResult:
     """What a source-stage batch produced, collected to the driver."""
 
     partials: list[tuple[str, Any]]
-    """(encoded key, partial aggregate) per key."""
+    """(encoded key, partial aggregate) per key, for a stage that shuffles partials."""
+    records: list[tuple[str | None, dict[str, Any]]]
+    """(encoded key or None, record) per output record, for the other outputs."""
     dead_letters: list[dict[str, Any]]
     """{"record": ..., "error": ...} per bad record (repeated records repeated)."""
     input_rows: int
 
 
-def _partial_rows(
+def _stage_rows(
     operations: tuple[OperationSpec, ...],
+    mode: str,
     key_fields: tuple[str, ...],
-    aggregator_spec: dict[str, Any],
+    aggregator_spec: dict[str, Any] | None,
     value_type: str,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of a source stage (runs in Spark's Python workers)."""
+    """The ``mapInArrow`` function of a source stage (runs in Spark's Python workers).
+
+    ``mode`` is ``"partials"`` (emit key and the aggregator's value per output record),
+    ``"records"`` (emit key and the record as JSON) or ``"raw"`` (emit the parsed input
+    record as JSON, for stages whose operations run in the driver). Bad records come out as
+    ``dead``; one extra row per Arrow batch carries the input count.
+    """
     out_schema = pa.schema(
-        [("key", pa.string()), ("value", _ARROW_TYPES[value_type]), ("dead", pa.string()), ("inputs", pa.int64())]
+        [("key", pa.string()), ("value", _ARROW_TYPES[value_type]), ("dead", pa.string()), ("inputs", pa.int64()),
+         ("record", pa.string())]
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pipeline = RecordPipeline(operations)
-        aggregator = aggregator_from_spec(aggregator_spec)
+        pipeline = RecordPipeline(operations if mode != "raw" else ())
+        aggregator = aggregator_from_spec(aggregator_spec) if aggregator_spec else None
         for batch in batches:
             keys: list[str | None] = []
             values: list[Any] = []
             dead: list[str | None] = []
+            recs: list[str | None] = []
+
+            def add(key: str | None, value: Any, letter: str | None, rec: str | None) -> None:
+                keys.append(key)
+                values.append(value)
+                dead.append(letter)
+                recs.append(rec)
+
             records = batch.to_pylist()
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
-                    keys.append(None)
-                    values.append(None)
-                    dead.append(json.dumps({"record": corrupt, "error": "does not parse against the source schema"}))
+                    add(None, None, json.dumps({"record": corrupt, "error": "does not parse against the source schema"}), None)
                     continue
                 outputs, letter = pipeline.run(record)
                 if letter is not None:
-                    keys.append(None)
-                    values.append(None)
-                    dead.append(json.dumps({"record": record, "error": letter.error}, default=str))
+                    add(None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
                     continue
                 for out in outputs:
                     try:
-                        key = encode_key([out[f] for f in key_fields])
-                        value = aggregator.init(out)
+                        key = encode_key([out[f] for f in key_fields]) if key_fields else None
+                        if mode == "partials":
+                            assert aggregator is not None
+                            add(key, aggregator.init(out), None, None)
+                        else:
+                            add(key, None, None, json.dumps(out, default=str))
                     except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
-                        keys.append(None)
-                        values.append(None)
-                        dead.append(json.dumps({"record": record, "error": f"aggregate: {type(e).__name__}: {e}"}, default=str))
-                        continue
-                    keys.append(key)
-                    values.append(value)
-                    dead.append(None)
-            keys.append(None)
-            values.append(None)
-            dead.append(None)
+                        add(None, None, json.dumps({"record": record, "error": f"{mode}: {type(e).__name__}: {e}"}, default=str), None)
+            add(None, None, None, None)
             inputs: list[int | None] = [None] * (len(keys) - 1) + [len(records)]
             yield pa.RecordBatch.from_arrays(
                 [
@@ -135,6 +145,7 @@ def _partial_rows(
                     pa.array(values, _ARROW_TYPES[value_type]),
                     pa.array(dead, pa.string()),
                     pa.array(inputs, pa.int64()),
+                    pa.array(recs, pa.string()),
                 ],
                 schema=out_schema,
             )
@@ -143,33 +154,52 @@ def _partial_rows(
 
 
 def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
-    """Run a source stage's operations and partial aggregation on one micro-batch."""
-    assert stage.shuffle is not None
-    shuffle = stage.shuffle
-    spark_fn = aggregator_from_spec(shuffle.aggregator).spark_function
-    fn = _partial_rows(stage.operations, shuffle.key_fields, shuffle.aggregator, shuffle.value_type)
-    out_ddl = f"key string, value {shuffle.value_type}, dead string, inputs long"
-    rows = (
-        df.mapInArrow(fn, out_ddl)
-        .groupBy("key", "dead")
-        .agg(
-            getattr(F, spark_fn)("value").alias("value"),
-            F.count(F.lit(1)).alias("n"),
-            F.sum("inputs").alias("inputs"),
+    """Run a source stage's operations (and partial aggregation) on one micro-batch."""
+    driver_side = needs_driver(stage.operations)
+    if stage.shuffle is not None and not driver_side:
+        shuffle = stage.shuffle
+        spark_fn = aggregator_from_spec(shuffle.aggregator).spark_function
+        fn = _stage_rows(stage.operations, "partials", shuffle.key_fields, shuffle.aggregator, shuffle.value_type)
+        out_ddl = f"key string, value {shuffle.value_type}, dead string, inputs long, record string"
+        rows = (
+            df.mapInArrow(fn, out_ddl)
+            .groupBy("key", "dead")
+            .agg(
+                getattr(F, spark_fn)("value").alias("value"),
+                F.count(F.lit(1)).alias("n"),
+                F.sum("inputs").alias("inputs"),
+                F.lit(None).cast("string").alias("record"),
+            )
+            .collect()
         )
-        .collect()
-    )
+    else:
+        mode = "raw" if driver_side else "records"
+        key_fields = stage.records.key_fields if (stage.records is not None and not driver_side) else ()
+        fn = _stage_rows(stage.operations, mode, key_fields, None, "string")
+        rows = (
+            df.mapInArrow(fn, "key string, value string, dead string, inputs long, record string")
+            .withColumn("n", F.lit(1))
+            .collect()
+        )
     partials: list[tuple[str, Any]] = []
+    records: list[tuple[str | None, dict[str, Any]]] = []
     dead_letters: list[dict[str, Any]] = []
     input_rows = 0
     for row in rows:
-        if row["key"] is not None:
-            partials.append((row["key"], row["value"]))
-        elif row["dead"] is not None:
+        if row["dead"] is not None:
             dead_letters.extend([json.loads(row["dead"])] * int(row["n"]))
-        else:
+        elif row["inputs"] is not None:
             input_rows += int(row["inputs"] or 0)
-    return SourceBatchResult(partials=partials, dead_letters=dead_letters, input_rows=input_rows)
+        elif row["record"] is not None:
+            records.append((row["key"], json.loads(row["record"])))
+        elif row["key"] is not None:
+            partials.append((row["key"], row["value"]))
+    return SourceBatchResult(partials=partials, records=records, dead_letters=dead_letters, input_rows=input_rows)
+
+
+def records_batch(df: DataFrame) -> list[tuple[str, str, dict[str, Any]]]:
+    """The (stream tag, encoded key, record) rows of a records shuffle batch."""
+    return [(row["stream"], row["key"], json.loads(row["record"])) for row in df.collect() if row["record"] is not None]
 
 
 def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]], int]:

@@ -119,6 +119,54 @@ class FileTopic:
         """Write a task's output for one batch; a replay of the same batch keeps the first file."""
         return self.write_file(queue, batch_file_name(task_id, txid, epoch), records, overwrite=False)
 
+    # --- staged batches: written before a commit, published (renamed into place) after it ----
+
+    def pending_path(self, queue: int) -> Path:
+        """Hidden directory of a queue's staged files (Spark never lists it)."""
+        self.queue_path(queue)  # range check
+        return self.root / ".pending" / f"queue-{queue:05d}"
+
+    def stage_batch(self, queue: int, task_id: int, txid: int, epoch: int, records: Iterable[Any]) -> Path:
+        """Write a batch's file where readers cannot see it yet (see :meth:`publish_batch`)."""
+        target = self.pending_path(queue) / batch_file_name(task_id, txid, epoch)
+        write_json_lines_atomically(target, records)
+        return target
+
+    def publish_batch(self, task_id: int, txid: int, epoch: int) -> int:
+        """Move the staged files of (task, txid, epoch) into their queues; returns how many.
+
+        Idempotent: a file already published stays as it is (a Spark stream may have read it).
+        """
+        name = batch_file_name(task_id, txid, epoch)
+        moved = 0
+        for queue in range(self.queues):
+            staged = self.pending_path(queue) / name
+            if not staged.exists():
+                continue
+            target = self.queue_path(queue) / name
+            if target.exists():
+                staged.unlink(missing_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, target)
+            moved += 1
+        return moved
+
+    def discard_staged(self, task_id: int, *, keep: tuple[int, int] | None = None) -> int:
+        """Delete a task's staged files except those of ``keep`` = (txid, epoch); returns how many."""
+        removed = 0
+        for queue in range(self.queues):
+            pending = self.pending_path(queue)
+            if not pending.exists():
+                continue
+            for path in pending.iterdir():
+                found = parse_batch_file_name(path.name)
+                if found is None or found.task_id != task_id or (found.txid, found.epoch) == keep:
+                    continue
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def files(self, queue: int) -> list[Path]:
         """Visible files of a queue, sorted by name."""
         qdir = self.queue_path(queue)

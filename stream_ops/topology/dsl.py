@@ -26,7 +26,7 @@ from typing import Any
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.functions import function_ref
+from stream_ops.topology.functions import function_ref, object_ref
 
 SPARK_TYPES = ("string", "long", "int", "double", "float", "boolean")
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
@@ -99,12 +99,17 @@ class SourceNode:
 
 @dataclass(frozen=True)
 class OperationNode:
-    """One each/map/filter step; ``function`` is a ``module:qualname`` reference."""
+    """One record step: each/map/filter of a function, or a state query.
+
+    ``function`` is a ``module:qualname`` reference; for ``state_query`` it is the query
+    function and ``query`` holds the state's name and query object reference.
+    """
 
     kind: str
     function: str
     fields: tuple[str, ...] | None
     out: dict[str, str]
+    query: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,13 +125,46 @@ class AggregateNode:
     value_type: str
 
 
-@dataclass
-class _Chain:
-    """Everything one source feeds, in order."""
+@dataclass(frozen=True)
+class PersistNode:
+    """``partition_persist``: a user State per task, updated once per batch."""
 
-    source: SourceNode
-    operations: list[OperationNode] = field(default_factory=list)
+    name: str
+    factory: dict[str, Any]
+    fields: tuple[str, ...]
+    updater: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProcessNode:
+    """``process``: an S4 processing element per key."""
+
+    pe_class: str
+    key_field: str
+    trigger: dict[str, Any] | None
+    ttl_seconds: float | None
+
+
+@dataclass
+class Segment:
+    """Everything that runs in one stage: its input, processor, record operations and output.
+
+    A segment is cut where records must move between tasks (a shuffle), so each becomes one
+    stage of the plan with one task per queue.
+    """
+
+    index: int
+    name: str
+    kind: str
+    queues: int
+    fields: dict[str, str]
+    source: SourceNode | None = None
     aggregate: AggregateNode | None = None
+    join: dict[str, Any] | None = None
+    process: ProcessNode | None = None
+    inputs: list[tuple[int, str | None]] = field(default_factory=list)
+    operations: list[OperationNode] = field(default_factory=list)
+    output: dict[str, Any] | None = None
 
 
 # --- public DSL ----------------------------------------------------------------------------
@@ -137,8 +175,17 @@ class Topology:
 
     def __init__(self, name: str) -> None:
         self.name = _check_name("topology", name)
-        self._chains: list[_Chain] = []
+        self._segments: list[Segment] = []
         self._queries: dict[str, StateHandle] = {}
+        self._states: dict[str, StateHandle] = {}
+
+    def _segment(self, **kwargs: Any) -> Segment:
+        name = kwargs["name"]
+        if any(s.name == name for s in self._segments):
+            raise TopologyDefinitionError(f"topology {self.name!r}: a stage named {name!r} already exists")
+        segment = Segment(index=len(self._segments), **kwargs)
+        self._segments.append(segment)
+        return segment
 
     def source(
         self,
@@ -156,14 +203,51 @@ class Topology:
                 of string field names.
         """
         _check_name("source", name)
-        if any(chain.source.name == name for chain in self._chains):
+        if any(s.source is not None and s.source.name == name for s in self._segments):
             raise TopologyDefinitionError(f"topology {self.name!r}: source {name!r} is declared twice")
         if not isinstance(topic, FileTopic):
             raise TopologyDefinitionError(f"source {name!r}: topic must be a FileTopic, got {type(topic).__name__}")
         types = _field_types(schema, f"source {name!r} schema")
-        chain = _Chain(SourceNode(name, topic, types))
-        self._chains.append(chain)
-        return Stream(self, chain, types)
+        segment = self._segment(name=name, kind="source", queues=topic.queues, fields=dict(types),
+                                source=SourceNode(name, topic, types))
+        return Stream(self, segment, types)
+
+    def join(self, bolt: Any, *, queues: int | None = None, name: str | None = None, **streams: Stream) -> Stream:
+        """Join streams with a Storm :class:`~stream_ops.operators.JoinBolt` (windowed hash join).
+
+        Each input stream is shuffled by its join field into the join stage (tagged with its
+        stream name, as RocketMQ Streams' tag nodes), so equal keys meet in one task; the
+        window buffer is task state and survives a move.
+
+        Example:
+            >>> joined = topology.join(bolt, spout1=words, spout2=stamps)
+        """
+        from stream_ops.operators.join_bolt import JoinBolt
+
+        what = f"join() in topology {self.name!r}"
+        if not isinstance(bolt, JoinBolt):
+            raise TopologyDefinitionError(f"{what}: expected a JoinBolt, got {type(bolt).__name__}")
+        spec = bolt.to_spec()  # raises if select() was not called
+        if bolt.window is None:
+            raise TopologyDefinitionError(f"{what}: call with_tumbling_window(count=...) or (seconds=...) on the bolt")
+        expected = set(bolt.streams)
+        if set(streams) != expected:
+            raise TopologyDefinitionError(
+                f"{what}: the bolt joins streams {sorted(expected)}, but streams {sorted(streams)} were given"
+            )
+        stage_name = _check_name("join", name or f"join-{'-'.join(bolt.streams)}")
+        n = queues if queues is not None else max(s._segment.queues for s in streams.values())
+        _check_queues(n, what)
+        out_fields = {f: "string" for f in bolt.output_fields}
+        segment = self._segment(name=stage_name, kind="join", queues=n, fields=out_fields, join=spec)
+        for stream_name in bolt.streams:
+            stream = streams[stream_name]
+            join_field = bolt.join_fields[stream_name]
+            stream._check_fields([join_field.split(".")[0]], f"{what} stream {stream_name!r}")
+            stream._connect({"kind": "records", "to_stage": segment.index, "queues": n,
+                             "key_fields": (join_field,), "stream": stream_name}, f"{what} stream {stream_name!r}")
+            segment.inputs.append((stream._segment.index, stream_name))
+        return Stream(self, segment, out_fields)
 
     def query(self, name: str, state: StateHandle) -> None:
         """Expose a state for key lookups (Trident's DRPC ``stateQuery``).
@@ -173,29 +257,47 @@ class Topology:
         _check_name("query", name)
         if name in self._queries:
             raise TopologyDefinitionError(f"topology {self.name!r}: query {name!r} is declared twice")
-        if not isinstance(state, StateHandle) or state.topology is not self:
+        if not isinstance(state, StateHandle) or state.topology is not self or state.kind != "map":
             raise TopologyDefinitionError(f"query {name!r}: pass a state returned by persistent_aggregate of this topology")
         self._queries[name] = state
 
     # read access for the planner
     @property
-    def chains(self) -> list[_Chain]:
-        return list(self._chains)
+    def segments(self) -> list[Segment]:
+        return list(self._segments)
+
+    @property
+    def chains(self) -> list[Segment]:
+        """The source segments (each has ``.source.topic``)."""
+        return [s for s in self._segments if s.source is not None]
 
     @property
     def queries(self) -> dict[str, StateHandle]:
         return dict(self._queries)
 
-    def _state_names(self) -> set[str]:
-        return {c.aggregate.name for c in self._chains if c.aggregate is not None}
+    @property
+    def states(self) -> dict[str, StateHandle]:
+        return dict(self._states)
+
+    def _add_state(self, handle: StateHandle) -> StateHandle:
+        if handle.name in self._states:
+            raise TopologyDefinitionError(f"topology {self.name!r}: state {handle.name!r} is declared twice")
+        self._states[handle.name] = handle
+        return handle
+
+
+def _check_queues(n: Any, what: str) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise TopologyDefinitionError(f"{what}: queues must be a positive integer, got {n!r}")
+    return n
 
 
 class Stream:
     """A stream of records (field name -> value) with a known set of fields."""
 
-    def __init__(self, topology: Topology, chain: _Chain, fields: Mapping[str, str]) -> None:
+    def __init__(self, topology: Topology, segment: Segment, fields: Mapping[str, str]) -> None:
         self._topology = topology
-        self._chain = chain
+        self._segment = segment
         self._fields = dict(fields)
         self._consumed = False
 
@@ -205,16 +307,22 @@ class Stream:
         return tuple(self._fields)
 
     def _what(self, op: str) -> str:
-        return f"{op}() on source {self._chain.source.name!r}"
+        return f"{op}() on stage {self._segment.name!r}"
+
+    def _take(self, what: str) -> None:
+        if self._consumed:
+            raise TopologyDefinitionError(f"{what}: this stream already continues elsewhere; a stream has one consumer here")
+        self._consumed = True
 
     def _extend(self, node: OperationNode, fields: Mapping[str, str]) -> Stream:
-        if self._consumed:
-            raise TopologyDefinitionError(
-                f"{self._what(node.kind)}: this stream already continues elsewhere; a stream has one consumer here"
-            )
-        self._consumed = True
-        self._chain.operations.append(node)
-        return Stream(self._topology, self._chain, fields)
+        self._take(self._what(node.kind))
+        self._segment.operations.append(node)
+        return Stream(self._topology, self._segment, fields)
+
+    def _connect(self, output: dict[str, Any], what: str) -> None:
+        """End this stream's stage with ``output`` (a shuffle or a sink)."""
+        self._take(what)
+        self._segment.output = output
 
     def _check_fields(self, names: Iterable[str], what: str) -> tuple[str, ...]:
         names = tuple(names)
@@ -276,8 +384,8 @@ class Stream:
 
         Args:
             fields: the key fields.
-            queues: number of shuffle queues (= tasks of the keyed stage); defaults to the
-                source's number of queues.
+            queues: number of shuffle queues (= tasks of the keyed stage); defaults to this
+                stage's number of queues.
         """
         what = self._what("group_by")
         if not fields:
@@ -285,19 +393,148 @@ class Stream:
         keys = self._check_fields(fields, what)
         if len(set(keys)) != len(keys):
             raise TopologyDefinitionError(f"{what}: a field is named twice in {list(keys)}")
-        n = self._chain.source.topic.queues if queues is None else queues
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise TopologyDefinitionError(f"{what}: queues must be a positive integer, got {queues!r}")
+        n = _check_queues(self._segment.queues if queues is None else queues, what)
         if self._consumed:
             raise TopologyDefinitionError(f"{what}: this stream already continues elsewhere")
-        self._consumed = True
         return GroupedStream(self, keys, n)
+
+    def partition_by(self, *fields: str, queues: int | None = None, name: str | None = None) -> Stream:
+        """Shuffle records by ``fields`` into a new stage (Trident's ``partitionBy``)."""
+        what = self._what("partition_by")
+        if not fields:
+            raise TopologyDefinitionError(f"{what}: name at least one field to partition by")
+        keys = self._check_fields(fields, what)
+        n = _check_queues(self._segment.queues if queues is None else queues, what)
+        stage_name = _check_name("stage", name or f"{self._segment.name}-by-{'-'.join(keys)}")
+        segment = self._topology._segment(name=stage_name, kind="partition", queues=n, fields=dict(self._fields))
+        self._connect({"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": keys,
+                       "stream": self._segment.name}, what)
+        segment.inputs.append((self._segment.index, self._segment.name))
+        return Stream(self._topology, segment, self._fields)
+
+    def process(
+        self,
+        pe_class: type,
+        *,
+        key: str,
+        out: str | Sequence[str] | Mapping[str, str],
+        trigger: Any = None,
+        ttl_seconds: float | None = None,
+        queues: int | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Run an S4 :class:`~stream_ops.operators.ProcessingElement`, one instance per ``key``.
+
+        Records are shuffled by ``key`` into a new stage; each key's instance is created on
+        its first record, checkpointed with the task and recovered after a move; idle ones are
+        removed after ``ttl_seconds``. The stream continues with what the instances emit,
+        which must carry the ``out`` fields.
+        """
+        from stream_ops.operators.processing_element import ProcessingElement, Trigger
+
+        what = self._what("process")
+        if not (isinstance(pe_class, type) and issubclass(pe_class, ProcessingElement)):
+            raise TopologyDefinitionError(f"{what}: {pe_class!r} is not a ProcessingElement subclass")
+        ref = function_ref(pe_class, what=what)
+        self._check_fields([key], what)
+        if trigger is not None and not isinstance(trigger, Trigger):
+            raise TopologyDefinitionError(f"{what}: trigger must be Trigger.count(n), Trigger.every(s) or a '|' of them")
+        if ttl_seconds is not None and (not isinstance(ttl_seconds, (int, float)) or ttl_seconds <= 0):
+            raise TopologyDefinitionError(f"{what}: ttl_seconds must be a positive number, got {ttl_seconds!r}")
+        out_fields = _field_types(out, what)
+        n = _check_queues(self._segment.queues if queues is None else queues, what)
+        stage_name = _check_name("stage", name or pe_class.__name__.lower())
+        segment = self._topology._segment(
+            name=stage_name, kind="process", queues=n, fields=out_fields,
+            process=ProcessNode(ref, key, trigger.to_spec() if trigger else None, ttl_seconds),
+        )
+        self._connect({"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,),
+                       "stream": self._segment.name}, what)
+        segment.inputs.append((self._segment.index, self._segment.name))
+        return Stream(self._topology, segment, out_fields)
+
+    def partition_persist(
+        self,
+        state_factory: Any,
+        fields: Sequence[str],
+        updater: Any,
+        *,
+        name: str | None = None,
+    ) -> StateHandle:
+        """Update a user State once per batch and partition (Trident's ``partitionPersist``).
+
+        Args:
+            state_factory: a :class:`~stream_ops.operators.StateFactory` class or dataclass
+                instance; workers call ``make_state(partition, num_partitions)``.
+            fields: the fields passed to the updater.
+            updater: a :class:`~stream_ops.operators.StateUpdater` class or dataclass instance.
+            name: the state's name (defaults to the factory's class name).
+        """
+        what = self._what("partition_persist")
+        selected = self._check_fields(fields, what)
+        factory_ref = object_ref(state_factory, what=f"{what} state factory")
+        updater_ref = object_ref(updater, what=f"{what} updater")
+        state_name = _check_name("state", name or _class_name(state_factory).lower())
+        handle = StateHandle(self._topology, state_name, selected, "", kind="persist", stage=self._segment.index)
+        self._topology._add_state(handle)
+        self._connect({"kind": "persist", "name": state_name, "factory": factory_ref, "fields": selected,
+                       "updater": updater_ref}, what)
+        return handle
+
+    def state_query(
+        self,
+        state: StateHandle,
+        fields: Sequence[str],
+        query_function: Any,
+        out: str | Sequence[str] | Mapping[str, str],
+    ) -> Stream:
+        """Look records up in a state (Trident's ``stateQuery``); adds the ``out`` fields.
+
+        For a ``persistent_aggregate`` state, ``fields`` are the key fields and each record is
+        routed to the task that owns its key. For a ``partition_persist`` state the persisting
+        stage must be partitioned by the same fields (``partition_by``/``group_by``), so each
+        record reads the one partition that can hold its key.
+        """
+        what = self._what("state_query")
+        if not isinstance(state, StateHandle) or state.topology is not self._topology:
+            raise TopologyDefinitionError(f"{what}: pass a state of this topology")
+        selected = self._check_fields(fields, what)
+        if len(selected) != len(state.keys) and state.kind == "map":
+            raise TopologyDefinitionError(f"{what}: state {state.name!r} is keyed by {list(state.keys)}; give as many fields")
+        if state.kind == "persist":
+            persisting = self._topology._segments[state.stage]
+            partition_keys = _partition_keys(self._topology, persisting)
+            if partition_keys is None or len(partition_keys) != len(selected):
+                raise TopologyDefinitionError(
+                    f"{what}: state {state.name!r} is persisted by stage {persisting.name!r}, which is not partitioned "
+                    f"by key; partition_by(...) the persisted stream so a record's key has one partition"
+                )
+        query_ref = object_ref(query_function, what=f"{what} query function")
+        new = _field_types(out, what)
+        clash = set(new) & set(self._fields)
+        if clash:
+            raise TopologyDefinitionError(f"{what}: output fields {sorted(clash)} already exist on the stream")
+        node = OperationNode("state_query", query_ref["class"], selected, new,
+                             query={"state": state.name, "function": query_ref})
+        return self._extend(node, {**self._fields, **new})
 
     def persistent_aggregate(self, *args: Any, **kwargs: Any) -> StateHandle:
         """Not allowed on an ungrouped stream: group first."""
         raise TopologyDefinitionError(
             f"{self._what('persistent_aggregate')}: call group_by(...) first; an aggregate needs key fields"
         )
+
+
+def _class_name(obj: Any) -> str:
+    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
+
+
+def _partition_keys(topology: Topology, segment: Segment) -> tuple[str, ...] | None:
+    """The fields a stage's input is partitioned by, or None if it reads a source."""
+    if segment.kind == "source" or not segment.inputs:
+        return None
+    upstream = topology._segments[segment.inputs[0][0]]
+    return tuple(upstream.output["key_fields"]) if upstream.output else None
 
 
 class GroupedStream:
@@ -326,7 +563,6 @@ class GroupedStream:
             name: the state's name (defaults to ``out``).
         """
         stream = self._stream
-        chain = stream._chain
         what = stream._what("persistent_aggregate")
         if not isinstance(aggregator, CombinerAggregator):
             raise TopologyDefinitionError(f"{what}: {aggregator!r} is not an aggregator such as Count() or Sum(field)")
@@ -338,27 +574,34 @@ class GroupedStream:
         kind = state_kind_of(state)
         state_name = _check_name("state", name or out)
         topology = stream._topology
-        if state_name in topology._state_names():
+        if state_name in topology._states:
             raise TopologyDefinitionError(f"topology {topology.name!r}: state {state_name!r} is declared twice")
-        if chain.aggregate is not None:
-            raise TopologyDefinitionError(f"{what}: source {chain.source.name!r} already feeds a state")
-        chain.aggregate = AggregateNode(
-            name=state_name,
-            group_fields=self.keys,
-            aggregator=aggregator,
-            out=out,
-            state_kind=kind,
-            queues=self.queues,
-            value_type=aggregator.value_type(stream._fields),
+        value_type = aggregator.value_type(stream._fields)
+        node = AggregateNode(
+            name=state_name, group_fields=self.keys, aggregator=aggregator, out=out, state_kind=kind,
+            queues=self.queues, value_type=value_type,
         )
-        return StateHandle(topology, state_name, self.keys, out)
+        segment = topology._segment(name=state_name, kind="keyed", queues=self.queues,
+                                    fields={**{k: stream._fields[k] for k in self.keys}, out: value_type},
+                                    aggregate=node)
+        stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues,
+                         "key_fields": self.keys}, what)
+        segment.inputs.append((stream._segment.index, None))
+        handle = StateHandle(topology, state_name, self.keys, out, kind="map", stage=segment.index)
+        return topology._add_state(handle)
 
 
 @dataclass(frozen=True, eq=False)
 class StateHandle:
-    """A persistent state of a topology (Trident's ``TridentState``), usable in queries."""
+    """A persistent state of a topology (Trident's ``TridentState``), usable in queries.
+
+    ``kind`` is ``"map"`` (persistent_aggregate) or ``"persist"`` (partition_persist);
+    ``stage`` is the index of the stage that keeps it.
+    """
 
     topology: Topology
     name: str
     keys: tuple[str, ...]
     value_field: str
+    kind: str = "map"
+    stage: int = -1

@@ -7,7 +7,9 @@ way (a lambda, a closure, something defined in ``__main__``) is rejected at defi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -72,3 +74,34 @@ def resolve_function(ref: str) -> Callable[..., Any]:
         except AttributeError as e:
             raise TopologyLoadError(f"module {module_name!r} has no attribute {qualname!r}") from e
     return obj
+
+
+def object_ref(obj: Any, *, what: str) -> dict[str, Any]:
+    """A plan reference to a class or to an instance of a module-level dataclass.
+
+    Returns ``{"class": "module:qualname", "args": {...} | None}``; workers rebuild it with
+    :func:`resolve_object`.
+
+    Raises:
+        TopologyDefinitionError: ``obj`` cannot be rebuilt by a worker process.
+    """
+    if isinstance(obj, type):
+        return {"class": function_ref(obj, what=what), "args": None}
+    cls = type(obj)
+    if not dataclasses.is_dataclass(obj):
+        raise TopologyDefinitionError(
+            f"{what}: pass a class or an instance of a dataclass (its fields travel as JSON), not a {cls.__name__}"
+        )
+    args = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    try:
+        json.dumps(args)
+    except TypeError as e:
+        raise TopologyDefinitionError(f"{what}: the fields of {cls.__name__} must be JSON values: {e}") from e
+    return {"class": function_ref(cls, what=what), "args": args}
+
+
+def resolve_object(ref: dict[str, Any]) -> Any:
+    """Rebuild the object of :func:`object_ref`: a new instance of the class."""
+    cls = resolve_function(ref["class"])
+    args = ref.get("args")
+    return cls(**args) if args else cls()

@@ -1,9 +1,10 @@
 """From a topology graph to stages and tasks (RocketMQ Streams' second and third builds).
 
-A stage is cut at every shuffle: the stage that reads a source applies the record operations,
-partially aggregates per key and writes a shuffle topic partitioned by
-``stable_hash(key) % queues``; the keyed stage reads one shuffle queue per task and keeps the
-state. One task per (stage, queue); task ids are integers over the whole topology, in stage
+A stage is cut at every shuffle. A stage reads a source topic or a shuffle topic, runs its
+processor (none, a keyed aggregate, a windowed join or a processing element), then its record
+operations, and ends in one output: partial aggregates per key to a keyed stage, whole
+records keyed by a field to a join/process/partition stage (both partitioned by
+``stable_hash(key) % queues``), or a partition_persist sink. Keyed stages end in their state. One task per (stage, queue); task ids are integers over the whole topology, in stage
 order. The plan is plain data (JSON) so workers rebuild it without the user's topology object.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.topology.dsl import Topology
+from stream_ops.topology.dsl import Segment, Topology
 
 
 class _Frozen(BaseModel):
@@ -22,12 +23,14 @@ class _Frozen(BaseModel):
 
 
 class OperationSpec(_Frozen):
-    """One record operation: ``each``, ``map`` or ``filter`` of a referenced function."""
+    """One record operation: ``each``, ``map``, ``filter`` of a referenced function, or a
+    ``state_query`` (``query`` names the state and the query function)."""
 
-    kind: Literal["each", "map", "filter"]
+    kind: Literal["each", "map", "filter", "state_query"]
     function: str
     fields: tuple[str, ...] | None
     out: dict[str, str]
+    query: dict[str, Any] | None = None
 
 
 class ShuffleSpec(_Frozen):
@@ -38,6 +41,33 @@ class ShuffleSpec(_Frozen):
     key_fields: tuple[str, ...]
     aggregator: dict[str, Any]
     value_type: str
+
+
+class RecordsSpec(_Frozen):
+    """How a stage shuffles whole records to a join / process / partition stage."""
+
+    to_stage: int
+    queues: int
+    key_fields: tuple[str, ...]
+    stream: str
+
+
+class PersistSpec(_Frozen):
+    """A partition_persist sink: a user State per task."""
+
+    name: str
+    factory: dict[str, Any]
+    fields: tuple[str, ...]
+    updater: dict[str, Any]
+
+
+class ProcessSpec(_Frozen):
+    """An S4 processing element stage."""
+
+    pe_class: str
+    key_field: str
+    trigger: dict[str, Any] | None
+    ttl_seconds: float | None
 
 
 class StateSpec(_Frozen):
@@ -51,19 +81,42 @@ class StateSpec(_Frozen):
     value_type: str
 
 
+StageKind = Literal["source", "keyed", "join", "process", "partition"]
+RECORDS_FIELDS: dict[str, str] = {"stream": "string", "key": "string", "record": "string"}
+"""What a records shuffle carries per line: input stream tag, encoded key, record as JSON."""
+
+
 class StageSpec(_Frozen):
-    """A stage: what it reads, what it does per record and where its results go."""
+    """A stage: what it reads, what it does per record and where its results go.
+
+    Exactly one output is set for stages that are not keyed: ``shuffle`` (partial aggregates
+    to a keyed stage), ``records`` (records to a join/process/partition stage) or ``persist``.
+    """
 
     index: int
     name: str
-    kind: Literal["source", "keyed"]
+    kind: StageKind
     queues: int
     source_path: str | None = None
     input_fields: dict[str, str]
+    fields: dict[str, str] = {}
+    from_stages: tuple[int, ...] = ()
     operations: tuple[OperationSpec, ...] = ()
     shuffle: ShuffleSpec | None = None
+    records: RecordsSpec | None = None
+    persist: PersistSpec | None = None
     state: StateSpec | None = None
-    from_stage: int | None = None
+    join: dict[str, Any] | None = None
+    process: ProcessSpec | None = None
+
+    @property
+    def from_stage(self) -> int | None:
+        return self.from_stages[0] if self.from_stages else None
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the stage's tasks keep state in RocksDB + the state topic."""
+        return self.kind in ("keyed", "join", "process")
 
 
 class TaskSpec(_Frozen):
@@ -89,6 +142,8 @@ class Plan(_Frozen):
     stages: tuple[StageSpec, ...]
     tasks: tuple[TaskSpec, ...]
     queries: dict[str, QuerySpec]
+    states: dict[str, int] = {}
+    """State name -> index of the stage that keeps it (for state_query)."""
 
     def stage(self, index: int) -> StageSpec:
         return self.stages[index]
@@ -113,6 +168,59 @@ class Plan(_Frozen):
         return cls.model_validate_json(text)
 
 
+def _stage(segment: Segment, topology: Topology) -> StageSpec:
+    operations = tuple(
+        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query)  # type: ignore[arg-type]
+        for op in segment.operations
+    )
+    out = segment.output or {}
+    shuffle = records = persist = None
+    if out.get("kind") == "partials":
+        agg = topology.segments[out["to_stage"]].aggregate
+        assert agg is not None
+        shuffle = ShuffleSpec(to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]),
+                              aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
+    elif out.get("kind") == "records":
+        records = RecordsSpec(to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]),
+                              stream=out["stream"])
+    elif out.get("kind") == "persist":
+        persist = PersistSpec(name=out["name"], factory=out["factory"], fields=tuple(out["fields"]), updater=out["updater"])
+    state = None
+    if segment.aggregate is not None:
+        agg = segment.aggregate
+        state = StateSpec(name=agg.name, kind=agg.state_kind, key_fields=agg.group_fields,  # type: ignore[arg-type]
+                          value_field=agg.out, aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
+    if segment.kind == "source":
+        assert segment.source is not None
+        input_fields = dict(segment.source.schema)
+    elif segment.kind == "keyed":
+        assert segment.aggregate is not None
+        input_fields = {"key": "string", "value": segment.aggregate.value_type}
+    else:
+        input_fields = dict(RECORDS_FIELDS)
+    process = None
+    if segment.process is not None:
+        p = segment.process
+        process = ProcessSpec(pe_class=p.pe_class, key_field=p.key_field, trigger=p.trigger, ttl_seconds=p.ttl_seconds)
+    return StageSpec(
+        index=segment.index,
+        name=segment.name,
+        kind=segment.kind,  # type: ignore[arg-type]
+        queues=segment.queues,
+        source_path=str(segment.source.topic.path) if segment.source else None,
+        input_fields=input_fields,
+        fields=dict(segment.fields),
+        from_stages=tuple(i for i, _ in segment.inputs),
+        operations=operations,
+        shuffle=shuffle,
+        records=records,
+        persist=persist,
+        state=state,
+        join=segment.join,
+        process=process,
+    )
+
+
 def build_plan(topology: Topology) -> Plan:
     """Cut ``topology`` into stages and tasks.
 
@@ -120,68 +228,24 @@ def build_plan(topology: Topology) -> Plan:
         TopologyDefinitionError: the topology has no source, or a stream ends without
             anything that keeps its results.
     """
-    chains = topology.chains
-    if not chains:
+    segments = topology.segments
+    if not any(s.kind == "source" for s in segments):
         raise TopologyDefinitionError(f"topology {topology.name!r} has no source; add one with topology.source(...)")
-    stages: list[StageSpec] = []
-    state_stage: dict[str, int] = {}
-    for chain in chains:
-        agg = chain.aggregate
-        if agg is None:
+    for segment in segments:
+        if segment.kind != "keyed" and segment.output is None:
             raise TopologyDefinitionError(
-                f"topology {topology.name!r}: the stream of source {chain.source.name!r} ends without "
-                "persistent_aggregate, so nothing would be kept; group_by(...).persistent_aggregate(...) it"
+                f"topology {topology.name!r}: the stream of stage {segment.name!r} ends without persistent_aggregate "
+                "or partition_persist, so nothing would be kept; group_by(...).persistent_aggregate(...) or "
+                "partition_persist(...) it"
             )
-        source_index = len(stages)
-        keyed_index = source_index + 1
-        operations = tuple(
-            OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out)  # type: ignore[arg-type]
-            for op in chain.operations
-        )
-        aggregator_spec = agg.aggregator.to_spec()
-        stages.append(
-            StageSpec(
-                index=source_index,
-                name=chain.source.name,
-                kind="source",
-                queues=chain.source.topic.queues,
-                source_path=str(chain.source.topic.path),
-                input_fields=chain.source.schema,
-                operations=operations,
-                shuffle=ShuffleSpec(
-                    to_stage=keyed_index,
-                    queues=agg.queues,
-                    key_fields=agg.group_fields,
-                    aggregator=aggregator_spec,
-                    value_type=agg.value_type,
-                ),
-            )
-        )
-        stages.append(
-            StageSpec(
-                index=keyed_index,
-                name=agg.name,
-                kind="keyed",
-                queues=agg.queues,
-                input_fields={"key": "string", "value": agg.value_type},
-                from_stage=source_index,
-                state=StateSpec(
-                    name=agg.name,
-                    kind=agg.state_kind,  # type: ignore[arg-type]
-                    key_fields=agg.group_fields,
-                    value_field=agg.out,
-                    aggregator=aggregator_spec,
-                    value_type=agg.value_type,
-                ),
-            )
-        )
-        state_stage[agg.name] = keyed_index
+    stages = tuple(_stage(segment, topology) for segment in segments)
     tasks: list[TaskSpec] = []
     for stage in stages:
         for queue in range(stage.queues):
             tasks.append(TaskSpec(task_id=len(tasks), stage=stage.index, queue=queue))
     queries = {
-        name: QuerySpec(name=name, stage=state_stage[handle.name], key_fields=handle.keys)
+        name: QuerySpec(name=name, stage=handle.stage, key_fields=handle.keys)
         for name, handle in topology.queries.items()
     }
-    return Plan(topology=topology.name, stages=tuple(stages), tasks=tuple(tasks), queries=queries)
+    states = {name: handle.stage for name, handle in topology.states.items()}
+    return Plan(topology=topology.name, stages=stages, tasks=tuple(tasks), queries=queries, states=states)
