@@ -1,0 +1,428 @@
+"""Word count throughput: plain Spark Structured Streaming vs a stream_ops topology.
+
+Everything runs in one process: an embedded ZooKeeper, one SparkSession (``local[2]``) and,
+for stream_ops, a Worker on a thread that shares that session. Both engines read the same
+input files (a 2-queue FileTopic of JSON lines, produced before each run starts) with the
+same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
+
+* plain Spark: one query over both queue directories; ``split`` + ``explode`` +
+  ``groupBy(word).count()`` in update mode, ``foreachBatch`` collects the updated counts to the
+  driver. Timed from ``start()`` until ``processAllAvailable()`` returns.
+* stream_ops: ``build_wordcount`` (source stage: 2 tasks; keyed stage with opaque or
+  transactional state: 2 tasks). Timed from ``submit`` until the state query returns exactly
+  the ground truth (polled every ``--poll`` s), so it includes task start-up, the shuffle
+  through files, RocksDB, the state topic and the ZooKeeper commits.
+
+Both results are checked against ``collections.Counter`` over the generated sentences. A small
+warm-up run of each engine comes first (JIT, Python workers), and is not reported.
+
+Run: ``.venv/bin/python bench/wordcount.py [--sentences N] [--state opaque transactional]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyspark  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from stream_ops import OpaqueMapState, TransactionalMapState  # noqa: E402
+from stream_ops.config import ClusterConfig, ZooKeeperConfig  # noqa: E402
+from stream_ops.coordination.embedded import EmbeddedZooKeeper  # noqa: E402
+from stream_ops.coordination.paths import ZkPaths  # noqa: E402
+from stream_ops.coordination.store import ZkStore  # noqa: E402
+from stream_ops.errors import QueryError  # noqa: E402
+from stream_ops.examples.wordcount import build_wordcount  # noqa: E402
+from stream_ops.local_stack import free_port  # noqa: E402
+from stream_ops.nimbus import kill, submit  # noqa: E402
+from stream_ops.runtime.query_client import query_state  # noqa: E402
+from stream_ops.runtime.worker import Worker, WorkerSettings  # noqa: E402
+from stream_ops.spark.session import create_spark_session  # noqa: E402
+from stream_ops.topics.file_topic import FileTopic  # noqa: E402
+from stream_ops.topics.producer import produce  # noqa: E402
+
+STATES = {"opaque": OpaqueMapState, "transactional": TransactionalMapState}
+QUEUES = 2
+SPARK_MASTER = "local[2]"
+
+# --- input -------------------------------------------------------------------------------
+
+
+def make_vocabulary(size: int, rng: random.Random) -> list[str]:
+    """``size`` distinct lower-case pseudo-words of 1-4 syllables (no spaces)."""
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+    words: set[str] = set()
+    vocab: list[str] = []
+    while len(vocab) < size:
+        word = "".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+        if word not in words:
+            words.add(word)
+            vocab.append(word)
+    return vocab
+
+
+def make_sentences(count: int, vocab_size: int, seed: int) -> list[str]:
+    """``count`` sentences of 1-11 words (mean 6), words drawn Zipf-like from the vocabulary."""
+    rng = random.Random(seed)
+    vocab = make_vocabulary(vocab_size, rng)
+    cum: list[float] = []
+    total = 0.0
+    for rank in range(1, vocab_size + 1):
+        total += 1.0 / rank
+        cum.append(total)
+    lengths = [rng.randint(1, 11) for _ in range(count)]
+    words = rng.choices(vocab, cum_weights=cum, k=sum(lengths))
+    sentences = []
+    pos = 0
+    for n in lengths:
+        sentences.append(" ".join(words[pos : pos + n]))
+        pos += n
+    return sentences
+
+
+def write_input(root: Path, sentences: Sequence[str], records_per_file: int) -> FileTopic:
+    topic = FileTopic(root, queues=QUEUES)
+    produce(topic, ({"sentence": s} for s in sentences), records_per_file=records_per_file)
+    return topic
+
+
+# --- plain Spark -------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    label: str
+    seconds: float
+    sentences: int
+    words: int
+    batches: dict[str, list[int]] = field(default_factory=dict)
+    """Batches per task, by stage kind ("all" for plain Spark's single query)."""
+    mean_batch_ms: dict[str, float] = field(default_factory=dict)
+    commit_ms_per_batch: dict[str, float] = field(default_factory=dict)
+    startup_s: float | None = None
+
+    @property
+    def sentences_per_s(self) -> float:
+        return self.sentences / self.seconds
+
+    @property
+    def words_per_s(self) -> float:
+        return self.words / self.seconds
+
+
+def _batch_progress(progress: Sequence[Any]) -> list[Any]:
+    """Progress reports of triggers that ran a batch (idle triggers have no addBatch)."""
+    return [p for p in progress if "addBatch" in (p["durationMs"] or {})]
+
+
+def run_plain(
+    spark: SparkSession, topic: FileTopic, work: Path, expected: dict[str, int], *, label: str, n_sentences: int,
+    trigger_s: float, max_files: int,
+) -> RunResult:
+    """Plain Structured Streaming word count on ``topic``'s queue directories."""
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def collect(batch: DataFrame, batch_id: int) -> None:
+        rows = batch.collect()
+        with lock:
+            for row in rows:
+                counts[row["word"]] = int(row["count"])
+
+    sentences = (
+        spark.readStream.option("maxFilesPerTrigger", max_files)
+        .schema("sentence string")
+        .json(str(topic.root / "queue-*"))
+    )
+    words = sentences.select(F.explode(F.split("sentence", " ")).alias("word")).groupBy("word").count()
+    started = time.perf_counter()
+    query = (
+        words.writeStream.queryName(f"plain-{label}")
+        .outputMode("update")
+        .foreachBatch(collect)
+        .option("checkpointLocation", str(work / f"plain-checkpoint-{label}"))
+        .trigger(processingTime=f"{trigger_s} seconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        seconds = time.perf_counter() - started
+        progress = _batch_progress(query.recentProgress)
+    finally:
+        query.stop()
+    rows_in = sum(int(p["numInputRows"]) for p in progress)
+    if rows_in != n_sentences:
+        print(f"WARNING: plain Spark progress reports {rows_in} rows in, expected {n_sentences}", file=sys.stderr)
+    if counts != expected:
+        wrong = {w: (counts.get(w), n) for w, n in expected.items() if counts.get(w) != n}
+        raise SystemExit(f"plain Spark counts differ from the ground truth ({len(wrong)} words), e.g. {list(wrong.items())[:5]}")
+    return RunResult(
+        label="plain Spark",
+        seconds=seconds,
+        sentences=n_sentences,
+        words=sum(expected.values()),
+        batches={"all": [len(progress)]},
+        mean_batch_ms={"all": statistics.fmean(p["durationMs"]["triggerExecution"] for p in progress) if progress else 0.0},
+    )
+
+
+# --- stream_ops --------------------------------------------------------------------------
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
+class WorkerThread:
+    """A stream_ops Worker running on a thread with the shared SparkSession."""
+
+    def __init__(self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int) -> None:
+        settings = WorkerSettings(
+            host="127.0.0.1", port=free_port(), trigger_seconds=trigger_s, max_files_per_trigger=max_files,
+            heartbeat_interval_s=1.0, spark_master=SPARK_MASTER, launched_by="bench",
+        )
+        self.worker = Worker(zk, cluster, settings, spark_factory=lambda: spark)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.worker.run, args=(self.stop_event,), name="stream-ops-worker", daemon=True)
+
+    def start(self, store: ZkStore) -> None:
+        self.thread.start()
+        if not _wait(lambda: bool(store.children(ZkPaths.WORKERS)), 60):
+            raise SystemExit("the worker did not register in ZooKeeper within 60 s")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(120)
+
+
+def run_stream_ops(
+    store: ZkStore, cluster: ClusterConfig, worker: WorkerThread, input_root: Path, expected: dict[str, int], *,
+    name: str, state: str, n_sentences: int, poll_s: float, timeout_s: float,
+) -> RunResult:
+    """Submit the word count, wait for exact counts, read the runners' stats, kill it."""
+    topology = build_wordcount(input_root, name=name, queues=QUEUES, state=STATES[state])
+    keys = [[w] for w in sorted(expected)]
+    submitted_wall = time.time()
+    started = time.perf_counter()
+    topology_id = submit(store, cluster, topology, workers=1)
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] = {}
+    while True:
+        try:
+            last = query_state(store, name, "words", keys)
+        except QueryError:
+            pass
+        if last == expected:
+            break
+        if time.monotonic() > deadline:
+            wrong = {w: (last.get(w), n) for w, n in expected.items() if last.get(w) != n}
+            raise SystemExit(f"stream_ops ({state}) did not reach the ground truth in {timeout_s:.0f} s; "
+                             f"{len(wrong)} words differ, e.g. {list(wrong.items())[:5]}")
+        time.sleep(poll_s)
+    seconds = time.perf_counter() - started
+
+    runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
+    batches: dict[str, list[int]] = collections.defaultdict(list)
+    commit_ms: dict[str, float] = collections.defaultdict(float)
+    durations: dict[str, list[float]] = collections.defaultdict(list)
+    rows_in: dict[str, int] = collections.Counter()
+    for runner in sorted(runners, key=lambda r: r.task.task_id):
+        kind = runner.stage.kind
+        batches[kind].append(runner.stats.batches)
+        commit_ms[kind] += runner.stats.commit_ms_total
+        rows_in[kind] += runner.stats.rows_in
+        if runner.query is not None:
+            durations[kind].extend(p["durationMs"]["triggerExecution"] for p in _batch_progress(runner.query.recentProgress))
+    if rows_in["source"] != n_sentences:
+        print(f"WARNING: source tasks report {rows_in['source']} rows in, expected {n_sentences}", file=sys.stderr)
+    startup = max((r.stats.started_at for r in runners), default=submitted_wall) - submitted_wall
+
+    # kill: stop the tasks before their znodes go, so the next run has the worker to itself
+    def wait_stopped(_: float) -> None:
+        _wait(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
+
+    kill(store, name, wait_s=1.0, sleep=wait_stopped)
+    return RunResult(
+        label=f"stream_ops ({state})",
+        seconds=seconds,
+        sentences=n_sentences,
+        words=sum(expected.values()),
+        batches=dict(batches),
+        mean_batch_ms={k: statistics.fmean(v) for k, v in durations.items() if v},
+        commit_ms_per_batch={k: commit_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
+        startup_s=startup,
+    )
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if isinstance(value, list):
+        return "+".join(format(v, fmt) for v in value)
+    return format(value, fmt)
+
+
+def _pair(values: dict[str, Any], fmt: str) -> str:
+    if "all" in values:
+        return _fmt(values["all"], fmt)
+    if not values:
+        return "-"
+    return " / ".join(_fmt(values[k], fmt) if k in values else "-" for k in ("source", "keyed"))
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def report(spark: SparkSession, args: argparse.Namespace, n_files: int, n_words: int, results: list[RunResult]) -> None:
+    java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
+    plain = results[0]
+    print()
+    print(f"machine:  {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, "
+          f"Python {platform.python_version()}, pyspark {pyspark.__version__}, Java {java}")
+    print(f"input:    {args.sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
+          f"{n_files} files of <= {args.records_per_file:,} sentences in {QUEUES} queues")
+    print(f"settings: {SPARK_MASTER}, shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
+          f"trigger processingTime {args.trigger} s (both), maxFilesPerTrigger {args.max_files_per_trigger} "
+          f"(per query: plain Spark 1 query over both queues; stream_ops 1 query per task)")
+    print("timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
+          f"query matching the ground truth (polled every {args.poll} s)")
+    print()
+    header = (f"{'run':<26} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
+              f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'commit ms/batch src/keyed':>26}")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ratio = r.words_per_s / plain.words_per_s
+        print(f"{r.label:<26} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
+              f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} {_pair(r.commit_ms_per_batch, '.1f'):>26}")
+    print("columns: batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
+          "mean batch ms = Spark's triggerExecution per such batch; commit ms/batch = TaskStats.commit_ms_total / batches "
+          "(source: ZooKeeper commit; keyed: map-state update, state topic, RocksDB write and ZooKeeper commit)")
+    for r in results[1:]:
+        if r.startup_s is not None:
+            print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
+    print()
+    print("README (Markdown):")
+    print("| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | commit ms/batch (source / keyed) |")
+    print("|---|---|---|---|---|---|")
+    machine = f"{os.cpu_count()} cpus, {SPARK_MASTER}, trigger {args.trigger} s"
+    inp = f"{args.sentences:,} sentences / {n_words:,} words"
+    for r in results[1:]:
+        print(f"| {machine} | {inp} | {_si(plain.words_per_s)} ({plain.seconds:.1f} s) | "
+              f"{_si(r.words_per_s)} ({r.seconds:.1f} s, {r.label.split('(')[1].rstrip(')')}) | "
+              f"{r.words_per_s / plain.words_per_s:.2f}x | "
+              f"{r.commit_ms_per_batch.get('source', 0):.1f} / {r.commit_ms_per_batch.get('keyed', 0):.1f} |")
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=200_000, help="input sentences (~6 words each)")
+    parser.add_argument("--records-per-file", type=int, default=10_000, help="sentences per input file")
+    parser.add_argument("--vocabulary", type=int, default=1_000, help="distinct words")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--state", nargs="+", choices=sorted(STATES), default=["opaque"], help="stream_ops state kinds to run")
+    parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
+    parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
+    parser.add_argument("--poll", type=float, default=0.1, help="stream_ops state-query poll interval, seconds")
+    parser.add_argument("--warmup-sentences", type=int, default=10_000, help="0 skips the warm-up runs")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    work = Path(tempfile.mkdtemp(prefix="stream_ops_bench_wordcount_"))
+    zk = EmbeddedZooKeeper(work / "zookeeper", tick_time_ms=500)
+    worker: WorkerThread | None = None
+    spark: SparkSession | None = None
+    store: ZkStore | None = None
+    try:
+        t = time.perf_counter()
+        zk.start(timeout_s=60)
+        print(f"zookeeper ready on {zk.hosts} in {time.perf_counter() - t:.1f} s", flush=True)
+        t = time.perf_counter()
+        spark = create_spark_session(master=SPARK_MASTER, app_name="bench-wordcount")
+        print(f"SparkSession ready in {time.perf_counter() - t:.1f} s", flush=True)
+
+        t = time.perf_counter()
+        sentences = make_sentences(args.sentences, args.vocabulary, args.seed)
+        expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
+        topic = write_input(work / "input", sentences, args.records_per_file)
+        n_files = sum(len(topic.files(q)) for q in range(QUEUES))
+        n_words = sum(expected.values())
+        print(f"input: {len(sentences):,} sentences, {n_words:,} words, {len(expected):,} distinct, {n_files} files "
+              f"written in {time.perf_counter() - t:.1f} s", flush=True)
+        del sentences
+
+        zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0)
+        cluster = ClusterConfig(root=work / "cluster")
+        store = ZkStore.connect(zk_config)
+        worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+        worker.start(store)
+
+        common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+        if args.warmup_sentences > 0:
+            t = time.perf_counter()
+            warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
+            warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
+            warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
+            run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
+            run_stream_ops(store, cluster, worker, warm_topic.root, warm_expected, name="wc-warmup", state=args.state[0],
+                           n_sentences=len(warm), poll_s=args.poll, timeout_s=args.timeout)
+            print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
+
+        results = [run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common)]
+        print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
+        for state in args.state:
+            result = run_stream_ops(store, cluster, worker, topic.root, expected, name=f"wc-{state}", state=state,
+                                    n_sentences=args.sentences, poll_s=args.poll, timeout_s=args.timeout)
+            print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
+            results.append(result)
+        report(spark, args, n_files, n_words, results)
+    finally:
+        if worker is not None:
+            worker.stop()
+        if store is not None:
+            store.close()
+        if spark is not None:
+            spark.sparkContext.setLogLevel("OFF")  # shutdown races (ContextCleaner) are noise here
+            spark.stop()
+        zk.stop()
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
