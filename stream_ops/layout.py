@@ -31,12 +31,21 @@ class TopologyLayout:
         return self.cluster.resolved_topics_root() / self.topology_id
 
     def shuffle_topic(self, keyed_stage: StageSpec) -> FileTopic:
-        """The shuffle topic feeding a keyed stage (one queue per task of that stage)."""
+        """The shuffle topic feeding a non-source stage (one queue per task of that stage)."""
         return FileTopic(self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
 
     def state_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The compacted state topic of a keyed stage (one queue per input queue)."""
         return FileTopic(self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
+
+    def snapshot_dir(self, keyed_stage: StageSpec, queue: int) -> Path:
+        """Compacted snapshots of one queue of a keyed stage's state topic (shared, like the topic).
+
+        Raises:
+            TopicError: if ``queue`` is not a queue of the stage.
+        """
+        self.state_topic(keyed_stage).queue_path(queue)  # validates the queue number
+        return self.topics_dir / f"snapshots-{keyed_stage.index:03d}-{keyed_stage.name}" / f"queue-{queue:05d}"
 
     def dead_letter_topic(self) -> FileTopic:
         """Records that could not be processed, one queue (files named per task and txid)."""

@@ -49,11 +49,9 @@ def submit(
     conf_dict = dict(conf or {})
     sha = write_submission(layout.dist_dir, plan, conf_dict, build_code_archive(plan))
     for stage in plan.stages:
-        if stage.kind == "keyed":
-            layout.shuffle_topic(stage).create()
+        layout.input_topic(plan, stage).create()
+        if stage.keeps_state:
             layout.state_topic(stage).create()
-        else:
-            layout.input_topic(plan, stage).create()
     layout.dead_letter_topic().create()
 
     storm = StormRecord(

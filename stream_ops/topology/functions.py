@@ -77,7 +77,7 @@ def resolve_function(ref: str) -> Callable[..., Any]:
 
 
 def object_ref(obj: Any, *, what: str) -> dict[str, Any]:
-    """A plan reference to a class or to an instance of a module-level dataclass.
+    """A plan reference to a class, a stateless instance or a module-level dataclass instance.
 
     Returns ``{"class": "module:qualname", "args": {...} | None}``; workers rebuild it with
     :func:`resolve_object`.
@@ -89,8 +89,11 @@ def object_ref(obj: Any, *, what: str) -> dict[str, Any]:
         return {"class": function_ref(obj, what=what), "args": None}
     cls = type(obj)
     if not dataclasses.is_dataclass(obj):
+        if not getattr(obj, "__dict__", None):  # a stateless instance: rebuilt as cls()
+            return {"class": function_ref(cls, what=what), "args": None}
         raise TopologyDefinitionError(
-            f"{what}: pass a class or an instance of a dataclass (its fields travel as JSON), not a {cls.__name__}"
+            f"{what}: {cls.__name__} instance has attributes {sorted(vars(obj))}; pass a class, a stateless "
+            "instance or an instance of a dataclass (its fields travel as JSON)"
         )
     args = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     try:
