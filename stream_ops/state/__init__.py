@@ -1,10 +1,25 @@
 """Keyed state with Trident's txid rules, stored in RocksDB and rebuilt from a state topic."""
 
 from stream_ops.state.backing import BackingMap, MemoryBackingMap
-from stream_ops.state.changelog import ChangelogEntry, StateTopicQueue, rebuild_store, replay_changelog
+from stream_ops.state.changelog import (
+    ChangelogEntry,
+    ReplayedChanges,
+    StateTopicQueue,
+    rebuild_store,
+    replay_changelog,
+    replay_changes,
+)
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState, UpdateFn
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
+from stream_ops.state.snapshot import (
+    CompactionResult,
+    SnapshotInfo,
+    compact_queue,
+    latest_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
 from stream_ops.state.values import (
     OpaqueValue,
     TransactionalValue,
@@ -17,21 +32,29 @@ from stream_ops.state.values import (
 __all__ = [
     "BackingMap",
     "ChangelogEntry",
+    "CompactionResult",
     "Key",
     "MapState",
     "MemoryBackingMap",
     "OpaqueMapState",
     "OpaqueValue",
+    "ReplayedChanges",
     "RocksDBBackingMap",
+    "SnapshotInfo",
     "StateTopicQueue",
     "TransactionalMapState",
     "TransactionalValue",
     "UpdateFn",
     "as_key",
+    "compact_queue",
     "decode_stored",
     "encode_stored",
     "from_json_obj",
+    "latest_snapshot",
+    "read_snapshot",
     "rebuild_store",
     "replay_changelog",
+    "replay_changes",
     "to_json_obj",
+    "write_snapshot",
 ]
