@@ -132,3 +132,15 @@ def test_wordcount_db_partition_persist_and_state_query(workers, zk_store, tmp_p
         return found == {"how": truth["how"], "you": truth["you"], "nice": truth["nice"]}
 
     _wait(answered, 60, "state_query answers equal the counts")
+
+
+def test_time_trigger_fires_without_new_data(workers, zk_store, tmp_path):
+    from stream_ops.operators import Trigger
+
+    workers.start()
+    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    topology = build_counter(tmp_path / "in", name="pe-timer", trigger=Trigger.every(1.0))
+    submit(zk_store, workers.cluster, topology, workers=1)
+    produce(topology.chains[0].source.topic, [{"sentence": "how are"}])
+    # Only one event per key ever arrives: the counts can only come from tick-driven batches.
+    wait_for_counts(zk_store, topology.name, "latest", {"how": 1, "are": 1}, timeout_s=60)
