@@ -249,6 +249,24 @@ def rebalance(obj: _Context, name: str, workers: int | None, wait_s: float) -> N
 
 
 @main.command()
+@click.argument("name")
+@click.option("--stage", "stages", multiple=True, help="Stateful stage to compact (repeatable; default all).")
+@click.option("--queue", "queues", multiple=True, type=int, help="Queue to compact (repeatable; default all).")
+@pass_ctx
+def compact(obj: _Context, name: str, stages: tuple[str, ...], queues: tuple[int, ...]) -> None:
+    """Snapshot the state topics of a topology at their committed txids."""
+    from stream_ops.nimbus.compaction import compact_state
+
+    with obj.store() as store:
+        done = compact_state(store, obj.cluster(), name, stages=stages, queues=queues)
+    click.echo(json.dumps([
+        {"stage": d.stage, "queue": d.queue, "txid": d.committed_txid, "skipped": d.skipped,
+         "keys": d.result.snapshot.keys if d.result else None, "deleted_files": d.result.deleted_files if d.result else 0}
+        for d in done
+    ]))
+
+
+@main.command()
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between monitor ticks.")
 @click.option("--task-timeout", default=10.0, show_default=True, help="Heartbeat unchanged this long = dead task.")
 @click.option("--launch-grace", default=60.0, show_default=True, help="Grace for newly (re)assigned tasks.")

@@ -18,6 +18,7 @@ class ZkPaths:
     HEARTBEATS = "/taskheartbeats"
     TRANSACTIONAL = "/transactional"
     ERRORS = "/errors"
+    LOCKS = "/locks"
     NIMBUS = "/nimbus"
     ID_COUNTER = "/nimbus/id-counter"
     NIMBUS_ELECTION = "/nimbus/election"
@@ -79,6 +80,11 @@ class ZkPaths:
         return f"{ZkPaths.ERRORS}/{topology_id}/{task_id}"
 
     @staticmethod
+    def compaction_lock(topology_id: str, task_id: int) -> str:
+        """Lock held while a task's state-topic queue is compacted (one compaction at a time)."""
+        return f"{ZkPaths.LOCKS}/{topology_id}/compaction-{task_id}"
+
+    @staticmethod
     def topology_roots(topology_id: str) -> list[str]:
         """Every per-topology subtree, for deleting a killed topology."""
         return [
@@ -89,4 +95,5 @@ class ZkPaths:
             ZkPaths.heartbeats(topology_id),
             ZkPaths.transactional(topology_id),
             ZkPaths.errors(topology_id),
+            f"{ZkPaths.LOCKS}/{topology_id}",
         ]

@@ -183,6 +183,7 @@ class TaskRunner:
                 kind=stage.state.kind if stage.state is not None else None,
                 committed_txid=committed.committed_txid,
                 committed_epoch=committed.committed_epoch,
+                snapshot_dir=self.layout.snapshot_dir(stage, self.task.queue),
             )
             if self.state.rebuilt:
                 logger.info(

@@ -48,6 +48,7 @@ def open_task_state(
     kind: str | None,
     committed_txid: int,
     committed_epoch: int,
+    snapshot_dir: Path | None = None,
 ) -> TaskState:
     """Open (or rebuild) the local store of a stateful task.
 
@@ -71,6 +72,6 @@ def open_task_state(
         store_dir.parent.mkdir(parents=True, exist_ok=True)
         store = RocksDBBackingMap(store_dir)
         if committed_txid >= 0:
-            restored = rebuild_store(store, changelog, committed_txid, committed_epoch)
+            restored = rebuild_store(store, changelog, committed_txid, committed_epoch, snapshot_dir=snapshot_dir)
     map_state = MAP_STATES[kind](store) if kind is not None else None
     return TaskState(store=store, map_state=map_state, changelog=changelog, restored_keys=restored, rebuilt=rebuilt)

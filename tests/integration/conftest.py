@@ -1,12 +1,17 @@
-"""Fixtures for integration tests: one local SparkSession for the whole test session."""
+"""Fixtures for integration tests: one local SparkSession for the whole test session, and
+in-process workers sharing it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
+from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.local_stack import free_port
+from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.spark.session import create_spark_session
 
 
@@ -18,3 +23,40 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+class WorkerPool:
+    """Workers run on threads of the test process, all on the shared SparkSession."""
+
+    def __init__(self, zk_config: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession) -> None:
+        self.zk_config, self.cluster, self.spark = zk_config, cluster, spark
+        self.running: list[tuple[Worker, threading.Event, threading.Thread]] = []
+
+    def start(self) -> Worker:
+        settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
+        worker = Worker(self.zk_config, self.cluster, settings, spark_factory=lambda: self.spark)
+        stop = threading.Event()
+        thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+        thread.start()
+        self.running.append((worker, stop, thread))
+        return worker
+
+    def stop(self, worker: Worker) -> None:
+        """Stop a worker cleanly (its tasks are released)."""
+        for entry in list(self.running):
+            if entry[0] is worker:
+                entry[1].set()
+                entry[2].join(60)
+                self.running.remove(entry)
+
+    def stop_all(self) -> None:
+        for worker, _, _ in list(self.running):
+            self.stop(worker)
+
+
+@pytest.fixture
+def worker_pool(zk_config: ZooKeeperConfig, tmp_path, spark: SparkSession) -> Iterator[WorkerPool]:
+    """Start in-process workers with ``worker_pool.start()``; all are stopped afterwards."""
+    pool = WorkerPool(zk_config, ClusterConfig(root=tmp_path / "cluster"), spark)
+    yield pool
+    pool.stop_all()

@@ -7,56 +7,25 @@ window buffer, processing elements) from the state topic.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
 import pytest
 
-from stream_ops.config import ClusterConfig
 from stream_ops.errors import QueryError
 from stream_ops.examples.counter_pe import build_counter
 from stream_ops.examples.uuid_join import build_uuid_join
 from stream_ops.examples.wordcount_db import build_wordcount_db
-from stream_ops.local_stack import free_port, wait_for_counts
+from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import describe_topology, live_workers, submit
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.runtime.query_client import query_state
-from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topics.producer import produce
 
 
-class _Workers:
-    def __init__(self, zk_config, cluster, spark):
-        self.zk_config, self.cluster, self.spark = zk_config, cluster, spark
-        self.running: list[tuple[Worker, threading.Event, threading.Thread]] = []
-
-    def start(self) -> Worker:
-        settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
-        worker = Worker(self.zk_config, self.cluster, settings, spark_factory=lambda: self.spark)
-        stop = threading.Event()
-        thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
-        thread.start()
-        self.running.append((worker, stop, thread))
-        return worker
-
-    def stop(self, worker: Worker) -> None:
-        for entry in list(self.running):
-            if entry[0] is worker:
-                entry[1].set()
-                entry[2].join(60)
-                self.running.remove(entry)
-
-    def stop_all(self) -> None:
-        for worker, _, _ in list(self.running):
-            self.stop(worker)
-
-
 @pytest.fixture
-def workers(zk_config, tmp_path, spark):
-    pool = _Workers(zk_config, ClusterConfig(root=tmp_path / "cluster"), spark)
-    yield pool
-    pool.stop_all()
+def workers(worker_pool):
+    return worker_pool
 
 
 def _wait(predicate, timeout_s, what):

@@ -1,0 +1,83 @@
+"""Compact a topology's state topics into snapshots (the CLI and the Dagster job call this).
+
+Each queue of a stateful stage is compacted up to its task's committed txid under a
+ZooKeeper lock, so two compactions of one queue never overlap; the running task keeps
+appending meanwhile (compaction only deletes files of txids the snapshot covers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stream_ops.config import ClusterConfig
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import TransactionalRecord
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import CoordinationError
+from stream_ops.layout import TopologyLayout
+from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.submission import find_topology_id, read_storm
+from stream_ops.state.changelog import StateTopicQueue
+from stream_ops.state.snapshot import CompactionResult, compact_queue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QueueCompaction:
+    """The outcome for one queue: compacted, or skipped and why."""
+
+    stage: str
+    queue: int
+    task_id: int
+    committed_txid: int
+    result: CompactionResult | None
+    skipped: str | None = None
+
+
+def compact_state(
+    store: ZkStore,
+    cluster: ClusterConfig,
+    name_or_id: str,
+    *,
+    stages: Sequence[str] = (),
+    queues: Sequence[int] = (),
+    lock_timeout_s: float = 30.0,
+) -> list[QueueCompaction]:
+    """Snapshot every (selected) state-topic queue of a topology at its committed txid.
+
+    Args:
+        stages: names of stateful stages to compact (all when empty).
+        queues: queue numbers to compact (all when empty).
+    """
+    topology_id = find_topology_id(store, name_or_id)
+    assert topology_id is not None
+    plan = read_plan(Path(read_storm(store, topology_id).dist_dir))
+    layout = TopologyLayout(cluster, topology_id)
+    done: list[QueueCompaction] = []
+    for stage in plan.stages:
+        if not stage.keeps_state or (stages and stage.name not in stages):
+            continue
+        for queue in range(stage.queues):
+            if queues and queue not in queues:
+                continue
+            task = plan.task_for(stage.index, queue)
+            found = store.get_json(ZkPaths.transactional_task(topology_id, task.task_id))
+            committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
+            if committed < 0:
+                done.append(QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet"))
+                continue
+            lock = store.client.Lock(ZkPaths.compaction_lock(topology_id, task.task_id))
+            if not lock.acquire(timeout=lock_timeout_s):
+                raise CoordinationError(f"queue {queue} of stage {stage.name!r} is being compacted by someone else")
+            try:
+                result = compact_queue(StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed)
+            finally:
+                lock.release()
+            logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
+                        topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)
+            done.append(QueueCompaction(stage.name, queue, task.task_id, committed, result))
+    return done
