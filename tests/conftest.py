@@ -11,6 +11,7 @@ Session fixtures are lazy: a server starts only when the first test that needs i
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,4 +87,21 @@ def zk_store(zk_config: ZooKeeperConfig) -> Iterator[ZkStore]:
 
 
 # --- 3. Spark --------------------------------------------------------------------------
-# The session-scoped SparkSession fixture goes here (lazy, stopped at session end).
+# The session-scoped SparkSession and the in-process worker pool are in
+# tests/integration/conftest.py (the only tests that use them).
+
+
+# --- 4. bounded polling ----------------------------------------------------------------
+
+
+def _wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+@pytest.fixture
+def wait_until():
+    """``wait_until(predicate, timeout_s, what)``: poll until true, fail with ``what`` on timeout."""
+    return _wait_until

@@ -36,14 +36,8 @@ def _feeder(topologies, sent, stop):
         time.sleep(0.1)
 
 
-def _wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
-
-def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path):
+def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path, wait_until):
     home = tmp_path / "home"
     args = ["--trigger-seconds", "0.3", "--heartbeat-interval", "0.5"]
     with LocalStack(home=home, workers=3, worker_args=args, session_timeout_s=SESSION_TIMEOUT_S,
@@ -60,13 +54,13 @@ def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path):
             feeder = threading.Thread(target=_feeder, args=(topologies, sent, stop))
             feeder.start()
             try:
-                _wait_until(lambda: all(t.committed_txid >= 0 for t in describe_topology(store, ids[0]).tasks),
+                wait_until(lambda: all(t.committed_txid >= 0 for t in describe_topology(store, ids[0]).tasks),
                             60, "first commits")
 
                 # 1. SIGKILL a worker mid-stream; the monitor moves its tasks at once.
                 victim = stack.worker_processes[0]
                 stack.kill_worker(victim)
-                _wait_until(lambda: all(t.assigned_to != victim.worker_id
+                wait_until(lambda: all(t.assigned_to != victim.worker_id
                                         for i in ids for t in describe_topology(store, i).tasks), 30, "reassignment")
                 time.sleep(2.0)
 
@@ -75,7 +69,7 @@ def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path):
                 frozen = stack.worker_processes[0]
                 os.killpg(frozen.proc.pid, signal.SIGSTOP)
                 try:
-                    _wait_until(lambda: all(t.assigned_to != frozen.worker_id
+                    wait_until(lambda: all(t.assigned_to != frozen.worker_id
                                             for i in ids for t in describe_topology(store, i).tasks),
                                 30, "reassignment after session expiry")
                 finally:

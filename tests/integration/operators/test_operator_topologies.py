@@ -28,60 +28,54 @@ def workers(worker_pool):
     return worker_pool
 
 
-def _wait(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.2)
 
-
-def _move_everything(zk_store, workers, topology_id, old):
+def _move_everything(zk_store, workers, topology_id, old, wait_until):
     """Start a second worker, stop the first: the monitor's reassignment, done by hand."""
     new = workers.start()
-    _wait(lambda: new.worker_id in live_workers(zk_store), 30, "new worker registered")
+    wait_until(lambda: new.worker_id in live_workers(zk_store), 30, "new worker registered")
     workers.stop(old)
-    _wait(lambda: old.worker_id not in live_workers(zk_store), 30, "old worker gone")
+    wait_until(lambda: old.worker_id not in live_workers(zk_store), 30, "old worker gone")
     reassign(zk_store, topology_id)
-    _wait(lambda: all(t.owner == new.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
+    wait_until(lambda: all(t.owner == new.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
           "tasks owned by the new worker")
     return new
 
 
-def test_uuid_join_counts_joined_words_across_a_move_mid_window(workers, zk_store, tmp_path):
+def test_uuid_join_counts_joined_words_across_a_move_mid_window(workers, zk_store, tmp_path, wait_until):
     first = workers.start()
-    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    wait_until(lambda: live_workers(zk_store), 30, "worker registered")
     topology = build_uuid_join(tmp_path / "in", window=8)
     topology_id = submit(zk_store, workers.cluster, topology, workers=1)
     spout1, spout2 = (c.source.topic for c in topology.chains)
     words = {"u1": "how", "u2": "are", "u3": "how", "u4": "you"}
     # Half of the window (4 of 8 records) arrives before the move ...
     produce(spout1, [{"uuid": u, "word": w} for u, w in words.items()])
-    _wait(lambda: all(t.committed_txid >= 0 for t in describe_topology(zk_store, topology_id).tasks if t.stage == 2),
+    wait_until(lambda: all(t.committed_txid >= 0 for t in describe_topology(zk_store, topology_id).tasks if t.stage == 2),
           60, "join task committed the first half")
-    _move_everything(zk_store, workers, topology_id, first)
+    _move_everything(zk_store, workers, topology_id, first, wait_until)
     # ... the rest after it: the new owner must have restored the buffered half.
     produce(spout2, [{"uuid": u, "timestamp": i} for i, u in enumerate(words)])
     wait_for_counts(zk_store, topology.name, "joined_words", {"how": 2, "are": 1, "you": 1}, timeout_s=60)
 
 
-def test_counter_pe_keeps_its_count_across_a_move(workers, zk_store, tmp_path):
+def test_counter_pe_keeps_its_count_across_a_move(workers, zk_store, tmp_path, wait_until):
     first = workers.start()
-    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    wait_until(lambda: live_workers(zk_store), 30, "worker registered")
     topology = build_counter(tmp_path / "in")
     topology_id = submit(zk_store, workers.cluster, topology, workers=1)
     topic = topology.chains[0].source.topic
     produce(topic, [{"sentence": "how are you how are you how"}])  # how x3 -> emits 3; are/you x2 -> nothing yet
     wait_for_counts(zk_store, topology.name, "latest", {"how": 3}, timeout_s=60)
     assert query_state(zk_store, topology.name, "latest", [["are"]]) == {"are": None}
-    _move_everything(zk_store, workers, topology_id, first)
+    _move_everything(zk_store, workers, topology_id, first, wait_until)
     produce(topic, [{"sentence": "are you"}])  # third event of are/you on the new owner: emits 3
     wait_for_counts(zk_store, topology.name, "latest", {"how": 3, "are": 3, "you": 3}, timeout_s=60)
 
 
 @pytest.mark.parametrize("kind", ["transactional", "opaque", "non-transactional"])
-def test_wordcount_db_partition_persist_and_state_query(workers, zk_store, tmp_path, kind):
+def test_wordcount_db_partition_persist_and_state_query(workers, zk_store, tmp_path, kind, wait_until):
     workers.start()
-    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    wait_until(lambda: live_workers(zk_store), 30, "worker registered")
     topology = build_wordcount_db(tmp_path / "in", kind=kind)
     submit(zk_store, workers.cluster, topology, workers=1)
     sentences, questions = (c.source.topic for c in topology.chains)
@@ -89,7 +83,7 @@ def test_wordcount_db_partition_persist_and_state_query(workers, zk_store, tmp_p
     produce(sentences, [{"sentence": s} for s in text])
     truth = Counter(w for s in text for w in s.split())
     db = tmp_path / "in" / "db"
-    _wait(lambda: db.exists() and len(list(db.glob("*.sqlite"))) == 2, 60, "databases written")
+    wait_until(lambda: db.exists() and len(list(db.glob("*.sqlite"))) == 2, 60, "databases written")
 
     def answered():
         produce(questions, [{"word": w} for w in ("how", "you", "nice")])
@@ -100,14 +94,14 @@ def test_wordcount_db_partition_persist_and_state_query(workers, zk_store, tmp_p
             return False
         return found == {"how": truth["how"], "you": truth["you"], "nice": truth["nice"]}
 
-    _wait(answered, 60, "state_query answers equal the counts")
+    wait_until(answered, 60, "state_query answers equal the counts")
 
 
-def test_time_trigger_fires_without_new_data(workers, zk_store, tmp_path):
+def test_time_trigger_fires_without_new_data(workers, zk_store, tmp_path, wait_until):
     from stream_ops.operators import Trigger
 
     workers.start()
-    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    wait_until(lambda: live_workers(zk_store), 30, "worker registered")
     topology = build_counter(tmp_path / "in", name="pe-timer", trigger=Trigger.every(1.0))
     submit(zk_store, workers.cluster, topology, workers=1)
     produce(topology.chains[0].source.topic, [{"sentence": "how are"}])

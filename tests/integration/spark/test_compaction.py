@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 from click.testing import CliRunner
 
@@ -17,16 +16,10 @@ from stream_ops.state.snapshot import latest_snapshot
 from stream_ops.topics.producer import produce
 
 
-def _wait(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.2)
 
-
-def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config, tmp_path):
+def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config, tmp_path, wait_until):
     first = worker_pool.start()
-    _wait(lambda: live_workers(zk_store), 30, "worker registered")
+    wait_until(lambda: live_workers(zk_store), 30, "worker registered")
     topology = build_wordcount(tmp_path / "in")
     topology_id = submit(zk_store, worker_pool.cluster, topology, workers=1)
     topic = topology.chains[0].source.topic
@@ -49,10 +42,10 @@ def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config
     wait_for_counts(zk_store, topology.name, "words", expected_word_counts(sent), timeout_s=60)
 
     second = worker_pool.start()
-    _wait(lambda: second.worker_id in live_workers(zk_store), 30, "second worker")
+    wait_until(lambda: second.worker_id in live_workers(zk_store), 30, "second worker")
     worker_pool.stop(first)
     reassign(zk_store, topology_id)
-    _wait(lambda: all(t.owner == second.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
+    wait_until(lambda: all(t.owner == second.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
           "tasks moved")
     keyed = [r for r in second._runners.values() if r.stage.kind == "keyed"]
     assert keyed and all(r.state.rebuilt for r in keyed)

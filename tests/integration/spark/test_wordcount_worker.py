@@ -2,42 +2,27 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from stream_ops import MapState, OpaqueMapState, TransactionalMapState
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.layout import TopologyLayout
-from stream_ops.local_stack import expected_word_counts, free_port, wait_for_counts
+from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
-from stream_ops.runtime.worker import Worker, WorkerSettings
+from stream_ops.runtime.worker import Worker
 from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.topics.producer import produce
 
 
 @pytest.fixture
-def worker(zk_config: ZooKeeperConfig, tmp_path: Path, spark) -> Iterator[Worker]:
-    settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
-    w = Worker(zk_config, ClusterConfig(root=tmp_path / "cluster"), settings, spark_factory=lambda: spark)
-    stop = threading.Event()
-    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
-    thread.start()
-    with ZkStore.connect(zk_config) as store:
-        deadline = time.monotonic() + 30
-        while not store.children(ZkPaths.WORKERS):
-            assert time.monotonic() < deadline, "worker did not register"
-            time.sleep(0.1)
-    yield w
-    stop.set()
-    thread.join(60)
-    assert not thread.is_alive()
+def worker(worker_pool, zk_store, wait_until) -> Worker:
+    """One in-process worker, registered."""
+    w = worker_pool.start()
+    wait_until(lambda: w.worker_id in zk_store.children(ZkPaths.WORKERS), 30, "worker registered")
+    return w
 
 
 @pytest.mark.parametrize("state", [OpaqueMapState, TransactionalMapState, MapState])
@@ -102,23 +87,7 @@ def test_bad_records_go_to_the_dead_letter_topic(worker, zk_store, tmp_path):
     assert dead == 2
 
 
-def _start_worker(zk_config, cluster, spark):
-    settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
-    w = Worker(zk_config, cluster, settings, spark_factory=lambda: spark)
-    stop = threading.Event()
-    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
-    thread.start()
-    return w, stop, thread
-
-
-def _wait(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.1)
-
-
-def test_rebalance_moves_tasks_and_deactivate_activate_pause_and_resume(worker, zk_store, zk_config, tmp_path, spark):
+def test_rebalance_moves_tasks_and_deactivate_activate_pause_and_resume(worker, worker_pool, zk_store, tmp_path, wait_until):
     from stream_ops.nimbus import activate, deactivate, live_workers
     from stream_ops.nimbus.rebalance import rebalance
 
@@ -129,27 +98,23 @@ def test_rebalance_moves_tasks_and_deactivate_activate_pause_and_resume(worker, 
     produce(topic, ({"sentence": s} for s in sent))
     wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
 
-    second, stop, thread = _start_worker(zk_config, worker.cluster, spark)
-    try:
-        _wait(lambda: len(live_workers(zk_store)) == 2, 30, "second worker registered")
-        rebalance(zk_store, topology_id)
-        _wait(lambda: len(second.running_tasks) == 2 and len(worker.running_tasks) == 2, 60, "two tasks moved")
-        owners = {t.task_id: t.owner for t in describe_topology(zk_store, topology_id).tasks}
-        assert sorted(set(owners.values())) == sorted([worker.worker_id, second.worker_id])
+    second = worker_pool.start()
+    wait_until(lambda: len(live_workers(zk_store)) == 2, 30, "second worker registered")
+    rebalance(zk_store, topology_id)
+    wait_until(lambda: len(second.running_tasks) == 2 and len(worker.running_tasks) == 2, 60, "two tasks moved")
+    owners = {t.task_id: t.owner for t in describe_topology(zk_store, topology_id).tasks}
+    assert sorted(set(owners.values())) == sorted([worker.worker_id, second.worker_id])
 
-        more = ["how are you"] * 4
-        produce(topic, ({"sentence": s} for s in more))
-        sent += more
-        wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
+    more = ["how are you"] * 4
+    produce(topic, ({"sentence": s} for s in more))
+    sent += more
+    wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
 
-        deactivate(zk_store, "wordcount")
-        _wait(lambda: not worker.running_tasks and not second.running_tasks, 30, "tasks stopped")
-        assert all(t.owner is None for t in describe_topology(zk_store, topology_id).tasks)
-        paused = ["nice to meet you"] * 3
-        produce(topic, ({"sentence": s} for s in paused))
-        sent += paused
-        activate(zk_store, "wordcount")
-        wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
-    finally:
-        stop.set()
-        thread.join(60)
+    deactivate(zk_store, "wordcount")
+    wait_until(lambda: not worker.running_tasks and not second.running_tasks, 30, "tasks stopped")
+    assert all(t.owner is None for t in describe_topology(zk_store, topology_id).tasks)
+    paused = ["nice to meet you"] * 3
+    produce(topic, ({"sentence": s} for s in paused))
+    sent += paused
+    activate(zk_store, "wordcount")
+    wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sent), timeout_s=60)
