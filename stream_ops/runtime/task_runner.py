@@ -127,6 +127,10 @@ class TaskRunner:
         self.user_state: State | None = None
         self._state_reader: StateReader | None = None
         self._last_tick = 0.0
+        # Values a batch overwrote, served to state queries until its ZooKeeper commit succeeds
+        # (read-committed: a query never sees a batch that may still be replayed).
+        self._committed_overlay: dict[tuple[Any, ...], Any] = {}
+        self._overlay_lock = threading.Lock()
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -316,10 +320,16 @@ class TaskRunner:
             changed = state.store.pending_items()
             if changed:
                 state.changelog.append(self.task.task_id, txid, epoch, changed)
+                keys = [key for key, _ in changed]
+                before = state.store.multi_get(keys, include_pending=False)
+                with self._overlay_lock:
+                    self._committed_overlay = dict(zip(keys, before, strict=True))
             state.store.flush(txid, epoch)
         self._wait_connected()
         offsets = batch_offsets(self.layout.checkpoint_dir(self.task.task_id), txid)
         commit(self.store, self.ownership, txid, offsets=offsets, rows=rows, clock=self.clock)
+        with self._overlay_lock:
+            self._committed_overlay = {}
         self._publish(txid, epoch)
         if state is not None and state.map_state is not None:
             state.map_state.commit(txid)
@@ -431,11 +441,14 @@ class TaskRunner:
         return state.store.count_keys() if state is not None else 0
 
     def lookup(self, keys: list[tuple[Any, ...]]) -> list[Any]:
-        """Current values of ``keys`` in this task's state (for state queries)."""
+        """Committed values of ``keys`` in this task's state (for state queries)."""
         state = self.state
         if state is None:
             raise LookupError(f"task {self.task.task_id} keeps no state")
-        return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
+        with self._overlay_lock:
+            overlay = self._committed_overlay
+            values = state.store.multi_get(keys, include_pending=False)
+        return [_unwrap(overlay[k] if k in overlay else v) for k, v in zip(keys, values, strict=True)]
 
 
 def _partials_of(records: list[dict[str, Any]], key_fields: tuple[str, ...], aggregator: Any) -> list[tuple[str, Any]]:

@@ -134,7 +134,10 @@ class Worker:
             self._server.start()
             self._register(stop)
             self.store.client.ChildrenWatch(ZkPaths.ASSIGNMENTS, self._on_assignments)
-            next_beat = 0.0
+            # Heartbeats run on their own thread: starting a task can take long (rebuilding a
+            # large state), and the tasks already running must keep beating meanwhile.
+            beats = threading.Thread(target=self._heartbeat_loop, args=(stop,), name="stream-ops-heartbeat", daemon=True)
+            beats.start()
             while not stop.is_set():
                 self._changed.wait(self.settings.poll_interval_s)
                 self._changed.clear()
@@ -148,13 +151,21 @@ class Worker:
                     now = self.clock()
                     for runner in list(self._runners.values()):
                         runner.maybe_tick(now)
-                    if time.monotonic() >= next_beat:
-                        beat(self.store, list(self._runners.values()), clock=self.clock)
-                        next_beat = time.monotonic() + self.settings.heartbeat_interval_s
                 except CoordinationError as e:
                     logger.warning("worker %s: %s", self.worker_id, e)
         finally:
             self._shutdown()
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        """Write every running task's heartbeat each ``heartbeat_interval_s`` while connected."""
+        assert self.store is not None
+        while not stop.wait(self.settings.heartbeat_interval_s):
+            if not self._connected.is_set() or self._lost.is_set():
+                continue
+            try:
+                beat(self.store, [r for r in list(self._runners.values()) if r.is_running()], clock=self.clock)
+            except StreamOpsError as e:
+                logger.warning("worker %s: heartbeats not written: %s", self.worker_id, e)
 
     def _register(self, stop: threading.Event) -> None:
         """Create ``/workers/{id}``; waits while a dead predecessor's node is still there."""

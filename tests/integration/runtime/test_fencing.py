@@ -80,6 +80,10 @@ def test_paused_zombie_cannot_corrupt_state(spark, zk_config: ZooKeeperConfig, t
         thread = threading.Thread(target=run_a)
         thread.start()
         assert paused.wait(30)
+        # Batch 1 is in A's RocksDB but not committed: state queries still see batch 0 only.
+        after_first = Counter(BATCHES[0])
+        probe = [("how",), ("you",), ("nice",)]
+        assert a.lookup(probe) == [after_first["how"], after_first["you"], None]
 
         # A's session "expires": its ephemeral owner node goes. B takes over and redoes batch 1.
         admin.delete(ZkPaths.owner(topology_id, a.task.task_id))
