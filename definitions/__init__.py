@@ -6,6 +6,10 @@ Wiring only. Environment:
 * ``STREAM_OPS_CHROOT``: root znode, default ``/stream_ops``.
 * ``STREAM_OPS_HOME``: cluster directory, default ``var/stream_ops`` (resolved against the
   working directory when the code location loads).
+
+Everything runs from the start: the heartbeat sensor (observations, checks, rebalance and
+worker runs when heartbeats are lost), the worker relaunch sensor and the rebalance and
+compaction schedules.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stream_ops.examples import wordcount
+import dagster as dg
+
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
 from stream_ops.examples import wordcount
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
@@ -27,4 +32,5 @@ defs = build_definitions(
     stream_cluster=StreamClusterResource(
         root=str(Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve()),
     ),
+    schedule_status=dg.DefaultScheduleStatus.RUNNING,
 )

@@ -2,11 +2,17 @@
 
 Public API:
 
-* Resources: :class:`ZooKeeperResource`, :class:`StreamClusterResource`.
+* Resources: :class:`ZooKeeperResource`, :class:`StreamClusterResource` (with the settings of
+  Dagster-launched workers), :func:`pyspark_resource` (dagster-pyspark's ``PySparkResource``).
 * Naming: :class:`StreamOpsTranslator`.
-* Assets: :func:`topology_assets` -> :class:`TopologyDefinitions`.
+* Assets: :func:`topology_assets` -> :class:`TopologyDefinitions` (submission asset, stream
+  assets with their checks, queue-partitioned state assets); :func:`state_assets`.
+* Checks: :func:`build_stream_checks`, :func:`evaluate_stage_checks`.
 * Observations: :func:`observe_topology`, :data:`OBSERVATION_FIELDS`.
-* Sensor: :func:`build_heartbeat_sensor`, its cursor :class:`HeartbeatCursor`.
+* Jobs: :func:`build_jobs` (worker, rebalance, activate, deactivate, kill, compact state).
+* Sensors: :func:`build_heartbeat_sensor` (cursor :class:`HeartbeatCursor`),
+  :func:`build_worker_relaunch_sensor`.
+* Schedules: :func:`build_rebalance_schedule`, :func:`build_compaction_schedule`.
 * Wiring: :func:`build_definitions`.
 
 Example:
@@ -24,8 +30,29 @@ from stream_ops.orchestration.assets import (
     TopologyDefinitions,
     topology_assets,
 )
+from stream_ops.orchestration.checks import (
+    HEARTBEAT_FRESHNESS,
+    TXID_PROGRESS,
+    CheckOutcome,
+    build_stream_checks,
+    evaluate_stage_checks,
+    evaluate_topology_checks,
+)
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.definitions import build_definitions
+from stream_ops.orchestration.jobs import (
+    ACTIVATE_JOB_NAME,
+    COMPACT_STATE_JOB_NAME,
+    DEACTIVATE_JOB_NAME,
+    KILL_JOB_NAME,
+    REBALANCE_JOB_NAME,
+    WORKER_JOB_NAME,
+    StreamOpsJobs,
+    build_jobs,
+    compact_run_config,
+    rebalance_run_config,
+    worker_run_config,
+)
 from stream_ops.orchestration.observations import (
     OBSERVATION_FIELDS,
     observation_schema,
@@ -33,33 +60,72 @@ from stream_ops.orchestration.observations import (
     observe_topology,
     stage_health,
 )
-from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.resources import (
+    PYSPARK_RESOURCE_KEY,
+    StreamClusterResource,
+    ZooKeeperResource,
+    pyspark_resource,
+)
+from stream_ops.orchestration.schedules import build_compaction_schedule, build_rebalance_schedule
 from stream_ops.orchestration.sensors import (
     DEFAULT_HEARTBEAT_SENSOR_NAME,
+    DEFAULT_RELAUNCH_SENSOR_NAME,
     HeartbeatTick,
+    RebalanceNeed,
     build_heartbeat_sensor,
+    build_worker_relaunch_sensor,
     observe_tick,
+    rebalance_run_key,
+    workers_to_launch,
 )
+from stream_ops.orchestration.state import state_assets
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
+    "ACTIVATE_JOB_NAME",
+    "COMPACT_STATE_JOB_NAME",
+    "DEACTIVATE_JOB_NAME",
     "DEFAULT_HEARTBEAT_SENSOR_NAME",
+    "DEFAULT_RELAUNCH_SENSOR_NAME",
+    "HEARTBEAT_FRESHNESS",
+    "KILL_JOB_NAME",
     "OBSERVATION_FIELDS",
+    "PYSPARK_RESOURCE_KEY",
+    "REBALANCE_JOB_NAME",
     "STREAM_CLUSTER_RESOURCE_KEY",
+    "TXID_PROGRESS",
+    "WORKER_JOB_NAME",
     "ZOOKEEPER_RESOURCE_KEY",
+    "CheckOutcome",
     "HeartbeatCursor",
     "HeartbeatTick",
+    "RebalanceNeed",
     "StreamClusterResource",
+    "StreamOpsJobs",
     "StreamOpsTranslator",
     "TopologyCursor",
     "TopologyDefinitions",
     "ZooKeeperResource",
+    "build_compaction_schedule",
     "build_definitions",
     "build_heartbeat_sensor",
+    "build_jobs",
+    "build_rebalance_schedule",
+    "build_stream_checks",
+    "build_worker_relaunch_sensor",
+    "compact_run_config",
+    "evaluate_stage_checks",
+    "evaluate_topology_checks",
     "observation_schema",
     "observe_absent_topology",
     "observe_tick",
     "observe_topology",
+    "pyspark_resource",
+    "rebalance_run_config",
+    "rebalance_run_key",
     "stage_health",
+    "state_assets",
     "topology_assets",
+    "worker_run_config",
+    "workers_to_launch",
 ]

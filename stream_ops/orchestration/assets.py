@@ -1,4 +1,4 @@
-"""Per-topology Dagster assets: a submission asset and one observed stream asset per stage.
+"""Per-topology Dagster assets: submission, observed stream assets with checks, state snapshots.
 
 * The **submission asset** (``stream_ops/<topology>/submission``) is materialized to submit the
   topology through :func:`stream_ops.nimbus.submission.submit`. If a live submission of that
@@ -6,7 +6,12 @@
   (and warns if it runs a different plan than the code location defines).
 * The **stream assets** (``stream_ops/<topology>/<stage>``) are external assets
   (:class:`dagster.AssetSpec`, no materialization function): the heartbeat sensor records
-  observations on them (:mod:`stream_ops.orchestration.sensors`).
+  observations on them (:mod:`stream_ops.orchestration.sensors`). Each has two asset checks,
+  ``heartbeat_freshness`` and ``txid_progress`` (:mod:`stream_ops.orchestration.checks`),
+  evaluated by the sensor on every tick and executable on demand.
+* The **state assets** (``stream_ops/<topology>/<stage>_state``, one per keyed stage,
+  partitioned by queue) hold compacted snapshots of the state topic
+  (:mod:`stream_ops.orchestration.state`).
 
 Resources required: ``zookeeper`` (:class:`ZooKeeperResource`) and ``stream_cluster``
 (:class:`StreamClusterResource`).
@@ -30,9 +35,11 @@ from stream_ops.errors import StreamOpsError, TopologyDefinitionError
 from stream_ops.nimbus.dist_store import read_plan
 from stream_ops.nimbus.status import TopologyStatus, describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
+from stream_ops.orchestration.checks import build_stream_checks
 from stream_ops.orchestration.observations import observation_schema
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
-from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.orchestration.state import state_assets
+from stream_ops.orchestration.translator import StreamOpsTranslator, stage_summary
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.plan import Plan, StageSpec, build_plan
 
@@ -60,27 +67,33 @@ class TopologyDefinitions:
         plan: Its plan (stages and tasks), built when the definitions were made.
         submission_asset: Materialize to submit the topology (or report the live submission).
         stream_specs: One external asset per stage, observed by the heartbeat sensor, in stage order.
+        stream_checks: The heartbeat-freshness and txid-progress checks of every stream asset.
+        state_assets: One queue-partitioned state snapshot asset per keyed stage.
     """
 
     topology_name: str
     plan: Plan
     submission_asset: dg.AssetsDefinition
     stream_specs: tuple[dg.AssetSpec, ...]
+    stream_checks: dg.AssetChecksDefinition
+    state_assets: tuple[dg.AssetsDefinition, ...] = ()
 
     @property
     def assets(self) -> list[dg.AssetsDefinition | dg.AssetSpec]:
         """Everything to pass to :class:`dagster.Definitions` ``assets=``."""
-        return [self.submission_asset, *self.stream_specs]
+        return [self.submission_asset, *self.stream_specs, *self.state_assets]
+
+    @property
+    def asset_checks(self) -> list[dg.AssetChecksDefinition]:
+        """Everything to pass to :class:`dagster.Definitions` ``asset_checks=``."""
+        return [self.stream_checks]
 
 
 def _plan_markdown(plan: Plan) -> str:
-    lines = ["| stage | name | kind | queues | tasks | reads / keeps |", "|---:|---|---|---:|---|---|"]
+    lines = ["| stage | name | kind | queues | tasks | what it does |", "|---:|---|---|---:|---|---|"]
     for stage in plan.stages:
         task_ids = [str(t.task_id) for t in plan.tasks if t.stage == stage.index]
-        if stage.kind == "source":
-            what = f"`{stage.source_path}`"
-        else:
-            what = f"{stage.state.kind} state `{stage.state.name}`" if stage.state else "keyed state"
+        what = stage_summary(stage)
         lines.append(f"| {stage.index} | {stage.name} | {stage.kind} | {stage.queues} | {', '.join(task_ids)} | {what} |")
     return "\n".join(lines)
 
@@ -162,8 +175,10 @@ def topology_assets(
     workers: int = 2,
     conf: Mapping[str, Any] | None = None,
     translator: StreamOpsTranslator | None = None,
+    heartbeat_timeout_s: float = 10.0,
+    progress_timeout_s: float = 60.0,
 ) -> TopologyDefinitions:
-    """Build the submission asset and the stream assets of one topology.
+    """Build the submission asset, the stream assets with their checks and the state assets.
 
     The plan is built here, so an invalid topology fails when the code location loads.
 
@@ -172,9 +187,13 @@ def topology_assets(
         workers: Worker slots to ask for at submission.
         conf: Topology configuration stored with the submission.
         translator: Naming of keys and groups; default :class:`StreamOpsTranslator`.
+        heartbeat_timeout_s: The checks' heartbeat timeout when executed on demand (use the
+            heartbeat sensor's).
+        progress_timeout_s: The txid-progress check's stall limit when executed on demand.
 
     Returns:
-        The topology's definitions; pass ``.assets`` to :class:`dagster.Definitions`.
+        The topology's definitions; pass ``.assets`` and ``.asset_checks`` to
+        :class:`dagster.Definitions`.
 
     Raises:
         TopologyDefinitionError: The topology cannot be planned, two stages share a name, or
@@ -187,6 +206,8 @@ def topology_assets(
         'stream_ops/wordcount/submission'
         >>> [spec.key.path[-1] for spec in defs.stream_specs]
         ['sentences', 'count']
+        >>> [asset.key.path[-1] for asset in defs.state_assets]
+        ['count_state']
     """
     if workers < 1:
         raise TopologyDefinitionError(f"topology_assets(workers={workers}): ask for at least 1 worker")
@@ -251,6 +272,16 @@ def topology_assets(
         _stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages
     )
     return TopologyDefinitions(
-        topology_name=topology.name, plan=plan, submission_asset=_submission, stream_specs=specs
+        topology_name=topology.name,
+        plan=plan,
+        submission_asset=_submission,
+        stream_specs=specs,
+        stream_checks=build_stream_checks(
+            plan=plan,
+            translator=translator,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            progress_timeout_s=progress_timeout_s,
+        ),
+        state_assets=tuple(state_assets(plan=plan, translator=translator)),
     )
 

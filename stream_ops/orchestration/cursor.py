@@ -2,9 +2,11 @@
 
 Dagster stores a sensor cursor as a string between ticks. :class:`HeartbeatCursor` is what the
 heartbeat sensor keeps there, per topology name: the submission last observed, its stage names,
-each task's committed txid (to report progress between ticks) and since when each task has
-been lost. ``lost_since`` is what a rebalance trigger needs: it can ask for a rebalance run
-once tasks have been lost for long enough, with a run key naming them, without asking twice.
+each task's committed txid (to report progress between ticks) and when it last advanced (for
+the txid-progress check), since when each task has been lost, and the assignment epoch with
+the time the sensor first saw it. A rebalance is requested for tasks lost once the epoch has
+been in place for the launch grace, with a run key naming the tasks and the epoch, so the same
+loss is never requested twice and a fresh assignment gets time to start.
 
 An unreadable cursor (garbage, another version, a schema change) parses as an empty cursor,
 which is always safe: the next tick just observes everything afresh.
@@ -38,6 +40,10 @@ class TopologyCursor(BaseModel):
         committed_txids: Task id -> committed txid at the last observation.
         lost_since: Task id -> wall-clock time (unix seconds) it was first seen not alive,
             for tasks still lost at the last observation.
+        advanced_at: Task id -> wall-clock time its committed txid was last seen to advance
+            (the first observation of a task counts as an advance).
+        assignment_epoch: The assignment epoch (znode version) at the last observation.
+        epoch_seen_at: Wall-clock time the sensor first saw that epoch of this submission.
         health: Topology health at the last observation.
         observed_at: Wall-clock time (unix seconds) of the last observation.
     """
@@ -48,6 +54,9 @@ class TopologyCursor(BaseModel):
     stages: tuple[str, ...] = ()
     committed_txids: dict[int, int] = Field(default_factory=dict)
     lost_since: dict[int, float] = Field(default_factory=dict)
+    advanced_at: dict[int, float] = Field(default_factory=dict)
+    assignment_epoch: int | None = None
+    epoch_seen_at: float = 0.0
     health: str = "unknown"
     observed_at: float = 0.0
 

@@ -1,4 +1,4 @@
-"""Wire topologies, resources and the heartbeat sensor into one :class:`dagster.Definitions`."""
+"""Wire topologies, resources, jobs, sensors and schedules into one :class:`dagster.Definitions`."""
 
 from __future__ import annotations
 
@@ -6,14 +6,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 
 from stream_ops.orchestration.assets import (
     STREAM_CLUSTER_RESOURCE_KEY,
     ZOOKEEPER_RESOURCE_KEY,
     topology_assets,
 )
-from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
-from stream_ops.orchestration.sensors import DEFAULT_HEARTBEAT_SENSOR_NAME, build_heartbeat_sensor
+from stream_ops.orchestration.jobs import build_jobs
+from stream_ops.orchestration.resources import (
+    PYSPARK_RESOURCE_KEY,
+    StreamClusterResource,
+    ZooKeeperResource,
+    pyspark_resource,
+)
+from stream_ops.orchestration.schedules import build_compaction_schedule, build_rebalance_schedule
+from stream_ops.orchestration.sensors import (
+    DEFAULT_HEARTBEAT_SENSOR_NAME,
+    build_heartbeat_sensor,
+    build_worker_relaunch_sensor,
+)
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.topology.dsl import Topology
 
@@ -25,34 +37,60 @@ def build_definitions(
     topologies: Sequence[Topology],
     zookeeper: ZooKeeperResource,
     stream_cluster: StreamClusterResource,
+    pyspark: PySparkResource | None = None,
     workers: int = 2,
     conf: Mapping[str, Any] | None = None,
     translator: StreamOpsTranslator | None = None,
     heartbeat_timeout_s: float = 10.0,
     heartbeat_interval_s: int = 5,
+    progress_timeout_s: float = 60.0,
+    launch_grace_s: float = 30.0,
     heartbeat_sensor_name: str = DEFAULT_HEARTBEAT_SENSOR_NAME,
     heartbeat_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    repair: bool = True,
+    relaunch_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    rebalance_cron: str | None = "*/15 * * * *",
+    compaction_cron: str | None = "0 * * * *",
+    schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
 ) -> dg.Definitions:
     """The Dagster control room for ``topologies``.
 
-    Per topology: a submission asset and one observed stream asset per stage
-    (:func:`topology_assets`); one heartbeat sensor over all of them
-    (:func:`build_heartbeat_sensor`); the ``zookeeper`` and ``stream_cluster`` resources.
+    * Per topology (:func:`topology_assets`): a submission asset, one observed stream asset
+      per stage with its heartbeat-freshness and txid-progress checks, and one
+      queue-partitioned state snapshot asset per keyed stage. A rebalance and a compaction
+      schedule (unless their cron is None).
+    * Cluster-wide (:func:`build_jobs`): the worker, rebalance, activate, deactivate, kill and
+      compact-state jobs; the heartbeat sensor over all topologies, which requests rebalance
+      and worker runs when ``repair`` is on; the run-failure sensor relaunching failed
+      worker runs.
+    * Resources ``zookeeper``, ``stream_cluster`` and ``pyspark`` (default: a
+      :class:`PySparkResource` with ``stream_cluster``'s Spark settings).
 
-    The heartbeat sensor runs by default: it only reads ZooKeeper, and skips its tick (with the
-    reason) while ZooKeeper is unreachable.
+    The heartbeat sensor runs by default: it reads ZooKeeper, and skips its tick (with the
+    reason) while ZooKeeper is unreachable. Schedules are stopped unless ``schedule_status``
+    says otherwise (the example code location turns them on).
 
     Args:
         topologies: The topologies to submit and observe (names must be unique).
         zookeeper: Where the cluster's coordination data lives.
-        stream_cluster: Where the cluster's files live.
+        stream_cluster: Where the cluster's files live and how Dagster-launched workers run.
+        pyspark: The Spark of worker runs; default built from ``stream_cluster``.
         workers: Worker slots each topology asks for at submission.
         conf: Topology configuration stored with each submission.
         translator: Naming of keys and groups; default :class:`StreamOpsTranslator`.
         heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
         heartbeat_interval_s: Seconds between heartbeat sensor ticks.
+        progress_timeout_s: The txid-progress check fails for a task with unprocessed input
+            that committed nothing for longer than this.
+        launch_grace_s: Time a new assignment gets before its lost tasks call for a rebalance.
         heartbeat_sensor_name: Name of the heartbeat sensor.
         heartbeat_sensor_status: Whether the heartbeat sensor runs as soon as the code loads.
+        repair: Whether the heartbeat sensor requests rebalance and worker runs.
+        relaunch_sensor_status: Whether the worker relaunch sensor runs as soon as the code loads.
+        rebalance_cron: Cron of each topology's rebalance schedule; None: no schedule.
+        compaction_cron: Cron of each topology's compaction schedule (topologies with keyed
+            stages only); None: no schedule.
+        schedule_status: Whether the schedules run as soon as the code loads.
 
     Returns:
         The definitions, ready to be a code location's ``defs``.
@@ -75,18 +113,61 @@ def build_definitions(
         raise ValueError(f"build_definitions: several topologies are named {duplicates}; names must be unique")
     translator = translator or StreamOpsTranslator()
     per_topology = [
-        topology_assets(topology=t, workers=workers, conf=conf, translator=translator) for t in topologies
+        topology_assets(
+            topology=t,
+            workers=workers,
+            conf=conf,
+            translator=translator,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            progress_timeout_s=progress_timeout_s,
+        )
+        for t in topologies
     ]
-    sensor = build_heartbeat_sensor(
-        topology_names=names,
-        translator=translator,
-        minimum_interval_seconds=heartbeat_interval_s,
-        heartbeat_timeout_s=heartbeat_timeout_s,
-        name=heartbeat_sensor_name,
-        default_status=heartbeat_sensor_status,
-    )
+    jobs = build_jobs(topology_names=names, translator=translator)
+    sensors = [
+        build_heartbeat_sensor(
+            topology_names=names,
+            translator=translator,
+            minimum_interval_seconds=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            progress_timeout_s=progress_timeout_s,
+            launch_grace_s=launch_grace_s,
+            rebalance_job=jobs.rebalance if repair else None,
+            worker_job=jobs.worker if repair else None,
+            name=heartbeat_sensor_name,
+            default_status=heartbeat_sensor_status,
+        ),
+        build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
+    ]
+    schedules: list[dg.ScheduleDefinition] = []
+    for definitions in per_topology:
+        if rebalance_cron is not None:
+            schedules.append(
+                build_rebalance_schedule(
+                    topology_name=definitions.topology_name,
+                    rebalance_job=jobs.rebalance,
+                    cron_schedule=rebalance_cron,
+                    default_status=schedule_status,
+                )
+            )
+        if compaction_cron is not None and definitions.state_assets:
+            schedules.append(
+                build_compaction_schedule(
+                    topology_name=definitions.topology_name,
+                    compact_job=jobs.compact_state,
+                    cron_schedule=compaction_cron,
+                    default_status=schedule_status,
+                )
+            )
     return dg.Definitions(
         assets=[asset for d in per_topology for asset in d.assets],
-        sensors=[sensor],
-        resources={ZOOKEEPER_RESOURCE_KEY: zookeeper, STREAM_CLUSTER_RESOURCE_KEY: stream_cluster},
+        asset_checks=[check for d in per_topology for check in d.asset_checks],
+        jobs=jobs.all,
+        sensors=sensors,
+        schedules=schedules,
+        resources={
+            ZOOKEEPER_RESOURCE_KEY: zookeeper,
+            STREAM_CLUSTER_RESOURCE_KEY: stream_cluster,
+            PYSPARK_RESOURCE_KEY: pyspark if pyspark is not None else pyspark_resource(stream_cluster),
+        },
     )

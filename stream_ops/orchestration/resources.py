@@ -4,7 +4,12 @@
   optional digest credentials). It builds a :class:`~stream_ops.config.ZooKeeperConfig`
   and opens :class:`~stream_ops.coordination.store.ZkStore` sessions.
 * :class:`StreamClusterResource`: where the cluster keeps its files (dist store, topics,
-  checkpoints, local state). It builds a :class:`~stream_ops.config.ClusterConfig`.
+  checkpoints, local state) and how workers launched from Dagster run (trigger, heartbeat
+  interval, Spark master...). It builds a :class:`~stream_ops.config.ClusterConfig` and
+  :class:`~stream_ops.runtime.worker.WorkerSettings`.
+* Spark comes from dagster-pyspark's :class:`~dagster_pyspark.PySparkResource`;
+  :func:`pyspark_resource` builds one with stream_ops' session defaults and the cluster's
+  Spark master. It never stops its session: the worker op stops it itself.
 
 Validation reuses the core config models, so a bad value fails when the resource is built
 (at code-location load time) with the same message the CLI gives. Fields given as
@@ -23,17 +28,37 @@ Why a context manager and not a long-lived client:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 from pydantic import Field, ValidationError, model_validator
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.store import ZkStore
+from stream_ops.runtime.worker import WorkerSettings
+from stream_ops.spark.session import DEFAULT_CONF
 
-__all__ = ["StreamClusterResource", "ZooKeeperResource"]
+__all__ = ["PYSPARK_RESOURCE_KEY", "StreamClusterResource", "ZooKeeperResource", "pyspark_resource"]
+
+#: Resource key of the :class:`~dagster_pyspark.PySparkResource` worker runs use.
+PYSPARK_RESOURCE_KEY = "pyspark"
+
+#: The worker-settings fields of :class:`StreamClusterResource` -> :class:`WorkerSettings` field.
+_WORKER_FIELDS: Mapping[str, str] = {
+    "worker_host": "host",
+    "worker_bind_host": "bind_host",
+    "worker_capacity": "capacity",
+    "heartbeat_interval_s": "heartbeat_interval_s",
+    "poll_interval_s": "poll_interval_s",
+    "spark_master": "spark_master",
+    "spark_conf": "spark_conf",
+    "trigger_seconds": "trigger_seconds",
+    "max_files_per_trigger": "max_files_per_trigger",
+}
 
 
 def _literal_values(data: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
@@ -156,10 +181,42 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         description="Local RocksDB stores of the workers on this machine. Default: <root>/local.",
     )
 
+    # --- how workers launched from Dagster run (-> WorkerSettings) ---------------------------
+    worker_host: str = Field(
+        default="127.0.0.1",
+        description="Host name other processes reach Dagster-launched workers by (their slot is host:port).",
+    )
+    worker_bind_host: str = Field(
+        default="127.0.0.1",
+        description="Interface the workers' state-query server binds to (0.0.0.0 for all).",
+    )
+    worker_capacity: int = Field(default=64, description="Most tasks one worker runs at once (>= 1).")
+    trigger_seconds: float = Field(
+        default=1.0,
+        description="Spark trigger interval of every task query, in seconds (>= 0; 0 = as fast as possible).",
+    )
+    max_files_per_trigger: int = Field(
+        default=100, description="Most input files one micro-batch reads (>= 1); keep above arrival rate x trigger."
+    )
+    heartbeat_interval_s: float = Field(
+        default=2.0, description="Seconds between a worker's heartbeats (> 0); keep well below the heartbeat timeout."
+    )
+    poll_interval_s: float = Field(
+        default=0.5, description="Seconds between a worker's reconciliations with its assignment (> 0)."
+    )
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark master of the workers' SparkSession, e.g. 'local[2]' or 'spark://host:7077'.",
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark configuration of the workers' SparkSession (overrides stream_ops' defaults).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _validate_paths(cls, data: Any) -> Any:
-        """Reject empty paths with a message naming the field."""
+        """Reject empty paths and bad worker settings with a message naming the field."""
         literal = _literal_values(data, tuple(ClusterConfig.model_fields))
         if literal:
             empty = sorted(k for k, v in literal.items() if isinstance(v, str) and not v.strip())
@@ -168,6 +225,17 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
                     f"invalid StreamClusterResource configuration: {', '.join(empty)} must be a directory path, "
                     "not an empty string (leave optional directories unset to use <root>/...)"
                 )
+        worker = _literal_values(data, tuple(_WORKER_FIELDS))
+        if worker:
+            try:
+                WorkerSettings.model_validate({_WORKER_FIELDS[k]: v for k, v in worker.items()})
+            except ValidationError as e:
+                reverse = {v: k for k, v in _WORKER_FIELDS.items()}
+                problems = []
+                for item in e.errors():
+                    field = reverse.get(str(item["loc"][0]), str(item["loc"][0])) if item["loc"] else "config"
+                    problems.append(f"{field}: {item['msg']}")
+                raise ValueError("invalid StreamClusterResource configuration: " + "; ".join(problems)) from e
         return data
 
     def config(self) -> ClusterConfig:
@@ -183,3 +251,45 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             checkpoints_root=path(self.checkpoints_root),
             local_state_dir=path(self.local_state_dir),
         )
+
+    def worker_settings(self, *, port: int, launched_by: str = "dagster") -> WorkerSettings:
+        """The :class:`WorkerSettings` of one worker on slot ``worker_host:port``.
+
+        Args:
+            port: The worker's slot port (its state-query server listens on it).
+            launched_by: Recorded in ``/workers/{id}``, e.g. ``dagster:<run id>``.
+
+        Raises:
+            pydantic.ValidationError: A field given as an EnvVar resolved to a bad value.
+        """
+        values = {target: getattr(self, source) for source, target in _WORKER_FIELDS.items()}
+        return WorkerSettings(**values, port=port, launched_by=launched_by)
+
+    def spark_config(self) -> dict[str, str]:
+        """The Spark configuration workers use: stream_ops' defaults, the master, then ``spark_conf``.
+
+        The Python of this process runs Spark's Python workers, as
+        :func:`~stream_ops.spark.session.create_spark_session` arranges for CLI workers.
+        """
+        return {
+            **DEFAULT_CONF,
+            "spark.master": self.spark_master,
+            "spark.app.name": "stream-ops-dagster-worker",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            **dict(self.spark_conf),
+        }
+
+
+def pyspark_resource(stream_cluster: StreamClusterResource) -> PySparkResource:
+    """A :class:`PySparkResource` with the Spark configuration of ``stream_cluster``'s workers.
+
+    The session is created when a run that needs it starts (worker runs); dagster-pyspark never
+    stops it, so the worker op stops it when the worker ends.
+
+    Example:
+        >>> spark = pyspark_resource(StreamClusterResource(spark_master="local[2]"))
+        >>> spark.spark_config["spark.master"]
+        'local[2]'
+    """
+    return PySparkResource(spark_config=stream_cluster.spark_config())

@@ -1,14 +1,32 @@
-"""The heartbeat sensor: observe every topology's stream assets on each tick.
+"""The heartbeat sensor, and the run-failure sensor that relaunches worker runs.
 
-Each tick opens one ZooKeeper session through the ``zookeeper`` resource, finds the live
-submission of each configured topology name, reads
-:func:`~stream_ops.nimbus.status.describe_topology` and records one
-:class:`dagster.AssetObservation` per stage (:func:`observe_topology`). The cursor
-(:class:`HeartbeatCursor`) remembers committed txids and lost tasks per topology.
+Heartbeat sensor. Each tick opens one ZooKeeper session through the ``zookeeper`` resource,
+finds the live submission of each configured topology name, reads
+:func:`~stream_ops.nimbus.status.describe_topology` and records
+
+* one :class:`dagster.AssetObservation` per stage (:func:`observe_topology`), and
+* the ``heartbeat_freshness`` and ``txid_progress`` check evaluations of every stage
+  (:mod:`stream_ops.orchestration.checks`), as ``AssetCheckEvaluation`` asset events.
+
+It also requests runs:
+
+* a **rebalance** run when tasks of an ACTIVE topology are lost (no fresh heartbeat, or not
+  assigned) and the current assignment epoch has been in place for ``launch_grace_s`` (so a
+  fresh assignment gets time to start). Its run key names the topology, the lost tasks, the
+  epoch and the number of live slots (``rebalance-<id>-tasks-1-3-epoch-<n>-slots-<k>``), so
+  Dagster requests each loss once, and again only when the assignment or the slots changed.
+* **worker** runs when fewer workers are live than the ACTIVE topologies want (the largest
+  ``workers`` wanted), minus worker runs already queued or starting.
+
+The cursor (:class:`HeartbeatCursor`) remembers per topology the committed txids (progress
+between ticks), when each txid last advanced, lost tasks and the assignment epoch.
 
 A tick is bounded in wall-clock time: once ``tick_budget_s`` has passed, the remaining
 topologies are left for the next tick, which starts with the least recently observed ones.
-No run is requested yet; ``TopologyCursor.lost_since`` is kept for the rebalance trigger.
+
+Run-failure sensor. :func:`build_worker_relaunch_sensor` watches the worker job only and
+requests a new worker run (same configuration) for each failed one, up to ``max_relaunches``
+in a row. A terminated (canceled) worker run is not a failure and is not relaunched.
 
 Note: this module does not use ``from __future__ import annotations`` because Dagster reads
 the resource parameters' annotations of the decorated function at definition time.
@@ -16,25 +34,88 @@ the resource parameters' annotations of the decorated function at definition tim
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
 
+from stream_ops.coordination.records import WorkerRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError, StreamOpsError, TopologyNotFoundError
+from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import find_topology_id
+from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
+from stream_ops.orchestration.jobs import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
-__all__ = ["DEFAULT_HEARTBEAT_SENSOR_NAME", "HeartbeatTick", "build_heartbeat_sensor", "observe_tick"]
+__all__ = [
+    "DEFAULT_HEARTBEAT_SENSOR_NAME",
+    "DEFAULT_RELAUNCH_SENSOR_NAME",
+    "HeartbeatTick",
+    "RebalanceNeed",
+    "build_heartbeat_sensor",
+    "build_worker_relaunch_sensor",
+    "observe_tick",
+    "rebalance_run_key",
+    "workers_to_launch",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_SENSOR_NAME = "stream_ops_heartbeat_sensor"
+DEFAULT_RELAUNCH_SENSOR_NAME = "stream_ops_worker_relaunch_sensor"
+
+#: Run tag on a relaunched worker run: how many relaunches in a row led to it.
+RELAUNCH_ATTEMPT_TAG = "stream_ops/relaunch_attempt"
+#: Run tag on a relaunched worker run: the failed run it replaces.
+RELAUNCH_OF_TAG = "stream_ops/relaunch_of"
+
+#: Run statuses of a worker run that has not registered its worker yet (or is about to).
+_PENDING_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+@dataclass(frozen=True)
+class RebalanceNeed:
+    """Tasks of one topology lost long enough that a rebalance run should be requested.
+
+    Attributes:
+        topology_name: The topology's name.
+        topology_id: Its live submission.
+        lost_tasks: Ids of the tasks without a fresh heartbeat (or unassigned), sorted.
+        epoch: The assignment epoch they are lost under (-1 if there is no assignment).
+        live_slots: Number of live worker slots when the loss was seen.
+    """
+
+    topology_name: str
+    topology_id: str
+    lost_tasks: tuple[int, ...]
+    epoch: int
+    live_slots: int
+
+    @property
+    def run_key(self) -> str:
+        """``rebalance-<topology_id>-tasks-<t1>-<t2>-epoch-<n>-slots-<k>``."""
+        return rebalance_run_key(self.topology_id, self.lost_tasks, self.epoch, self.live_slots)
+
+
+def rebalance_run_key(topology_id: str, lost_tasks: Sequence[int], epoch: int, live_slots: int) -> str:
+    """The run key of a rebalance for ``lost_tasks`` under assignment ``epoch``.
+
+    Example:
+        >>> rebalance_run_key("wordcount-1-1700000000", [3, 1], 4, 2)
+        'rebalance-wordcount-1-1700000000-tasks-1-3-epoch-4-slots-2'
+    """
+    tasks = "-".join(str(t) for t in sorted(lost_tasks))
+    return f"rebalance-{topology_id}-tasks-{tasks}-epoch-{epoch}-slots-{live_slots}"
 
 
 @dataclass(frozen=True)
@@ -42,20 +123,34 @@ class HeartbeatTick:
     """The outcome of one heartbeat tick.
 
     Attributes:
-        asset_events: Observations to record, in topology then stage order.
+        asset_events: Observations (in topology then stage order), then check evaluations.
         cursor: The cursor to store for the next tick.
         observed: Topology names observed (live submission found and read).
         absent: Topology names without a live submission.
         deferred: Topology names left for the next tick because the time budget ran out.
         failed: Topology name -> error message for topologies that could not be read.
+        rebalances: Topologies whose lost tasks call for a rebalance run.
+        workers_wanted: Most workers any observed ACTIVE topology wants (0 if none).
     """
 
-    asset_events: list[dg.AssetObservation]
+    asset_events: list[dg.AssetObservation | dg.AssetCheckEvaluation]
     cursor: HeartbeatCursor
     observed: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
     deferred: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    rebalances: list[RebalanceNeed] = field(default_factory=list)
+    workers_wanted: int = 0
+
+    @property
+    def observations(self) -> list[dg.AssetObservation]:
+        """Only the observations of :attr:`asset_events`."""
+        return [e for e in self.asset_events if isinstance(e, dg.AssetObservation)]
+
+    @property
+    def check_evaluations(self) -> list[dg.AssetCheckEvaluation]:
+        """Only the check evaluations of :attr:`asset_events`."""
+        return [e for e in self.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
 
 
 def observe_tick(
@@ -66,6 +161,8 @@ def observe_tick(
     translator: StreamOpsTranslator,
     heartbeat_timeout_s: float,
     tick_budget_s: float,
+    progress_timeout_s: float = 60.0,
+    launch_grace_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     log: logging.Logger | logging.LoggerAdapter = logger,  # type: ignore[type-arg]
@@ -79,12 +176,16 @@ def observe_tick(
         translator: Maps (topology, stage) to asset keys.
         heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
         tick_budget_s: Stop starting new topologies once this much time has passed.
+        progress_timeout_s: The txid-progress check fails for a task with unprocessed input
+            that committed nothing for longer than this.
+        launch_grace_s: Lost tasks call for a rebalance only once the assignment epoch has
+            been in place (as seen by the sensor) for this long.
         clock: Monotonic clock for the budget (injectable for tests).
         wall_clock: Unix time, for heartbeat ages and the cursor's timestamps.
         log: Where to log state changes (the sensor passes ``context.log``).
 
     Returns:
-        The observations and the new cursor.
+        The observations, check evaluations, rebalance needs and the new cursor.
     """
     started = clock()
     # Least recently observed first, so a topology deferred by the budget goes first next time.
@@ -93,6 +194,9 @@ def observe_tick(
         key=lambda n: cursor.topologies[n].observed_at if n in cursor.topologies else float("-inf"),
     )
     events: list[dg.AssetObservation] = []
+    checks: list[dg.AssetCheckEvaluation] = []
+    rebalances: list[RebalanceNeed] = []
+    workers_wanted = 0
     observed: list[str] = []
     absent: list[str] = []
     deferred: list[str] = []
@@ -138,18 +242,60 @@ def observe_tick(
             )
         )
         now = wall_clock()
-        old_lost = previous.lost_since if same_submission and previous else {}
+        old = previous if same_submission and previous is not None else None
+        old_lost = old.lost_since if old else {}
         health = status.health(heartbeat_timeout_s)
+        epoch = status.assignment_epoch if status.assignment_epoch is not None else -1
+        epoch_seen_at = old.epoch_seen_at if old is not None and old.assignment_epoch == epoch else now
+        advanced_at = {
+            t.task_id: (
+                old.advanced_at.get(t.task_id, now)
+                if old is not None and old.committed_txids.get(t.task_id) == t.committed_txid
+                else now
+            )
+            for t in status.tasks
+        }
+        lost_since = {
+            t.task_id: old_lost.get(t.task_id, now) for t in status.tasks if not t.alive(heartbeat_timeout_s)
+        }
         entry = TopologyCursor(
             topology_id=status.topology_id,
             stages=tuple(dict.fromkeys(t.stage_name for t in sorted(status.tasks, key=lambda t: t.stage))),
             committed_txids={t.task_id: t.committed_txid for t in status.tasks},
-            lost_since={
-                t.task_id: old_lost.get(t.task_id, now) for t in status.tasks if not t.alive(heartbeat_timeout_s)
-            },
+            lost_since=lost_since,
+            advanced_at=advanced_at,
+            assignment_epoch=epoch,
+            epoch_seen_at=epoch_seen_at,
             health=health,
             observed_at=now,
         )
+        checks.extend(
+            outcome.to_evaluation()
+            for outcome in evaluate_topology_checks(
+                status,
+                translator=translator,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                progress_timeout_s=progress_timeout_s,
+                stalled_for={t: now - at for t, at in advanced_at.items()},
+            )
+        )
+        if status.status == "ACTIVE":
+            workers_wanted = max(workers_wanted, status.workers_wanted)
+            if lost_since:
+                if now - epoch_seen_at >= launch_grace_s:
+                    need = RebalanceNeed(
+                        topology_name=name,
+                        topology_id=status.topology_id,
+                        lost_tasks=tuple(sorted(lost_since)),
+                        epoch=epoch,
+                        live_slots=len(status.workers_live),
+                    )
+                    rebalances.append(need)
+                else:
+                    log.debug(
+                        f"topology {name!r}: tasks {sorted(lost_since)} lost, but epoch {epoch} is only "
+                        f"{now - epoch_seen_at:.1f}s old (launch grace {launch_grace_s:g}s)"
+                    )
         if not same_submission or previous is None or previous.health != health:
             lost = sorted(entry.lost_since)
             log.info(
@@ -159,8 +305,50 @@ def observe_tick(
         new_cursor = new_cursor.with_topology(name, entry)
         observed.append(name)
     return HeartbeatTick(
-        asset_events=events, cursor=new_cursor, observed=observed, absent=absent, deferred=deferred, failed=failed
+        asset_events=[*events, *checks],
+        cursor=new_cursor,
+        observed=observed,
+        absent=absent,
+        deferred=deferred,
+        failed=failed,
+        rebalances=rebalances,
+        workers_wanted=workers_wanted,
     )
+
+
+def workers_to_launch(
+    workers_wanted: int,
+    live: Mapping[str, WorkerRecord],
+    active_worker_runs: Collection[str],
+) -> int:
+    """How many worker runs to request (pure).
+
+    Args:
+        workers_wanted: Most workers any ACTIVE topology wants.
+        live: The registered workers (``/workers``), by id.
+        active_worker_runs: Run ids of worker runs queued, starting or started.
+
+    Returns:
+        ``workers_wanted`` minus live workers minus worker runs that have not registered a
+        worker yet (a started run registers ``launched_by = dagster:<run id>``); never negative.
+
+    Example:
+        >>> workers_to_launch(3, {}, ["run-a"])
+        2
+    """
+    registered_runs = {w.launched_by.removeprefix("dagster:") for w in live.values() if w.launched_by.startswith("dagster:")}
+    pending = sum(1 for run_id in active_worker_runs if run_id not in registered_runs)
+    return max(0, workers_wanted - len(live) - pending)
+
+
+def _active_worker_runs(context: dg.SensorEvaluationContext, job_name: str) -> list[str] | None:
+    """Run ids of the worker job's runs that are queued or running; None if no instance."""
+    try:
+        instance = context.instance
+    except Exception:  # noqa: BLE001 - a sensor context built without an instance
+        return None
+    records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name, statuses=_PENDING_STATUSES))
+    return [record.dagster_run.run_id for record in records]
 
 
 def build_heartbeat_sensor(
@@ -170,10 +358,14 @@ def build_heartbeat_sensor(
     minimum_interval_seconds: int = 5,
     heartbeat_timeout_s: float = 10.0,
     tick_budget_s: float = 20.0,
+    progress_timeout_s: float = 60.0,
+    launch_grace_s: float = 30.0,
+    rebalance_job: dg.JobDefinition | None = None,
+    worker_job: dg.JobDefinition | None = None,
     name: str = DEFAULT_HEARTBEAT_SENSOR_NAME,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> dg.SensorDefinition:
-    """A sensor recording an observation per stage of each topology on every tick.
+    """A sensor observing each topology's stream assets on every tick, and repairing them.
 
     Requires the ``zookeeper`` resource. When ZooKeeper cannot be reached the tick is skipped
     (with the reason) and the cursor is kept.
@@ -186,6 +378,12 @@ def build_heartbeat_sensor(
         heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
         tick_budget_s: Wall-clock budget per tick for observing topologies (connecting to
             ZooKeeper is bounded separately by the resource's ``connect_timeout_s``).
+        progress_timeout_s: The txid-progress check fails for a task with unprocessed input
+            that committed nothing for longer than this.
+        launch_grace_s: Time an assignment epoch gets (from when the sensor first saw it)
+            before its lost tasks call for a rebalance.
+        rebalance_job: The ``stream_ops_rebalance`` job; None: never request rebalances.
+        worker_job: The ``stream_ops_worker`` job; None: never request worker launches.
         name: The sensor's name (deterministic; change it only with the definitions).
         default_status: Whether the sensor runs as soon as the code location loads.
 
@@ -207,25 +405,37 @@ def build_heartbeat_sensor(
         raise ValueError(f"build_heartbeat_sensor: topology_names has duplicates: {names}")
     if minimum_interval_seconds < 1:
         raise ValueError(f"build_heartbeat_sensor: minimum_interval_seconds must be >= 1, got {minimum_interval_seconds}")
-    if heartbeat_timeout_s <= 0 or tick_budget_s <= 0:
+    if heartbeat_timeout_s <= 0 or tick_budget_s <= 0 or progress_timeout_s <= 0:
         raise ValueError(
-            f"build_heartbeat_sensor: heartbeat_timeout_s ({heartbeat_timeout_s}) and tick_budget_s "
-            f"({tick_budget_s}) must be positive"
+            f"build_heartbeat_sensor: heartbeat_timeout_s ({heartbeat_timeout_s}), tick_budget_s "
+            f"({tick_budget_s}) and progress_timeout_s ({progress_timeout_s}) must be positive"
         )
+    if launch_grace_s < 0:
+        raise ValueError(f"build_heartbeat_sensor: launch_grace_s must not be negative, got {launch_grace_s}")
     translator = translator or StreamOpsTranslator()
+    jobs = [job for job in (rebalance_job, worker_job) if job is not None]
+
+    repairs = []
+    if rebalance_job is not None:
+        repairs.append("requests a rebalance when heartbeats are lost")
+    if worker_job is not None:
+        repairs.append("launches worker runs when workers are missing")
 
     @dg.sensor(
         name=name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
+        jobs=jobs or None,
         description=(
             f"Observes the stream assets of {', '.join(names)} from ZooKeeper every {minimum_interval_seconds}s: "
             f"health (heartbeat timeout {heartbeat_timeout_s:g}s), heartbeat ages, committed txids, rows/s, lag, "
-            "dead letters."
+            "dead letters; evaluates the heartbeat-freshness and txid-progress checks"
+            + (f"; {' and '.join(repairs)}." if repairs else ".")
         ),
     )
     def _heartbeat_sensor(context: dg.SensorEvaluationContext, zookeeper: ZooKeeperResource) -> dg.SensorResult:
         cursor = HeartbeatCursor.parse(context.cursor)
+        live: dict[str, WorkerRecord] = {}
         try:
             with zookeeper.store() as store:
                 tick = observe_tick(
@@ -235,16 +445,122 @@ def build_heartbeat_sensor(
                     translator=translator,
                     heartbeat_timeout_s=heartbeat_timeout_s,
                     tick_budget_s=tick_budget_s,
+                    progress_timeout_s=progress_timeout_s,
+                    launch_grace_s=launch_grace_s,
                     log=context.log,
                 )
+                if worker_job is not None and tick.workers_wanted > 0:
+                    live = live_workers(store)
         except CoordinationError as e:
             context.log.warning(f"ZooKeeper unavailable, skipping this tick: {e}")
             return dg.SensorResult(skip_reason=f"ZooKeeper unavailable: {e}")
-        if not tick.asset_events:
+
+        run_requests: list[dg.RunRequest] = []
+        if rebalance_job is not None:
+            for need in tick.rebalances:
+                context.log.info(
+                    f"topology {need.topology_name!r} ({need.topology_id}): tasks {list(need.lost_tasks)} lost at "
+                    f"epoch {need.epoch}; requesting a rebalance"
+                )
+                run_requests.append(
+                    dg.RunRequest(
+                        run_key=need.run_key,
+                        job_name=rebalance_job.name,
+                        run_config=rebalance_run_config(
+                            need.topology_id, lost_tasks=need.lost_tasks, heartbeat_timeout_s=heartbeat_timeout_s
+                        ),
+                        tags={
+                            TOPOLOGY_TAG: need.topology_name,
+                            ROLE_TAG: "rebalance",
+                            "stream_ops/lost_tasks": ",".join(str(t) for t in need.lost_tasks),
+                            "stream_ops/assignment_epoch": str(need.epoch),
+                        },
+                    )
+                )
+        if worker_job is not None and tick.workers_wanted > 0:
+            active = _active_worker_runs(context, worker_job.name) or []
+            missing = workers_to_launch(tick.workers_wanted, live, active)
+            if missing:
+                context.log.info(
+                    f"{len(live)} workers live, {tick.workers_wanted} wanted, {len(active)} worker runs active; "
+                    f"launching {missing} worker runs"
+                )
+            for index in range(missing):
+                run_requests.append(
+                    dg.RunRequest(
+                        job_name=worker_job.name,
+                        tags={ROLE_TAG: "worker", "stream_ops/launched_by": name, "stream_ops/launch_index": str(index)},
+                    )
+                )
+
+        if not tick.asset_events and not run_requests:
             reason = "no live submission of " + ", ".join(names)
             if tick.failed:
                 reason = "could not read " + ", ".join(f"{n} ({m})" for n, m in tick.failed.items())
             return dg.SensorResult(skip_reason=reason, cursor=tick.cursor.to_json())
-        return dg.SensorResult(asset_events=tick.asset_events, cursor=tick.cursor.to_json())
+        return dg.SensorResult(
+            asset_events=tick.asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json()
+        )
 
     return _heartbeat_sensor
+
+
+def build_worker_relaunch_sensor(
+    *,
+    worker_job: dg.JobDefinition,
+    max_relaunches: int = 3,
+    minimum_interval_seconds: int = 10,
+    name: str = DEFAULT_RELAUNCH_SENSOR_NAME,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+) -> dg.SensorDefinition:
+    """A run-failure sensor that relaunches failed worker runs.
+
+    Only runs of ``worker_job`` are watched. Each failed run gets one relaunch (run key
+    ``relaunch-<failed run id>``) with the same run configuration; a relaunch of a relaunch
+    counts up :data:`RELAUNCH_ATTEMPT_TAG`, and after ``max_relaunches`` in a row the sensor
+    gives up (logged; the heartbeat sensor still launches workers while too few are live).
+
+    Args:
+        worker_job: The ``stream_ops_worker`` job.
+        max_relaunches: Relaunches in a row before giving up (>= 1).
+        minimum_interval_seconds: Seconds between ticks.
+        name: The sensor's name.
+        default_status: Whether the sensor runs as soon as the code location loads.
+
+    Returns:
+        The sensor definition.
+
+    Example:
+        >>> from stream_ops.orchestration.jobs import build_jobs
+        >>> build_worker_relaunch_sensor(worker_job=build_jobs().worker).name
+        'stream_ops_worker_relaunch_sensor'
+    """
+    if max_relaunches < 1:
+        raise ValueError(f"build_worker_relaunch_sensor: max_relaunches must be >= 1, got {max_relaunches}")
+
+    @dg.run_failure_sensor(
+        name=name,
+        monitored_jobs=[worker_job],
+        request_job=worker_job,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description=f"Relaunches failed {worker_job.name} runs (at most {max_relaunches} times in a row).",
+    )
+    def _relaunch(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
+        failed = context.dagster_run
+        attempt = int(failed.tags.get(RELAUNCH_ATTEMPT_TAG, "0")) + 1
+        if attempt > max_relaunches:
+            message = (
+                f"worker run {failed.run_id} failed after {attempt - 1} relaunches in a row; not relaunching. "
+                "Look at its logs (port in use? ZooKeeper unreachable?) and launch a worker run by hand"
+            )
+            context.log.warning(message)
+            return dg.SkipReason(message)
+        context.log.info(
+            f"worker run {failed.run_id} failed ({context.failure_event.message}); relaunching (attempt {attempt})"
+        )
+        tags = {k: v for k, v in failed.tags.items() if k.startswith("stream_ops/")}
+        tags.update({RELAUNCH_ATTEMPT_TAG: str(attempt), RELAUNCH_OF_TAG: failed.run_id, ROLE_TAG: "worker"})
+        return dg.RunRequest(run_key=f"relaunch-{failed.run_id}", run_config=dict(failed.run_config), tags=tags)
+
+    return _relaunch

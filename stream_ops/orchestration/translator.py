@@ -23,7 +23,7 @@ import dagster as dg
 
 from stream_ops.topology.plan import Plan, StageSpec
 
-__all__ = ["StreamOpsTranslator", "python_identifier"]
+__all__ = ["StreamOpsTranslator", "python_identifier", "stage_summary"]
 
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 
@@ -33,6 +33,30 @@ def python_identifier(text: str) -> str:
     return _NOT_IDENTIFIER.sub("_", text)
 
 
+def stage_summary(stage: StageSpec) -> str:
+    """What a stage does, in a few words (for descriptions and plan tables)."""
+    if stage.kind == "source":
+        what = f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations"
+    elif stage.kind == "keyed" and stage.state is not None:
+        what = f"keeps the {stage.state.kind} map state `{stage.state.name}` keyed by {', '.join(stage.state.key_fields)}"
+    elif stage.kind == "join":
+        what = f"joins the records of stages {list(stage.from_stages)}"
+    elif stage.kind == "process":
+        pe = stage.process.pe_class if stage.process is not None else "a processing element"
+        what = f"runs `{pe}` per key"
+    elif stage.kind == "partition" and stage.persist is not None:
+        what = f"persists each partition into `{stage.persist.name}`"
+    else:
+        what = f"a {stage.kind} stage"
+    if stage.shuffle is not None:
+        what += f", shuffles partial aggregates to stage {stage.shuffle.to_stage}"
+    elif stage.records is not None:
+        what += f", shuffles records to stage {stage.records.to_stage}"
+    elif stage.persist is not None and stage.kind != "partition":
+        what += f", persists into `{stage.persist.name}`"
+    return what
+
+
 class StreamOpsTranslator:
     """Maps topologies and their stages to Dagster asset keys, groups and descriptions.
 
@@ -40,6 +64,8 @@ class StreamOpsTranslator:
 
     * submission asset: ``stream_ops/<topology>/submission``
     * stream asset of a stage: ``stream_ops/<topology>/<stage>``
+    * state asset of a stage that keeps state: ``stream_ops/<topology>/<stage>_state``
+      (partitioned by queue)
     * group: the topology name with ``-`` replaced by ``_``
 
     Subclasses must keep keys unique per (topology, stage) and stable across deployments,
@@ -56,9 +82,24 @@ class StreamOpsTranslator:
         """Key of the observed stream asset of one stage of ``topology_name``."""
         return dg.AssetKey([*self.key_prefix, topology_name, stage_name])
 
+    def state_asset_key(self, topology_name: str, stage_name: str) -> dg.AssetKey:
+        """Key of the queue-partitioned state snapshot asset of one stage that keeps state."""
+        return dg.AssetKey([*self.key_prefix, topology_name, f"{stage_name}_state"])
+
     def group_name(self, topology_name: str) -> str | None:
         """Asset group holding all assets of ``topology_name`` (must be a valid Dagster name)."""
         return python_identifier(topology_name)
+
+    def state_description(self, plan: Plan, stage: StageSpec) -> str:
+        """Description of the state snapshot asset of ``stage`` (a stage that keeps state)."""
+        state = stage.state
+        kind = f"{state.kind} map state `{state.name}`" if state is not None else f"{stage.kind} state"
+        return (
+            f"Compacted snapshot of the {kind} of stage `{stage.name}` of topology `{plan.topology}`, one "
+            f"partition per queue ({stage.queues}). Materializing a partition replays that queue's state topic "
+            "up to the task's committed txid into a Parquet table (columns key, value; readable by Spark, DuckDB "
+            "or pandas); a backfill over all partitions rebuilds every snapshot."
+        )
 
     def description(self, plan: Plan, stage: StageSpec | None = None) -> str:
         """Description of the submission asset (``stage`` is None) or of one stage's stream asset."""
@@ -69,12 +110,7 @@ class StreamOpsTranslator:
                 f"({stages}), {len(plan.tasks)} tasks. Materializing submits it if no live submission of that "
                 "name exists, and otherwise reports the running one."
             )
-        if stage.kind == "source":
-            what = f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations and shuffles"
-        else:
-            state = stage.state
-            kind = state.kind if state is not None else "keyed"
-            what = f"keeps the {kind} map state `{stage.name}` keyed by {', '.join(stage.state.key_fields) if state else 'key'}"
+        what = stage_summary(stage)
         return (
             f"Stage {stage.index} `{stage.name}` of topology `{plan.topology}` ({stage.kind}, {stage.queues} queues): "
             f"{what}. Observed by the heartbeat sensor: health, heartbeat ages, committed txids, rows/s, lag, "

@@ -20,7 +20,10 @@ from stream_ops.orchestration import (
     ZooKeeperResource,
     build_definitions,
     build_heartbeat_sensor,
+    build_jobs,
     observe_tick,
+    rebalance_run_key,
+    workers_to_launch,
 )
 from stream_ops.topology.dsl import Topology
 
@@ -52,9 +55,19 @@ def _tick(
 
 
 def _by_key(result: dg.SensorResult) -> dict[dg.AssetKey, dict[str, Any]]:
+    """Observation metadata values by asset key."""
     events = result.asset_events or []
-    assert all(isinstance(e, dg.AssetObservation) for e in events)
-    return {e.asset_key: {k: v.value for k, v in e.metadata.items()} for e in events}
+    assert all(isinstance(e, (dg.AssetObservation, dg.AssetCheckEvaluation)) for e in events)
+    return {
+        e.asset_key: {k: v.value for k, v in e.metadata.items()} for e in events if isinstance(e, dg.AssetObservation)
+    }
+
+
+def _checks(result: dg.SensorResult) -> dict[tuple[dg.AssetKey, str], dg.AssetCheckEvaluation]:
+    """Check evaluations by (asset key, check name)."""
+    return {
+        (e.asset_key, e.check_name): e for e in result.asset_events or [] if isinstance(e, dg.AssetCheckEvaluation)
+    }
 
 
 def _beat_all(sim_workers: Any, topology_id: str, committed: int = 5, **kwargs: Any) -> None:
@@ -240,7 +253,7 @@ def test_observations_are_recorded_in_the_instance(
         result = _tick(sensor, resources, instance=instance)
         # What the sensor daemon does with a SensorResult's asset events.
         for event in result.asset_events or []:
-            instance.report_runless_asset_event(event)
+            instance.report_runless_asset_event(event)  # observations and check evaluations alike
         sim_workers.kill_task(topology_id, 0)
         for event in _tick(sensor, resources, cursor=result.cursor, instance=instance).asset_events or []:
             instance.report_runless_asset_event(event)
@@ -265,15 +278,23 @@ def test_definitions_wire_sensor_assets_and_resources(
     defs = build_definitions(topologies=[wordcount], zookeeper=zookeeper_resource, stream_cluster=cluster_resource)
     defs.validate_loadable(defs)
     keys = {k for k in defs.resolve_all_asset_keys()}
-    assert keys == {dg.AssetKey(["stream_ops", "wordcount", "submission"]), SOURCE, KEYED}
+    assert keys == {
+        dg.AssetKey(["stream_ops", "wordcount", "submission"]),
+        SOURCE,
+        KEYED,
+        dg.AssetKey(["stream_ops", "wordcount", "count_state"]),
+    }
     sensor_def = defs.resolve_sensor_def("stream_ops_heartbeat_sensor")
     assert sensor_def.default_status == dg.DefaultSensorStatus.RUNNING
     assert sensor_def.minimum_interval_seconds == 5
 
     _beat_all(sim_workers, topology_id)
-    with dg.build_sensor_context(resources=defs.resources, definitions=defs) as context:
+    # What the sensor daemon builds: only the resources the sensor requires (no SparkSession).
+    assert sensor_def.required_resource_keys == {"zookeeper"}
+    with dg.build_sensor_context(resources={"zookeeper": defs.resources["zookeeper"]}, definitions=defs) as context:
         result = sensor_def(context)
     assert {e.asset_key for e in result.asset_events} == {SOURCE, KEYED}
+    assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == {"heartbeat_freshness", "txid_progress"}
 
 
 def test_sensor_factory_validates_arguments() -> None:
@@ -294,3 +315,153 @@ def test_unreadable_topology_is_reported_not_fatal(
 
     assert not result.asset_events
     assert "could not read wordcount" in str(result.skip_reason)
+
+
+# --- asset checks ---------------------------------------------------------------------------------
+
+
+def test_checks_pass_while_healthy_and_fail_with_lost_heartbeats(
+    sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str, sim_workers: Any
+) -> None:
+    _beat_all(sim_workers, topology_id)
+    healthy = _checks(_tick(sensor, resources))
+    assert set(healthy) == {(k, c) for k in (SOURCE, KEYED) for c in ("heartbeat_freshness", "txid_progress")}
+    assert all(e.passed for e in healthy.values())
+
+    sim_workers.kill_task(topology_id, 0)
+    degraded = _checks(_tick(sensor, resources))
+    freshness = degraded[(SOURCE, "heartbeat_freshness")]
+    assert not freshness.passed
+    assert freshness.severity == dg.AssetCheckSeverity.WARN
+    assert freshness.metadata["lost_tasks"].value == [0]
+    assert "rebalance" in str(freshness.description)
+    assert degraded[(KEYED, "heartbeat_freshness")].passed
+
+    sim_workers.kill_task(topology_id, 1)
+    down = _checks(_tick(sensor, resources))
+    assert down[(SOURCE, "heartbeat_freshness")].severity == dg.AssetCheckSeverity.ERROR
+
+
+def test_txid_progress_fails_when_input_waits_and_nothing_commits(
+    resources: dict[str, Any], topology_id: str, sim_workers: Any
+) -> None:
+    sensor = build_heartbeat_sensor(topology_names=["wordcount"], progress_timeout_s=30.0)
+    _beat_all(sim_workers, topology_id, committed=5, lag_files=3)
+    first = _tick(sensor, resources)
+    assert _checks(first)[(SOURCE, "txid_progress")].passed  # first sight counts as progress
+    # Pretend the previous tick saw the same txids advance 100 s ago.
+    entry = HeartbeatCursor.parse(first.cursor).topologies["wordcount"]
+    old = entry.model_copy(update={"advanced_at": {t: at - 100 for t, at in entry.advanced_at.items()}})
+    stalled_cursor = HeartbeatCursor().with_topology("wordcount", old).to_json()
+
+    stalled = _checks(_tick(sensor, resources, cursor=stalled_cursor))
+    check = stalled[(SOURCE, "txid_progress")]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert set(check.metadata["stalled_tasks"].value) == {"0", "1"}
+
+    _beat_all(sim_workers, topology_id, committed=5, lag_files=0)  # idle, nothing to commit
+    assert _checks(_tick(sensor, resources, cursor=stalled_cursor))[(SOURCE, "txid_progress")].passed
+    _beat_all(sim_workers, topology_id, committed=6, lag_files=3)  # committed since
+    assert _checks(_tick(sensor, resources, cursor=stalled_cursor))[(SOURCE, "txid_progress")].passed
+
+
+def test_inactive_topology_passes_its_checks(
+    sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str, zk_store: ZkStore
+) -> None:
+    deactivate(zk_store, "wordcount")
+    checks = _checks(_tick(sensor, resources))
+    assert all(e.passed and "INACTIVE" in str(e.description) for e in checks.values())
+
+
+# --- run requests ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def jobs() -> Any:
+    return build_jobs(topology_names=["wordcount"])
+
+
+def _repair_sensor(jobs: Any, **kwargs: Any) -> dg.SensorDefinition:
+    return build_heartbeat_sensor(
+        topology_names=["wordcount"],
+        heartbeat_timeout_s=10.0,
+        rebalance_job=jobs.rebalance,
+        worker_job=jobs.worker,
+        **kwargs,
+    )
+
+
+def _requests(
+    sensor: dg.SensorDefinition, resources: dict[str, Any], cursor: str | None = None, **kwargs: Any
+) -> dg.SensorResult:
+    with dg.build_sensor_context(resources=resources, cursor=cursor, **kwargs) as context:
+        result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def test_lost_tasks_request_a_rebalance_naming_them(
+    jobs: Any, resources: dict[str, Any], topology_id: str, sim_workers: Any
+) -> None:
+    sim_workers.register()
+    sensor = _repair_sensor(jobs, launch_grace_s=0.0)
+    _beat_all(sim_workers, topology_id)
+    assert not _requests(sensor, resources).run_requests
+
+    sim_workers.kill_task(topology_id, 0)
+    sim_workers.beat(topology_id, 3, age_s=60.0)
+    result = _requests(sensor, resources)
+
+    [request] = result.run_requests
+    assert request.job_name == "stream_ops_rebalance"
+    assert request.run_key == f"rebalance-{topology_id}-tasks-0-3-epoch-0-slots-2"
+    config = request.run_config["ops"]["rebalance_topology"]["config"]
+    assert config["topology"] == topology_id
+    assert config["lost_tasks"] == [0, 3]
+    assert request.tags["stream_ops/topology"] == "wordcount"
+    assert rebalance_run_key(topology_id, [3, 0], 0, 2) == request.run_key
+
+
+def test_a_fresh_assignment_gets_its_launch_grace(
+    jobs: Any, resources: dict[str, Any], topology_id: str, sim_workers: Any
+) -> None:
+    sim_workers.register()
+    sensor = _repair_sensor(jobs, launch_grace_s=60.0)
+    # Nothing beats yet: a new submission's tasks are starting.
+    first = _requests(sensor, resources)
+    assert not first.run_requests
+    assert _by_key(first)[SOURCE]["health"] == "down"
+
+    # The same epoch, seen long enough ago: now the loss counts.
+    entry = HeartbeatCursor.parse(first.cursor).topologies["wordcount"]
+    aged = HeartbeatCursor().with_topology("wordcount", entry.model_copy(update={"epoch_seen_at": entry.epoch_seen_at - 61}))
+    [request] = _requests(sensor, resources, cursor=aged.to_json()).run_requests
+    assert request.run_key == f"rebalance-{topology_id}-tasks-0-1-2-3-epoch-0-slots-2"
+
+
+def test_missing_workers_are_launched_once(
+    jobs: Any, resources: dict[str, Any], topology_id: str, sim_workers: Any
+) -> None:
+    sim_workers.register(("127.0.0.1:6700",))  # the topology wants 2
+    _beat_all(sim_workers, topology_id)
+    sensor = _repair_sensor(jobs)
+    with dg.DagsterInstance.ephemeral() as instance:
+        [launch] = _requests(sensor, resources, instance=instance).run_requests
+        assert launch.job_name == "stream_ops_worker"
+        assert launch.tags["stream_ops/role"] == "worker"
+
+        # A worker run already created (not started, so not registered yet) covers the missing worker.
+        instance.create_run_for_job(jobs.worker, run_config={})  # NOT_STARTED
+        assert not _requests(sensor, resources, instance=instance).run_requests
+
+
+def test_workers_to_launch_counts_registered_runs_once() -> None:
+    from stream_ops.coordination.records import WorkerRecord
+
+    def worker(port: int, launched_by: str) -> WorkerRecord:
+        return WorkerRecord(worker_id=f"h:{port}", host="h", port=port, pid=1, capacity=1, started_at=0, launched_by=launched_by)
+
+    live = {"h:1": worker(1, "dagster:run-a"), "h:2": worker(2, "cli")}
+    assert workers_to_launch(4, live, ["run-a"]) == 2  # run-a is already one of the live workers
+    assert workers_to_launch(4, live, ["run-a", "run-b"]) == 1
+    assert workers_to_launch(1, live, []) == 0

@@ -1,0 +1,496 @@
+"""Dagster jobs for the Nimbus verbs and for running workers.
+
+Each job is one op that calls the library function the CLI calls too:
+
+=============================  ==============================================================
+job                            library call
+=============================  ==============================================================
+``stream_ops_worker``          :class:`~stream_ops.runtime.worker.Worker` ``.run(stop)``, with
+                               the SparkSession of dagster-pyspark's ``PySparkResource``
+``stream_ops_rebalance``       :func:`~stream_ops.nimbus.rebalance.rebalance`, or
+                               :func:`~stream_ops.nimbus.assignment.reassign` (with the slots
+                               of lost tasks excluded) when the heartbeat sensor asks
+``stream_ops_activate``        :func:`~stream_ops.nimbus.submission.activate`
+``stream_ops_deactivate``      :func:`~stream_ops.nimbus.submission.deactivate`
+``stream_ops_kill``            :func:`~stream_ops.nimbus.submission.kill`
+``stream_ops_compact_state``   :func:`~stream_ops.state.snapshot.compact_queue` per queue
+=============================  ==============================================================
+
+The jobs are cluster-wide: which topology they act on is run configuration (``topology``: a
+name or an id). :func:`build_jobs` fills in the first topology of the code location as the
+launchpad's default.
+
+Worker runs. A worker is one long-running run (in-process executor: one process, one
+SparkSession). The op runs the worker on a thread and stops it (``stop`` event: the worker
+stops its queries and releases its tasks' ownership) when either
+
+* the run is terminated: Dagster interrupts the op (``DagsterExecutionInterruptedError``), or
+* the run's status becomes CANCELING (polled every ``status_poll_s``; covers run launchers
+  that do not interrupt).
+
+dagster-pyspark never stops its SparkSession, so the op stops it after the worker ended
+(``stop_spark_session``, on by default: a worker run owns its process).
+
+Note: this module does not use ``from __future__ import annotations`` because Dagster reads
+the resource and config parameters' annotations of the decorated functions at definition time.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from dagster_pyspark import PySparkResource
+from pydantic import Field
+
+from stream_ops.coordination.embedded import free_port
+from stream_ops.nimbus.assignment import read_assignment, reassign
+from stream_ops.nimbus.rebalance import rebalance
+from stream_ops.nimbus.status import describe_topology
+from stream_ops.nimbus.submission import activate, deactivate, find_topology_id, kill
+from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.runtime.worker import Worker
+
+__all__ = [
+    "ACTIVATE_JOB_NAME",
+    "COMPACT_STATE_JOB_NAME",
+    "DEACTIVATE_JOB_NAME",
+    "KILL_JOB_NAME",
+    "REBALANCE_JOB_NAME",
+    "ROLE_TAG",
+    "TOPOLOGY_TAG",
+    "WORKER_JOB_NAME",
+    "ActivateConfig",
+    "CompactStateConfig",
+    "KillConfig",
+    "RebalanceConfig",
+    "StreamOpsJobs",
+    "WorkerConfig",
+    "build_jobs",
+    "compact_run_config",
+    "rebalance_run_config",
+    "worker_run_config",
+]
+
+logger = logging.getLogger(__name__)
+
+WORKER_JOB_NAME = "stream_ops_worker"
+REBALANCE_JOB_NAME = "stream_ops_rebalance"
+ACTIVATE_JOB_NAME = "stream_ops_activate"
+DEACTIVATE_JOB_NAME = "stream_ops_deactivate"
+KILL_JOB_NAME = "stream_ops_kill"
+COMPACT_STATE_JOB_NAME = "stream_ops_compact_state"
+
+#: Run tag naming the topology a run acts on.
+TOPOLOGY_TAG = "stream_ops/topology"
+#: Run tag naming what a run is for (worker, rebalance, ...).
+ROLE_TAG = "stream_ops/role"
+
+_WORKER_OP = "run_worker"
+_REBALANCE_OP = "rebalance_topology"
+_ACTIVATE_OP = "activate_topology"
+_DEACTIVATE_OP = "deactivate_topology"
+_KILL_OP = "kill_topology"
+_COMPACT_OP = "compact_state"
+
+#: Longest time the worker op waits for the worker to stop after being asked to.
+_WORKER_STOP_TIMEOUT_S = 120.0
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+class ActivateConfig(dg.Config):
+    """Which topology to act on (activate / deactivate)."""
+
+    topology: str = Field(description="Topology name or id, e.g. 'wordcount'.")
+
+
+class KillConfig(ActivateConfig):
+    """Kill a topology."""
+
+    wait_s: float = Field(
+        default=0.0, ge=0, description="Seconds between setting KILLED and removing its znodes (storm kill -w)."
+    )
+
+
+class RebalanceConfig(ActivateConfig):
+    """Rebalance a topology.
+
+    Three ways, chosen from the fields:
+
+    * ``lost_tasks`` given (what the heartbeat sensor sets): the tasks still lost now are
+      reassigned with :func:`reassign`, their slots excluded when the worker is still registered
+      (a stale heartbeat marks a bad slot, as Nimbus's monitor does). Nothing stops.
+    * otherwise ``quiesce`` (default): Storm's rebalance, :func:`rebalance`: REBALANCING for
+      ``wait_s``, sticky reassignment over at most ``workers`` slots, then resume.
+    * ``quiesce: false``: :func:`reassign` only: the fewest moves an even split over the live
+      slots needs, without pausing anything (used by the periodic rebalance schedule).
+    """
+
+    workers: int | None = Field(
+        default=None, ge=1, description="New number of worker slots wanted (stored with the topology)."
+    )
+    wait_s: float = Field(default=0.0, ge=0, description="Seconds to stay REBALANCING before reassigning.")
+    quiesce: bool = Field(
+        default=True, description="Pause the topology during the rebalance (Storm's rebalance); false: reassign only."
+    )
+    lost_tasks: list[int] = Field(
+        default_factory=list, description="Tasks the heartbeat sensor saw lost; set by the sensor."
+    )
+    heartbeat_timeout_s: float = Field(
+        default=10.0, gt=0, description="With lost_tasks: a task is still lost if its heartbeat is older than this."
+    )
+
+
+class WorkerConfig(dg.Config):
+    """One worker slot."""
+
+    port: int = Field(default=0, ge=0, le=65535, description="Slot port; 0 picks a free port when the run starts.")
+    stop_spark_session: bool = Field(
+        default=True,
+        description="Stop the SparkSession when the worker ends (dagster-pyspark never does). Turn off only when "
+        "the session is shared with other code in the same process.",
+    )
+    status_poll_s: float = Field(
+        default=1.0, gt=0, description="Seconds between checks whether the run is being terminated."
+    )
+
+
+class CompactStateConfig(ActivateConfig):
+    """Which state queues to compact."""
+
+    stages: list[str] = Field(default_factory=list, description="Keyed stages to compact; empty: all.")
+    queues: list[int] = Field(default_factory=list, description="Queues to compact; empty: all.")
+
+
+def rebalance_run_config(
+    topology: str,
+    *,
+    lost_tasks: Sequence[int] = (),
+    heartbeat_timeout_s: float = 10.0,
+    quiesce: bool = True,
+    workers: int | None = None,
+    wait_s: float = 0.0,
+) -> dict[str, Any]:
+    """Run config of ``stream_ops_rebalance`` (what sensors and schedules request)."""
+    config: dict[str, Any] = {"topology": topology, "quiesce": quiesce, "wait_s": wait_s}
+    if lost_tasks:
+        config.update(lost_tasks=sorted(lost_tasks), heartbeat_timeout_s=heartbeat_timeout_s)
+    if workers is not None:
+        config["workers"] = workers
+    return {"ops": {_REBALANCE_OP: {"config": config}}}
+
+
+def worker_run_config(*, port: int = 0, stop_spark_session: bool = True) -> dict[str, Any]:
+    """Run config of ``stream_ops_worker``."""
+    return {"ops": {_WORKER_OP: {"config": {"port": port, "stop_spark_session": stop_spark_session}}}}
+
+
+def compact_run_config(topology: str, *, stages: Sequence[str] = (), queues: Sequence[int] = ()) -> dict[str, Any]:
+    """Run config of ``stream_ops_compact_state``."""
+    return {"ops": {_COMPACT_OP: {"config": {"topology": topology, "stages": list(stages), "queues": list(queues)}}}}
+
+
+# --- ops ----------------------------------------------------------------------------------------
+
+
+def _assignment_md(tasks: dict[int, str]) -> str:
+    lines = ["| task | worker |", "|---:|---|"]
+    lines += [f"| {t} | {w} |" for t, w in sorted(tasks.items())]
+    return "\n".join(lines)
+
+
+@dg.op(name=_ACTIVATE_OP, tags={ROLE_TAG: "activate"})
+def _activate_op(context: dg.OpExecutionContext, config: ActivateConfig, zookeeper: ZooKeeperResource) -> str:
+    """Resume a deactivated topology (``stream-ops activate``)."""
+    with zookeeper.store() as store:
+        topology_id = activate(store, config.topology)
+    context.log.info(f"{topology_id} is ACTIVE")
+    context.add_output_metadata({"topology_id": topology_id, "status": "ACTIVE"})
+    return topology_id
+
+
+@dg.op(name=_DEACTIVATE_OP, tags={ROLE_TAG: "deactivate"})
+def _deactivate_op(context: dg.OpExecutionContext, config: ActivateConfig, zookeeper: ZooKeeperResource) -> str:
+    """Pause a topology: workers stop its queries, state and checkpoints are kept (``stream-ops deactivate``)."""
+    with zookeeper.store() as store:
+        topology_id = deactivate(store, config.topology)
+    context.log.info(f"{topology_id} is INACTIVE")
+    context.add_output_metadata({"topology_id": topology_id, "status": "INACTIVE"})
+    return topology_id
+
+
+@dg.op(name=_KILL_OP, tags={ROLE_TAG: "kill"})
+def _kill_op(context: dg.OpExecutionContext, config: KillConfig, zookeeper: ZooKeeperResource) -> str:
+    """Kill a topology and remove its znodes; files are kept (``stream-ops kill``)."""
+    with zookeeper.store() as store:
+        topology_id = kill(store, config.topology, wait_s=config.wait_s)
+    context.log.info(f"killed {topology_id}")
+    context.add_output_metadata({"topology_id": topology_id, "status": "KILLED"})
+    return topology_id
+
+
+@dg.op(name=_REBALANCE_OP, tags={ROLE_TAG: "rebalance"})
+def _rebalance_op(
+    context: dg.OpExecutionContext, config: RebalanceConfig, zookeeper: ZooKeeperResource
+) -> dict[str, Any]:
+    """Rebalance a topology (see :class:`RebalanceConfig` for the three ways)."""
+    with zookeeper.store() as store:
+        topology_id = find_topology_id(store, config.topology)
+        assert topology_id is not None
+        before = read_assignment(store, topology_id)
+        before_tasks = dict(before[0].tasks) if before else {}
+        excluded: list[str] = []
+        if config.lost_tasks:
+            status = describe_topology(store, topology_id)
+            live = set(status.workers_live)
+            wanted = set(config.lost_tasks)
+            lost_now = [t for t in status.tasks if t.task_id in wanted and not t.alive(config.heartbeat_timeout_s)]
+            if not lost_now:
+                context.log.info(f"{topology_id}: tasks {config.lost_tasks} are alive again; nothing to rebalance")
+                how = "nothing (recovered)"
+                record, epoch = (before[0], before[1]) if before else (None, -1)
+            else:
+                # A lost task on a worker that is still registered marks its slot as bad (as the
+                # nimbus monitor does): all its tasks move. reassign ignores an exclusion of every slot.
+                excluded = sorted({t.assigned_to for t in lost_now if t.assigned_to is not None and t.assigned_to in live})
+                how = "reassign (lost tasks)"
+                context.log.info(
+                    f"{topology_id}: reassigning lost tasks {[t.task_id for t in lost_now]}"
+                    + (f", excluding slots with stale heartbeats {excluded}" if excluded else "")
+                )
+                record, epoch = reassign(store, topology_id, exclude_slots=excluded)
+        elif config.quiesce or config.workers is not None:
+            how = "rebalance"
+            record, epoch = rebalance(store, topology_id, workers=config.workers, wait_s=config.wait_s)
+        else:
+            how = "reassign"
+            record, epoch = reassign(store, topology_id)
+    after_tasks = dict(record.tasks) if record is not None else {}
+    moved = {t: f"{before_tasks.get(t) or '-'} -> {w}" for t, w in sorted(after_tasks.items()) if before_tasks.get(t) != w}
+    if moved:
+        context.log.info(f"{topology_id}: epoch {epoch}, moved {moved}")
+    elif how != "nothing (recovered)":
+        context.log.info(f"{topology_id}: nothing had to move (epoch {epoch})")
+    context.add_output_metadata(
+        {
+            "topology_id": topology_id,
+            "how": how,
+            "assignment_epoch": epoch,
+            "moved_tasks": dg.MetadataValue.json({str(t): m for t, m in moved.items()}),
+            "excluded_slots": dg.MetadataValue.json(excluded),
+            "assignment": dg.MetadataValue.md(_assignment_md(after_tasks)),
+        }
+    )
+    return {"topology_id": topology_id, "epoch": epoch, "moved": moved, "how": how}
+
+
+def _run_is_canceling(context: dg.OpExecutionContext) -> bool:
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
+
+
+def _wait_stopped(done: threading.Event, timeout_s: float, log: Any) -> None:
+    """Wait until the worker thread set ``done``, riding out further interrupts (Dagster may repeat them).
+
+    Waits on an Event, not ``Thread.join``: on Python 3.11 a join interrupted by an exception
+    from a signal handler marks a still-running thread as stopped (bpo-45274).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not done.is_set() and time.monotonic() < deadline:
+        try:
+            done.wait(0.25)
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+            log.info("interrupted again while the worker stops; still waiting for it")
+    if not done.is_set():
+        log.error(f"the worker did not stop within {timeout_s:.0f}s; leaving it to the process exit")
+
+
+@dg.op(name=_WORKER_OP, tags={ROLE_TAG: "worker"})
+def _worker_op(
+    context: dg.OpExecutionContext,
+    config: WorkerConfig,
+    zookeeper: ZooKeeperResource,
+    stream_cluster: StreamClusterResource,
+    pyspark: PySparkResource,
+) -> dict[str, Any]:
+    """Run one worker slot until the run is terminated; its tasks are released when it stops."""
+    port = config.port or free_port(stream_cluster.worker_bind_host)
+    settings = stream_cluster.worker_settings(port=port, launched_by=f"dagster:{context.run_id}")
+    spark = pyspark.spark_session
+    worker = Worker(zookeeper.config(), stream_cluster.config(), settings, spark_factory=lambda: spark)
+    stop = threading.Event()
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(stop)
+        except BaseException as e:  # noqa: BLE001 - reported by the op
+            failure.append(e)
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name=f"stream-ops-worker-{settings.worker_id}", daemon=True)
+    context.log.info(f"worker {settings.worker_id} starting (Spark {spark.version}, master {spark.sparkContext.master})")
+    thread.start()
+    reason = "worker ended by itself"
+    try:
+        while not done.wait(config.status_poll_s):
+            if _run_is_canceling(context):
+                reason = "run is being terminated"
+                context.log.info(f"worker {settings.worker_id}: {reason}; stopping it and releasing its tasks")
+                stop.set()
+                break
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+        reason = "run was interrupted"
+        context.log.info(f"worker {settings.worker_id}: {reason}; stopping it and releasing its tasks")
+        raise
+    finally:
+        stop.set()
+        _wait_stopped(done, _WORKER_STOP_TIMEOUT_S, context.log)
+        if config.stop_spark_session:
+            try:
+                spark.stop()
+            except Exception as e:  # noqa: BLE001 - the worker is stopped; report and go on
+                context.log.warning(f"stopping the SparkSession: {e}")
+    seconds = round(time.monotonic() - started, 1)
+    if failure:
+        error = failure[0]
+        raise dg.Failure(
+            description=f"worker {settings.worker_id} failed after {seconds}s: {error}",
+            metadata={"worker_id": settings.worker_id, "error": repr(error)},
+        ) from error
+    context.log.info(f"worker {settings.worker_id} stopped after {seconds}s ({reason})")
+    context.add_output_metadata({"worker_id": settings.worker_id, "seconds": seconds, "stopped_because": reason})
+    return {"worker_id": settings.worker_id, "seconds": seconds, "stopped_because": reason}
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamOpsJobs:
+    """The jobs of one code location, as built by :func:`build_jobs`."""
+
+    worker: dg.JobDefinition
+    rebalance: dg.JobDefinition
+    activate: dg.JobDefinition
+    deactivate: dg.JobDefinition
+    kill: dg.JobDefinition
+    compact_state: dg.JobDefinition
+
+    @property
+    def all(self) -> list[dg.JobDefinition]:
+        """Everything to pass to :class:`dagster.Definitions` ``jobs=``."""
+        return [self.worker, self.rebalance, self.activate, self.deactivate, self.kill, self.compact_state]
+
+
+def build_jobs(
+    *,
+    topology_names: Sequence[str] = (),
+    translator: StreamOpsTranslator | None = None,
+) -> StreamOpsJobs:
+    """Build the worker, rebalance, activate, deactivate, kill and compact-state jobs.
+
+    Args:
+        topology_names: The code location's topologies; the first is the launchpad default.
+        translator: Maps (topology, stage) to asset keys; the compact job records
+            materializations of the state assets it rewrites.
+
+    Returns:
+        The jobs; they need the ``zookeeper`` and ``stream_cluster`` resources, and the worker
+        job also ``pyspark``.
+
+    Example:
+        >>> jobs = build_jobs(topology_names=["wordcount"])
+        >>> [job.name for job in jobs.all][:2]
+        ['stream_ops_worker', 'stream_ops_rebalance']
+    """
+    from stream_ops.orchestration.state import build_compact_op  # state snapshots, see that module
+
+    translator = translator or StreamOpsTranslator()
+    default = topology_names[0] if topology_names else None
+
+    def defaults(op_name: str, **values: Any) -> dict[str, Any] | None:
+        if default is None:
+            return None
+        return {"ops": {op_name: {"config": {"topology": default, **values}}}}
+
+    @dg.job(
+        name=WORKER_JOB_NAME,
+        description="One stream_ops worker slot with a SparkSession from PySparkResource, running until the run "
+        "is terminated; terminating it stops the worker and releases its tasks.",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "worker"},
+    )
+    def worker_job() -> None:
+        _worker_op()
+
+    @dg.job(
+        name=REBALANCE_JOB_NAME,
+        description="Rebalance a topology over the live worker slots (stream-ops rebalance).",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "rebalance"},
+        config=defaults(_REBALANCE_OP),
+    )
+    def rebalance_job() -> None:
+        _rebalance_op()
+
+    @dg.job(
+        name=ACTIVATE_JOB_NAME,
+        description="Resume a deactivated topology (stream-ops activate).",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "activate"},
+        config=defaults(_ACTIVATE_OP),
+    )
+    def activate_job() -> None:
+        _activate_op()
+
+    @dg.job(
+        name=DEACTIVATE_JOB_NAME,
+        description="Pause a topology; state and checkpoints are kept (stream-ops deactivate).",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "deactivate"},
+        config=defaults(_DEACTIVATE_OP),
+    )
+    def deactivate_job() -> None:
+        _deactivate_op()
+
+    @dg.job(
+        name=KILL_JOB_NAME,
+        description="Kill a topology and remove its znodes; files are kept (stream-ops kill).",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "kill"},
+        config=defaults(_KILL_OP),
+    )
+    def kill_job() -> None:
+        _kill_op()
+
+    compact_op = build_compact_op(name=_COMPACT_OP, translator=translator, topology_names=topology_names)
+
+    @dg.job(
+        name=COMPACT_STATE_JOB_NAME,
+        description="Compact every state queue of a topology: snapshot up to the committed txid, then delete the "
+        "state-topic files the snapshot covers.",
+        executor_def=dg.in_process_executor,
+        tags={ROLE_TAG: "compact_state"},
+        config=defaults(_COMPACT_OP),
+    )
+    def compact_job() -> None:
+        compact_op()
+
+    return StreamOpsJobs(
+        worker=worker_job,
+        rebalance=rebalance_job,
+        activate=activate_job,
+        deactivate=deactivate_job,
+        kill=kill_job,
+        compact_state=compact_job,
+    )
