@@ -22,6 +22,7 @@ from stream_ops.nimbus.dist_store import read_plan
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.snapshot import CompactionResult, compact_queue
+from stream_ops.topology.plan import Plan, StageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,41 @@ class QueueCompaction:
     committed_txid: int
     result: CompactionResult | None
     skipped: str | None = None
+
+
+def compact_queue_locked(
+    store: ZkStore,
+    layout: TopologyLayout,
+    plan: Plan,
+    stage: StageSpec,
+    queue: int,
+    *,
+    delete_covered: bool = True,
+    lock_timeout_s: float = 30.0,
+) -> QueueCompaction:
+    """Snapshot one state-topic queue at its task's committed txid, under the queue's lock.
+
+    With ``delete_covered=False`` only the snapshot is written (the Dagster state asset);
+    otherwise the files it covers are deleted too (compaction).
+    """
+    task = plan.task_for(stage.index, queue)
+    found = store.get_json(ZkPaths.transactional_task(layout.topology_id, task.task_id))
+    committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
+    if committed < 0:
+        return QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet")
+    lock = store.client.Lock(ZkPaths.compaction_lock(layout.topology_id, task.task_id))
+    if not lock.acquire(timeout=lock_timeout_s):
+        raise CoordinationError(f"queue {queue} of stage {stage.name!r} is being compacted by someone else; try again")
+    try:
+        result = compact_queue(
+            StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed,
+            delete_covered=delete_covered,
+        )
+    finally:
+        lock.release()
+    logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
+                layout.topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)
+    return QueueCompaction(stage.name, queue, task.task_id, committed, result)
 
 
 def compact_state(
@@ -62,22 +98,6 @@ def compact_state(
         if not stage.keeps_state or (stages and stage.name not in stages):
             continue
         for queue in range(stage.queues):
-            if queues and queue not in queues:
-                continue
-            task = plan.task_for(stage.index, queue)
-            found = store.get_json(ZkPaths.transactional_task(topology_id, task.task_id))
-            committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
-            if committed < 0:
-                done.append(QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet"))
-                continue
-            lock = store.client.Lock(ZkPaths.compaction_lock(topology_id, task.task_id))
-            if not lock.acquire(timeout=lock_timeout_s):
-                raise CoordinationError(f"queue {queue} of stage {stage.name!r} is being compacted by someone else")
-            try:
-                result = compact_queue(StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed)
-            finally:
-                lock.release()
-            logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
-                        topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)
-            done.append(QueueCompaction(stage.name, queue, task.task_id, committed, result))
+            if not queues or queue in queues:
+                done.append(compact_queue_locked(store, layout, plan, stage, queue, lock_timeout_s=lock_timeout_s))
     return done
