@@ -6,8 +6,9 @@ Core code never reads the environment; the CLI and the Dagster resources build t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_ZOOKEEPER = "127.0.0.1:2181"
 DEFAULT_CHROOT = "/stream_ops"
@@ -22,7 +23,21 @@ class ZooKeeperConfig(BaseModel):
     chroot: str = Field(DEFAULT_CHROOT, description="Root znode for all stream_ops data.")
     session_timeout_s: float = Field(10.0, gt=0, description="ZooKeeper session timeout.")
     connect_timeout_s: float = Field(10.0, gt=0, description="How long to wait for a first connection.")
-    auth_digest: str | None = Field(None, description="Optional 'user:password' digest credentials.")
+    auth_digest: str | None = Field(
+        None,
+        description=(
+            "Optional 'user:password' digest credentials: the cluster's identity. When set, every "
+            "znode stream_ops creates gets an ACL giving this identity all permissions and nobody "
+            "else any (see stream_ops.coordination.acl)."
+        ),
+    )
+    open_reads: bool = Field(
+        False,
+        description=(
+            "With auth_digest: also let anyone (world) READ the znodes stream_ops creates, e.g. for "
+            "dashboards; writes stay limited to the cluster's identity."
+        ),
+    )
 
     @field_validator("hosts")
     @classmethod
@@ -42,6 +57,30 @@ class ZooKeeperConfig(BaseModel):
         if not value.startswith("/") or (len(value) > 1 and value.endswith("/")):
             raise ValueError(f"chroot {value!r} must start with '/' and not end with '/', e.g. /stream_ops")
         return value
+
+    @field_validator("auth_digest")
+    @classmethod
+    def _digest_is_user_password(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        user, sep, password = value.partition(":")
+        if not sep or not user or not password:
+            raise ValueError("auth_digest must be written user:password, both non-empty (e.g. stream-ops:<secret>)")
+        return value
+
+    @model_validator(mode="after")
+    def _open_reads_needs_auth(self) -> ZooKeeperConfig:
+        if self.open_reads and not self.auth_digest:
+            raise ValueError(
+                "open_reads only narrows an ACL, and without auth_digest znodes have none (anyone can "
+                "read and write): set auth_digest too, or drop open_reads"
+            )
+        return self
+
+    def __repr_args__(self) -> Any:
+        # Never print the password (logs, tracebacks, Dagster run config).
+        for name, value in super().__repr_args__():
+            yield name, ("***" if name == "auth_digest" and value else value)
 
     @property
     def connection_string(self) -> str:

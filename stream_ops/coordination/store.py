@@ -70,9 +70,10 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
-from kazoo.security import CREATOR_ALL_ACL
+from kazoo.security import ACL
 
 from stream_ops.config import ZooKeeperConfig
+from stream_ops.coordination.acl import cluster_acl
 from stream_ops.errors import (
     ConcurrentUpdateError,
     CoordinationError,
@@ -166,8 +167,9 @@ def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
         )
     if isinstance(e, NoAuthError):
         return CoordinationError(
-            f"cannot {action} {path}: ZooKeeper answered NoAuthError, this session is not allowed "
-            "to; check ZooKeeperConfig.auth_digest (the znode was created by another identity)"
+            f"cannot {action} {path}: ZooKeeper answered NoAuthError: this session is not allowed to. "
+            "The znode is protected by the cluster's ACL; connect with the cluster's digest credentials "
+            "(ZooKeeperConfig.auth_digest, CLI --zk-auth / STREAM_OPS_ZK_AUTH)"
         )
     return CoordinationError(f"cannot {action} {path}: ZooKeeper answered {type(e).__name__}: {e}")
 
@@ -232,7 +234,9 @@ class ZkStore:
 
         kazoo requires a chroot to exist before use, so a short-lived client without chroot
         creates it first. With ``auth_digest`` the session authenticates with digest
-        credentials and new znodes get ``CREATOR_ALL_ACL`` (only that identity can use them).
+        credentials and every znode it creates, the chroot included, gets
+        :func:`~stream_ops.coordination.acl.cluster_acl`: all permissions for that identity,
+        plus READ for anyone when ``open_reads`` is set, nothing for anybody else.
 
         Args:
             config: Hosts, chroot, timeouts and optional digest credentials.
@@ -274,7 +278,8 @@ class ZkStore:
             hosts=hosts,
             timeout=config.session_timeout_s,
             auth_data=auth,
-            default_acl=CREATOR_ALL_ACL if config.auth_digest else None,
+            # Every create (ours, transactions', recipes') uses it; None = ZooKeeper's open ACL.
+            default_acl=cluster_acl(config),
             # Reconnect quickly and forever (kazoo's default backs off up to an hour).
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.1),
             command_retry=KazooRetry(max_tries=3, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.1),
@@ -432,7 +437,33 @@ class ZkStore:
         names = self._read("list", path, lambda: self._client.get_children_async(path, watch=watch), missing=[])
         return sorted(names)
 
+    def get_acl(self, path: str) -> list[ACL]:
+        """The ACL of a znode (needs READ or ADMIN on it, as ZooKeeper decides).
+
+        Raises:
+            ZnodeNotFoundError: The node does not exist.
+        """
+        acl, _stat = self._read("read the ACL of", path, lambda: self._client.get_acls_async(path))
+        return list(acl)
+
     # --- writes ----------------------------------------------------------------------
+
+    def set_acl(self, path: str, acl: list[ACL], *, version: int = -1) -> ZnodeStat:
+        """Replace the ACL of a znode (needs ADMIN on it).
+
+        Args:
+            path: Existing znode.
+            acl: The new ACL (see :mod:`stream_ops.coordination.acl`).
+            version: Expected ACL version (``stat.aversion``); ``-1`` writes unconditionally.
+
+        Raises:
+            ZnodeNotFoundError: The node does not exist.
+            CoordinationError: Not allowed (NoAuth) or the ACL is invalid.
+        """
+        stat: ZnodeStat = self._write(
+            "set the ACL of", path, lambda: self._client.set_acls_async(path, acl, version=version)
+        )
+        return stat
 
     def create_json(
         self,
@@ -654,9 +685,15 @@ class ZkStore:
         kind = _OP_NAMES.get(type(op).__name__, type(op).__name__)
         path = self._client.unchroot(op.path)
         reason = type(error).__name__
+        hint = ""
+        if isinstance(error, NoAuthError):
+            hint = (
+                ": the znode is protected by the cluster's ACL; connect with the cluster's digest "
+                "credentials (ZooKeeperConfig.auth_digest, CLI --zk-auth / STREAM_OPS_ZK_AUTH)"
+            )
         raise TransactionFailedError(
             f"transaction rolled back, nothing applied: operation {index} ({kind} {path}) failed "
-            f"with {reason}",
+            f"with {reason}{hint}",
             index=index,
             operation=kind,
             path=path,

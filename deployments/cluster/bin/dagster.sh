@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Dagster for the cluster, in the foreground: dagster.sh webserver | daemon
+# Storage is PostgreSQL (dagster/dagster.yaml, copied into $DAGSTER_HOME); the code location is
+# the project's `definitions` package, pointed at this cluster's ZooKeeper and shared path.
+source "$(dirname "$0")/_common.sh"
+load_secrets
+
+MODE="${1:-}"
+need DAGSTER_HOME "the Dagster instance directory (dagster.yaml goes there)"
+need DAGSTER_PG_HOST "the PostgreSQL server of the Dagster instance"
+need DAGSTER_PG_PASSWORD "the password of DAGSTER_PG_USERNAME (in secrets.env)"
+mkdir -p "$DAGSTER_HOME"
+cp "$DEPLOY_DIR/dagster/dagster.yaml" "$DAGSTER_HOME/dagster.yaml"
+
+export STREAM_OPS_ZOOKEEPER STREAM_OPS_CHROOT STREAM_OPS_HOME
+STREAM_OPS_ZOOKEEPER="$(zk_connect)"
+STREAM_OPS_CHROOT="${STREAM_OPS_CHROOT:-/stream_ops}"
+WORKSPACE="$DEPLOY_DIR/dagster/workspace.yaml"
+case "$MODE" in
+    webserver)
+        exec "$PY_BIN_DIR/dagster-webserver" -w "$WORKSPACE" \
+            -h "${DAGSTER_WEBSERVER_HOST:-${STREAM_OPS_HOST:?set DAGSTER_WEBSERVER_HOST}}" \
+            -p "${DAGSTER_WEBSERVER_PORT:-3000}" ;;
+    daemon)
+        exec "$PY_BIN_DIR/dagster-daemon" run -w "$WORKSPACE" ;;
+    *)
+        die "usage: $0 webserver|daemon" ;;
+esac
