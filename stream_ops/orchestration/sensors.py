@@ -44,7 +44,7 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError, StreamOpsError, TopologyNotFoundError
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.status import describe_topology
-from stream_ops.nimbus.submission import find_topology_id
+from stream_ops.nimbus.submission import find_topology_id, list_topologies
 from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.jobs import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
@@ -202,6 +202,7 @@ def observe_tick(
     deferred: list[str] = []
     failed: dict[str, str] = {}
     new_cursor = cursor
+    live_ids = _live_submissions(store, log)
     for index, name in enumerate(order):
         if clock() - started >= tick_budget_s:
             deferred.extend(order[index:])
@@ -212,7 +213,7 @@ def observe_tick(
             break
         previous = new_cursor.topologies.get(name)
         try:
-            topology_id = find_topology_id(store, name, missing_ok=True)
+            topology_id = live_ids.get(name) if live_ids is not None else find_topology_id(store, name, missing_ok=True)
             status = describe_topology(store, topology_id, clock=wall_clock) if topology_id else None
         except TopologyNotFoundError:
             status = None  # killed between the lookup and the read
@@ -314,6 +315,28 @@ def observe_tick(
         rebalances=rebalances,
         workers_wanted=workers_wanted,
     )
+
+
+def _live_submissions(
+    store: ZkStore,
+    log: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+) -> dict[str, str] | None:
+    """Topology name -> id of its live submission, read once per tick (None: look up one by one).
+
+    The same rule as :func:`find_topology_id` (the oldest submission that is not KILLED), with
+    one read of ``/storms`` instead of one per topology. A record that cannot be read makes the
+    tick fall back to per-topology lookups, so only that topology is reported as failed.
+    """
+    try:
+        records = list_topologies(store)
+    except (StreamOpsError, ValueError) as e:
+        log.warning(f"cannot list topologies at once ({e}); looking them up one by one")
+        return None
+    live: dict[str, str] = {}
+    for record in records:
+        if record.status != "KILLED":
+            live.setdefault(record.name, record.topology_id)
+    return live
 
 
 def workers_to_launch(
@@ -538,14 +561,6 @@ def build_worker_relaunch_sensor(
     if max_relaunches < 1:
         raise ValueError(f"build_worker_relaunch_sensor: max_relaunches must be >= 1, got {max_relaunches}")
 
-    @dg.run_failure_sensor(
-        name=name,
-        monitored_jobs=[worker_job],
-        request_job=worker_job,
-        minimum_interval_seconds=minimum_interval_seconds,
-        default_status=default_status,
-        description=f"Relaunches failed {worker_job.name} runs (at most {max_relaunches} times in a row).",
-    )
     def _relaunch(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
         failed = context.dagster_run
         attempt = int(failed.tags.get(RELAUNCH_ATTEMPT_TAG, "0")) + 1
@@ -563,4 +578,11 @@ def build_worker_relaunch_sensor(
         tags.update({RELAUNCH_ATTEMPT_TAG: str(attempt), RELAUNCH_OF_TAG: failed.run_id, ROLE_TAG: "worker"})
         return dg.RunRequest(run_key=f"relaunch-{failed.run_id}", run_config=dict(failed.run_config), tags=tags)
 
-    return _relaunch
+    return dg.run_failure_sensor(
+        name=name,
+        monitored_jobs=[worker_job],
+        request_job=worker_job,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description=f"Relaunches failed {worker_job.name} runs (at most {max_relaunches} times in a row).",
+    )(_relaunch)
