@@ -17,6 +17,7 @@ configured with the deployment's ``dagster.yaml`` stores a run and an observatio
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import secrets
@@ -25,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,6 +216,13 @@ def test_word_count_on_the_cluster_survives_zookeeper_and_spark_worker_crashes(c
                     stranger.set_json(ZkPaths.assignment(topology_id), {**value, "tasks": {}}, version=stat.version)
             state = cluster.spark_master_state()
             assert state.get("aliveworkers") == 1
+
+            # The operator's views through the deployment's wrappers (credentials from secrets.env).
+            status = json.loads(cluster.run_script("stream-ops.sh", "status", topology.name, "--json"))
+            assert status["status"] == "ACTIVE" and len(status["tasks"]) == 4
+            assert all(t["committed_txid"] >= 0 for t in status["tasks"])
+            members = json.loads(cluster.run_script("zookeeper-status.sh"))
+            assert members[str(leader)] is None and sorted(filter(None, members.values())) == ["follower", "leader"]
     finally:
         feed_stop.set()
         if feeder is not None:
@@ -230,6 +239,36 @@ def test_word_count_on_the_cluster_survives_zookeeper_and_spark_worker_crashes(c
 def _postgres_bin() -> str | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return str(Path(found[-1]).parent) if found else None
+
+
+_WORKSPACE_QUERY = """{
+  instance { info }
+  workspaceOrError { ... on Workspace { locationEntries { name loadStatus
+    locationOrLoadError { __typename ... on PythonError { message } } } } }
+}"""
+
+
+def _dagster_instance_info(stack: ClusterStack, url: str, timeout_s: float) -> str:
+    """The webserver's description of its instance, once its code location has loaded."""
+    deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(
+        f"{url}/graphql", data=json.dumps({"query": _WORKSPACE_QUERY}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    while True:
+        stack._check_alive(["dagster-webserver"])
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                data = json.loads(reply.read())["data"]
+            entries = data["workspaceOrError"]["locationEntries"]
+            if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                loaded = [e["locationOrLoadError"] for e in entries]
+                assert all(x["__typename"] == "RepositoryLocation" for x in loaded), loaded
+                return str(data["instance"]["info"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        assert time.monotonic() < deadline, f"Dagster webserver did not load its code location on {url} in {timeout_s}s"
+        time.sleep(1)
 
 
 @pytest.mark.skipif(
@@ -291,6 +330,14 @@ def test_dagster_instance_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None
         )
         assert query.stdout.strip() == "1"
         assert not list(dagster_home.rglob("*.db")), "Dagster fell back to SQLite"
+
+        # bin/dagster.sh serves the project's code location on that instance.
+        t = time.monotonic()
+        stack.start("dagster-webserver", "dagster.sh", "webserver")
+        url = f"http://{settings['DAGSTER_WEBSERVER_HOST']}:{settings['DAGSTER_WEBSERVER_PORT']}"
+        info = _dagster_instance_info(stack, url, timeout_s=120)
+        assert "DagsterPostgresStorage" in info or "postgres" in info.lower(), info
+        logger.warning("dagster.sh webserver answered in %.1fs", time.monotonic() - t)
         logger.warning("postgres-local.sh start: %.1fs; Dagster run + observation stored: %.1fs total",
                        pg_started, time.monotonic() - started)
     finally:

@@ -16,6 +16,10 @@ export STREAM_OPS_ZOOKEEPER STREAM_OPS_CHROOT STREAM_OPS_HOME
 STREAM_OPS_ZOOKEEPER="$(zk_connect)"
 STREAM_OPS_CHROOT="${STREAM_OPS_CHROOT:-/stream_ops}"
 WORKSPACE="$DEPLOY_DIR/dagster/workspace.yaml"
+# The directory holding the `definitions` package (default: this checkout's root).
+CODE_DIR="${STREAM_OPS_CODE_DIR:-$(cd "$DEPLOY_DIR/../.." && pwd)}"
+[[ -d "$CODE_DIR/definitions" ]] || die "no definitions package in $CODE_DIR: set STREAM_OPS_CODE_DIR to the directory holding it"
+cd "$CODE_DIR"
 case "$MODE" in
     webserver)
         exec "$PY_BIN_DIR/dagster-webserver" -w "$WORKSPACE" \
