@@ -12,9 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 
+_KEY_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
 def encode_key(key: Sequence[Any]) -> str:
     """Canonical JSON text of a key tuple (the group-by field values, in order)."""
-    return json.dumps(list(key), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return _KEY_ENCODER.encode(list(key))
 
 
 def stable_hash(key: Sequence[Any]) -> int:

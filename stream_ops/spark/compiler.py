@@ -28,6 +28,7 @@ from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
+_MISSING = object()
 _ARROW_TYPES = {
     "string": pa.string(),
     "long": pa.int64(),
@@ -118,6 +119,9 @@ def _stage_rows(
                 recs.append(rec)
 
             records = batch.to_pylist()
+            # Trident combines partial aggregates before it shuffles: per Arrow batch, one row
+            # per distinct key instead of one per output record.
+            partial: dict[Any, Any] = {}
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
@@ -129,14 +133,24 @@ def _stage_rows(
                     continue
                 for out in outputs:
                     try:
-                        key = encode_key([out[f] for f in key_fields]) if key_fields else None
                         if mode == "partials":
                             assert aggregator is not None
-                            add(key, aggregator.init(out), None, None)
+                            key_values = tuple(out[f] for f in key_fields)
+                            value = aggregator.init(out)
+                            try:
+                                slot: Any = key_values
+                                previous = partial.get(slot, _MISSING)
+                            except TypeError:  # unhashable key values (lists, dicts)
+                                slot = encode_key(list(key_values))
+                                previous = partial.get(slot, _MISSING)
+                            partial[slot] = value if previous is _MISSING else aggregator.combine(previous, value)
                         else:
+                            key = encode_key([out[f] for f in key_fields]) if key_fields else None
                             add(key, None, None, json.dumps(out, default=str))
                     except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
                         add(None, None, json.dumps({"record": record, "error": f"{mode}: {type(e).__name__}: {e}"}, default=str), None)
+            for slot, value in partial.items():
+                add(slot if isinstance(slot, str) else encode_key(list(slot)), value, None, None)
             add(None, None, None, None)
             inputs: list[int | None] = [None] * (len(keys) - 1) + [len(records)]
             yield pa.RecordBatch.from_arrays(
