@@ -291,5 +291,14 @@ def pyspark_resource(stream_cluster: StreamClusterResource) -> PySparkResource:
         >>> spark = pyspark_resource(StreamClusterResource(spark_master="local[2]"))
         >>> spark.spark_config["spark.master"]
         'local[2]'
+
+    Raises:
+        ValueError: ``spark_master`` or ``spark_conf`` is an :class:`dagster.EnvVar`, which only
+            resolves at execution time: build the ``PySparkResource`` yourself then.
     """
+    if isinstance(stream_cluster.spark_master, dg.EnvVar) or isinstance(stream_cluster.spark_conf, dg.EnvVar):
+        raise ValueError(
+            "pyspark_resource: StreamClusterResource.spark_master / spark_conf is an EnvVar, which resolves only when "
+            "a run starts; pass build_definitions(pyspark=PySparkResource(spark_config={...})) instead"
+        )
     return PySparkResource(spark_config=stream_cluster.spark_config())
