@@ -6,13 +6,17 @@ deletes a few) plus ``--tail`` later batches touching a small share of the keys,
 
   (a0) the restore path before snapshots: ``StateTopicQueue.replay`` (``entries()`` +
        ``replay_changelog``) then ``RocksDBBackingMap.restore`` (skip with ``--no-generic``);
-  (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots);
+  (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots: each
+       winning value's stored text is cut out of its state-topic line, keys are encoded once,
+       and the bytes go to ``RocksDBBackingMap.restore_encoded`` in key order);
   (b)  the first compaction into a Parquet snapshot at txid F (reads every file);
-  (c)  a rebuild from the snapshot at txid F + the tail into a fresh RocksDB store;
+  (c)  a rebuild from the snapshot at txid F + the tail into a fresh RocksDB store (the
+       snapshot's key/value columns are the stored bytes: loaded without decoding);
   (b') the next, incremental compaction at F + tail (reads the snapshot and the tail files
        only), deleting the covered files.
 
-(a) and (c) restore the same state at the same txid; the benchmark checks they agree. Each
+(a) and (c) restore the same state at the same txid; the benchmark checks they agree, and that
+(a0), (a) and (c) leave byte-for-byte the same RocksDB contents (marker included). Each
 line shows wall time and keys/s, and the CPU seconds of the process (all threads) with keys
 per CPU second, which is the steadier figure on a shared machine.
 
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from importlib.metadata import version  # noqa: E402
 
 import pyarrow  # noqa: E402
+from rocksdict import Options, Rdict  # noqa: E402
 
 from stream_ops.state import (  # noqa: E402
     OpaqueValue,
@@ -173,8 +179,7 @@ def run(size: int, files: int, tail: int, root: Path, generic: bool) -> None:
 
     if generic:
         seconds, count, _ = restore_into("db-generic", lambda s: generic_restore(s, queue, last_txid, 1))
-        report("(a0) full replay, generic", count, seconds, f"{entries:,} entries; the path before this change")
-        RocksDBBackingMap.destroy(work / "db-generic")
+        report("(a0) full replay, generic", count, seconds, f"{entries:,} entries; replay() + restore()")
 
     seconds, full_count, db_bytes = restore_into("db-full", lambda s: rebuild_store(s, queue, last_txid, 1))
     report("(a)  full replay", full_count, seconds, f"{entries:,} entries; RocksDB {mib(db_bytes).strip()}")
@@ -187,6 +192,9 @@ def run(size: int, files: int, tail: int, root: Path, generic: bool) -> None:
     if count != full_count:
         raise SystemExit(f"MISMATCH: full replay restored {full_count} keys, snapshot + tail {count}")
     check_same_state(work / "db-full", work / "db-snap", rng, sample=2_000 if size > 100_000 else None)
+    check_same_bytes([work / "db-generic"] if generic else [], work / "db-full", work / "db-snap")
+    if generic:
+        RocksDBBackingMap.destroy(work / "db-generic")
 
     seconds, result = timed(lambda: compact_queue(queue, snaps, last_txid, delete_covered=True))
     report(
@@ -212,6 +220,21 @@ def check_same_state(a: Path, b: Path, rng: random.Random, sample: int | None) -
             raise SystemExit(f"MISMATCH between {a} and {b}")
     checked = "all keys" if sample is None else f"{sample:,} sampled keys"
     print(f"     check: full replay and snapshot + tail agree ({checked})")
+
+
+def check_same_bytes(others: list[Path], *paths: Path) -> None:
+    """All stores hold exactly the same raw keys and values, marker included (a streaming compare)."""
+    stores = [Rdict(str(path), Options(raw_mode=True)) for path in [*others, *paths]]
+    try:
+        rows = 0
+        for rows, items in enumerate(zip_longest(*(store.items() for store in stores)), 1):
+            if any(item != items[0] for item in items[1:]):
+                raise SystemExit(f"MISMATCH in the raw contents of {', '.join(str(p) for p in [*others, *paths])}")
+    finally:
+        for store in stores:
+            store.close()
+    names = ", ".join(["(a0)"] * bool(others) + ["(a)", "(c)"])
+    print(f"     check: {names} hold the same bytes ({rows:,} rows incl. the marker)")
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ entry with the largest offset among entries of committed txids, where for each t
 highest owner epoch counts (a lower epoch is the work of an owner that lost the task).
 
 :func:`rebuild_store` restores a store from the latest compacted snapshot of the queue
-(:mod:`stream_ops.state.snapshot`) plus the batches above it, or from the whole queue.
+(:mod:`stream_ops.state.snapshot`) plus the batches above it, or from the whole queue. It
+loads the bytes the store keeps without a decode/re-encode round trip: snapshot columns as
+they are, and state-topic values cut out of their lines (:func:`replay_encoded_changes`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
-from stream_ops.state.values import from_json_obj, to_json_obj
+from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
 from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name, parse_batch_file_name
 
 if TYPE_CHECKING:
@@ -33,7 +35,96 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 _FIELDS = ("key", "value", "offset", "txid", "epoch")
+
+# The stored bytes of replayed entries are made with one shared encoder each: json.dumps builds
+# a new encoder per call, and JSONEncoder.encode still builds its C encoder per call, which
+# together tripled the cost of a restore's hottest loop (see _one_shot).
+_KEY_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+"""``stream_ops.hashing.encode_key``'s settings; the unit tests check the two agree."""
+_VALUE_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""``stream_ops.state.values.encode_stored``'s settings; the unit tests check the two agree."""
+_CANONICAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "tx": ("k", "txid", "val"),
+    "op": ("k", "txid", "curr", "prev"),
+    "raw": ("k", "val"),
+}
+"""The fields, in order, of the object ``values.to_json_obj`` makes for each kind."""
+_PROBE = [
+    ("ä", "line\u2028sep", "\x00", 1, -2.5, 1e300, float("nan"), True, None, 10**30),
+    {"b": [1, {"z": 0, "a": ""}], "a": (2, 3)},
+]
+"""What :func:`_one_shot` checks its encoder against ``JSONEncoder.encode`` with."""
+
+
+def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode``, with the C encoder it builds on every call built once.
+
+    ``JSONEncoder.encode`` (and so ``json.dumps``) makes the same ``c_make_encoder`` call
+    each time; doing it once gives the same text (circular-reference checks aside, which
+    decoded JSON and key tuples never need). Where the C encoder is missing or does not
+    reproduce ``encoder.encode`` on a probe, ``encoder.encode`` itself is returned.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    quote = json.encoder.encode_basestring_ascii if encoder.ensure_ascii else json.encoder.encode_basestring
+    try:
+        chunks = make(
+            None,  # no circular-reference markers
+            encoder.default,
+            quote,
+            None,
+            encoder.key_separator,
+            encoder.item_separator,
+            encoder.sort_keys,
+            encoder.skipkeys,
+            encoder.allow_nan,
+        )
+        join = "".join
+
+        def encode(obj: Any) -> str:
+            return join(chunks(obj, 0))
+
+        if encode(_PROBE) != encoder.encode(_PROBE):
+            return encoder.encode
+    except Exception:  # another Python's private encoder API: use the public one
+        return encoder.encode
+    return encode
+
+
+_encode_key_text = _one_shot(_KEY_ENCODER)
+_encode_value_text = _one_shot(_VALUE_ENCODER)
+
+
+def key_text(key: Key) -> str:
+    """``stream_ops.hashing.encode_key(key)``, with one shared encoder; as UTF-8, the key's bytes in a store."""
+    return _encode_key_text(key)
+
+
+def stored_value_text(obj: Any, where: object) -> str:
+    """The JSON text of ``encode_stored(from_json_obj(obj))`` for a state-topic value object.
+
+    An object as :meth:`StateTopicQueue.append` writes it — the canonical fields of its kind,
+    in order, and a valid txid — already is what ``to_json_obj`` would rebuild, so it is
+    encoded as it is, without the round trip through TransactionalValue / OpaqueValue. Any
+    other object takes the round trip, which canonicalises it or rejects it.
+
+    Raises:
+        ReplayError: ``obj`` is not a stored state value (``where`` names the source).
+    """
+    if obj.__class__ is dict:
+        kind = obj.get("k")
+        if kind.__class__ is str and tuple(obj) == _CANONICAL_FIELDS.get(kind):
+            txid = obj.get("txid", 0)
+            if txid.__class__ is int and txid >= 0:
+                return _encode_value_text(obj)
+    try:
+        return _encode_value_text(to_json_obj(from_json_obj(obj)))
+    except StateError as e:
+        raise ReplayError(f"state topic {where}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -252,6 +343,19 @@ class ReplayedChanges:
         """(key, value JSON object) of every changed key that is not deleted."""
         return ((key, value) for key, value in self.changes.items() if value is not None)
 
+    def encoded_live_items(self, where: object) -> Iterator[tuple[bytes, bytes]]:
+        """(key bytes, value bytes) of every changed key that is not deleted: what a store holds.
+
+        Each key and value is encoded once (:func:`key_text`, :func:`stored_value_text`);
+        :func:`replay_encoded_changes` gives the same pairs for less.
+
+        Raises:
+            ReplayError: a value is not a stored state value (``where`` names the queue).
+        """
+        for key, obj in self.changes.items():
+            if obj is not None:
+                yield _encode_key_text(key).encode("utf-8"), stored_value_text(obj, where).encode("utf-8")
+
 
 def replay_changes(
     queue: StateTopicQueue,
@@ -289,21 +393,108 @@ def replay_changes(
         ReplayError: a counted file has a line that is not a state-topic record of its
             (txid, epoch), exactly as :meth:`StateTopicQueue.entries` would report it.
     """
+    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, on_file, _load_batch_pairs)
+    return ReplayedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
+
+
+@dataclass(frozen=True)
+class EncodedChanges:
+    """:class:`ReplayedChanges` with each value as the bytes a store keeps (see :func:`replay_encoded_changes`).
+
+    Attributes:
+        changes: key -> the winning value's stored bytes (``encode_stored``), or its JSON
+            object where that was not canonical (encoded, or rejected, only if it is read), or
+            None for a winning tombstone.
+        top_epochs: txid -> the owner epoch whose entries counted for it.
+        files: batch files read.
+        entries: entries read (of the counted epochs).
+    """
+
+    changes: dict[Key, Any]
+    top_epochs: dict[int, int]
+    files: int
+    entries: int
+
+    def encoded_live_items(self, where: object) -> Iterator[tuple[bytes, bytes]]:
+        """(key bytes, value bytes) of every changed key that is not deleted: what a store holds.
+
+        Raises:
+            ReplayError: a value is not a stored state value (``where`` names the queue).
+        """
+        encode_key_text = _encode_key_text
+        for key, value in self.changes.items():
+            if value is None:
+                continue
+            if value.__class__ is bytes:
+                yield encode_key_text(key).encode("utf-8"), value
+            else:
+                yield encode_key_text(key).encode("utf-8"), stored_value_text(value, where).encode("utf-8")
+
+    def live_items(self, where: object) -> Iterator[tuple[Key, Any]]:
+        """(key, wrapped value) of every changed key that is not deleted.
+
+        Raises:
+            ReplayError: a value is not a stored state value (``where`` names the queue).
+        """
+        for key, value in self.changes.items():
+            if value is None:
+                continue
+            try:
+                yield key, decode_stored(value) if value.__class__ is bytes else from_json_obj(value)
+            except StateError as e:
+                raise ReplayError(f"state topic {where}: {e}") from e
+
+
+def replay_encoded_changes(
+    queue: StateTopicQueue,
+    *,
+    after_txid: int,
+    committed_txid: int,
+    on_file: Callable[[int, int, int], None] | None = None,
+) -> EncodedChanges:
+    """:func:`replay_changes`, with each winning value as the bytes a store keeps — for a restore.
+
+    The same files are read and the same rule applied (the same code), so the keys and the
+    values they decode to are exactly those of :func:`replay_changes`. A line as
+    :meth:`StateTopicQueue.append` writes it already holds the stored text of its value
+    (``encode_stored`` and the line use the same JSON settings), so that text is cut out of
+    the line instead of re-encoding the decoded object later; any other line's value is
+    encoded from its object (:func:`stored_value_text`).
+
+    Raises:
+        ReplayError: see :func:`replay_changes`.
+    """
+    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, on_file, _load_encoded_pairs)
+    return EncodedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
+
+
+def _replay(
+    queue: StateTopicQueue,
+    after_txid: int,
+    committed_txid: int,
+    on_file: Callable[[int, int, int], None] | None,
+    load: Callable[[Path, BatchFileId], list[tuple[Key, Any]]],
+) -> tuple[dict[Key, Any], dict[int, int], int, int]:
+    """The replay rule over the files of ``after_txid < txid <= committed_txid`` (see :func:`replay_changes`).
+
+    Returns:
+        (key -> value as ``load`` gives it, counted epoch per txid, files read, entries read).
+    """
     by_txid: dict[int, list[tuple[BatchFileId, Path]]] = {}
     for file_id, path in queue.batch_files():
         if after_txid < file_id.txid <= committed_txid:
             by_txid.setdefault(file_id.txid, []).append((file_id, path))
     total = sum(len(files) for files in by_txid.values())
-    changes: dict[Key, dict[str, Any] | None] = {}
+    changes: dict[Key, Any] = {}
     top_epochs: dict[int, int] = {}
     read = entries = 0
     for txid in sorted(by_txid):
         files = by_txid[txid]
         for epoch in sorted({file_id.epoch for file_id, _ in files}, reverse=True):
-            pairs: list[tuple[Key, dict[str, Any] | None]] = []
+            pairs: list[tuple[Key, Any]] = []
             for file_id, path in files:
                 if file_id.epoch == epoch:
-                    pairs.extend(_load_batch_pairs(path, file_id))
+                    pairs.extend(load(path, file_id))
                     read += 1
                     if on_file is not None:
                         on_file(read, total, entries + len(pairs))
@@ -312,7 +503,7 @@ def replay_changes(
                 top_epochs[txid] = epoch
                 entries += len(pairs)
                 break
-    return ReplayedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
+    return changes, top_epochs, read, entries
 
 
 def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[str, Any] | None]]:
@@ -355,6 +546,80 @@ def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[
     return [(entry.key, entry.value) for entry in _file_entries(path, file_id, 0)]
 
 
+_LINE_HEAD = '{"key":['
+_VALUE_MEMBER = ',"value":'
+
+
+def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any]]:
+    """:func:`_load_batch_pairs` with each value as its stored bytes where the line holds them.
+
+    Every line is decoded and checked exactly as :func:`_load_batch_pairs` does. A value is
+    then cut out of its line, without being encoded again, when the line is framed as
+    :meth:`StateTopicQueue.append` writes it — ``{"key":[...],"value":<text>,"txid":T,"epoch":E}``
+    with this file's T and E, a key text holding no ``{`` (so the first ``,"value":`` ends it:
+    ``,"`` never occurs inside a JSON string) — and the decoded object has its kind's canonical
+    fields in order (so ``encode_stored(from_json_obj(obj))`` is that text), in a file with no
+    ``\\u`` escape (an ASCII-only writer escapes what ``encode_stored`` keeps raw). A value
+    that is canonical but not framed so is encoded from its object; any other value object is
+    kept as it is, to be encoded or rejected only if it wins (as the object path does). (A
+    framed line from another writer that spells a number differently, e.g. ``1E5``, keeps
+    that spelling: the stored bytes decode to the same value.)
+    """
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    lines = [line for line in text.split("\n") if line.strip()]  # "\n" only: see _load_batch_pairs
+    if not lines:
+        return []
+    txid, epoch = file_id.txid, file_id.epoch
+    try:
+        records = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        records = None
+    if records is not None and len(records) == len(lines):
+        cut = "\\u" not in text
+        tail = f',"txid":{txid},"epoch":{epoch}}}'
+        end = -len(tail)
+        head, member, skip = _LINE_HEAD, _VALUE_MEMBER, len(_VALUE_MEMBER)
+        canonical = _CANONICAL_FIELDS
+        encode_value = _encode_value_text
+        pairs: list[tuple[Key, Any]] = []
+        append = pairs.append
+        for line, record in zip(lines, records):  # the hot loop of a restore: checks inline
+            if record.__class__ is not dict or "value" not in record:
+                break
+            key, record_txid, record_epoch = record.get("key"), record.get("txid"), record.get("epoch")
+            if (
+                key.__class__ is not list
+                or record_txid != txid
+                or record_epoch != epoch
+                or record_txid.__class__ is not int
+                or record_epoch.__class__ is not int
+            ):
+                break
+            key = as_key(key) if list in map(type, key) else tuple(key)
+            value = record["value"]
+            if value is None:
+                append((key, None))
+                continue
+            if value.__class__ is dict:
+                kind = value.get("k")
+                if kind.__class__ is str and tuple(value) == canonical.get(kind):
+                    value_txid = value.get("txid", 0)
+                    if value_txid.__class__ is int and value_txid >= 0:
+                        if cut and line.startswith(head) and line.endswith(tail):
+                            at = line.find(member, 8)
+                            if at > 0 and line.find("{", 8, at) < 0:
+                                append((key, line[at + skip : end].encode("utf-8")))
+                                continue
+                        append((key, encode_value(value).encode("utf-8")))
+                        continue
+            append((key, value))  # not canonical: encoded (or rejected) only if it wins
+        else:
+            return pairs
+    # The line reader raises for the first bad line; a file it accepts is used as it reads it.
+    return [(entry.key, entry.value) for entry in _file_entries(path, file_id, 0)]
+
+
 def rebuild_store(
     store: RocksDBBackingMap,
     queue: StateTopicQueue,
@@ -372,7 +637,11 @@ def rebuild_store(
     ``committed_txid``; without one, the whole queue is replayed. Both give exactly the state
     of DESIGN invariant 5. When ``snapshot_dir`` is None but the queue has been compacted (its
     covered files deleted), the snapshot directory recorded by the compaction is used, so a
-    caller that does not know about snapshots never replays a truncated queue.
+    caller that does not know about snapshots never replays a truncated queue. The store is
+    loaded with :meth:`RocksDBBackingMap.restore_encoded`: the snapshot's columns already are
+    the stored bytes, and the tail's come from :func:`replay_encoded_changes`, so for a queue
+    written by :meth:`StateTopicQueue.append` the store ends up byte for byte as
+    :meth:`RocksDBBackingMap.restore` of the replayed values leaves it.
 
     Example:
         >>> with RocksDBBackingMap(path) as store:
@@ -409,7 +678,7 @@ def rebuild_store(
             logger.info("rebuilding %s: read %d of %d state-topic files (%d entries)", where, read, total, entries)
 
     with paused_cyclic_gc():
-        source = open_restore_source(queue, committed_txid, snapshot_dir=snapshot_dir, on_file=on_file)
+        source = open_restore_source(queue, committed_txid, snapshot_dir=snapshot_dir, on_file=on_file, encoded=True)
         count = _restore(store, source, queue, committed_txid, committed_epoch, clock, log_interval)
     seconds = clock() - started
     logger.info(
@@ -444,8 +713,9 @@ def _restore(
             source.total,
             source.description,
         )
-        items = _logging_progress(source.items(), source.total, where, clock, log_interval, started=clock())
-        return store.restore(items, committed_txid, committed_epoch)
+        # the bytes the store keeps: snapshot columns as they are, tail values encoded once
+        pairs = _logging_progress(source.encoded_items(), source.total, where, clock, log_interval, started=clock())
+        return store.restore_encoded(pairs, committed_txid, committed_epoch)
     finally:
         source.close()
 
@@ -485,14 +755,14 @@ class _RateLimit:
 
 
 def _logging_progress(
-    items: Iterable[tuple[Key, Any]],
+    items: Iterable[_T],
     total: int,
     what: str,
     clock: Callable[[], float],
     interval: float,
     *,
     started: float | None = None,
-) -> Iterator[tuple[Key, Any]]:
+) -> Iterator[_T]:
     """Pass ``items`` through, logging progress and keys/s at most once per ``interval`` seconds."""
     start = last = clock() if started is None else started
     for done, item in enumerate(items, 1):
