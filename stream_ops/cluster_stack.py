@@ -280,7 +280,7 @@ class ClusterStack:
         return [pgid for pgid in sorted(self._groups) if group_alive(pgid)]
 
     def close(self, grace_s: float = 20.0) -> list[int]:
-        """Stop every service (stream_ops workers first, ZooKeeper last), leaving no process.
+        """Stop every service (Dagster and stream_ops workers first, ZooKeeper last), leaving no process.
 
         Each service gets SIGTERM, then SIGKILL after ``grace_s``; members of its process group
         that outlive the leader (executors shutting down) get ``grace_s`` more, then SIGKILL.
@@ -291,7 +291,8 @@ class ClusterStack:
         order = ["stream-ops-worker", "spark-worker", "spark-master", "zookeeper"]
         ranked = sorted(
             self.services.values(),
-            key=lambda s: next((i for i, p in enumerate(order) if s.name.startswith(p)), len(order)),
+            # Anything else (Dagster) goes first, while ZooKeeper is still there.
+            key=lambda s: next((i for i, p in enumerate(order) if s.name.startswith(p)), -1),
         )
         for service in ranked:
             stop_process(service.proc, timeout_s=grace_s)
