@@ -1,5 +1,8 @@
 """The Dagster code location of the example topologies (``dagster dev -m definitions``).
 
+The examples: Trident's word count, Storm's uuid/word/timestamp JoinBolt, S4's counter
+processing element and Trident's WordCountDB (partition_persist + state_query).
+
 Wiring only. Environment:
 
 * ``STREAM_OPS_ZOOKEEPER``: ZooKeeper servers, default ``127.0.0.1:2181``.
@@ -20,11 +23,11 @@ from pathlib import Path
 import dagster as dg
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
-from stream_ops.examples import wordcount
+from stream_ops.examples import counter_pe, uuid_join, wordcount, wordcount_db
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
 
 defs = build_definitions(
-    topologies=[wordcount.topology()],
+    topologies=[wordcount.topology(), uuid_join.topology(), counter_pe.topology(), wordcount_db.topology()],
     zookeeper=ZooKeeperResource(
         hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),
         chroot=os.environ.get("STREAM_OPS_CHROOT", DEFAULT_CHROOT),
