@@ -22,17 +22,44 @@ logger = logging.getLogger("stream_ops.cli")
 
 
 class _Context:
-    def __init__(self, zookeeper: str, chroot: str, home: Path, session_timeout: float) -> None:
+    def __init__(
+        self,
+        zookeeper: str,
+        chroot: str,
+        home: Path,
+        session_timeout: float,
+        zk_auth: str | None = None,
+        zk_open_reads: bool = False,
+        local_dir: Path | None = None,
+    ) -> None:
         self.zookeeper = zookeeper
         self.chroot = chroot
         self.home = home
         self.session_timeout = session_timeout
+        self.zk_auth = zk_auth or None
+        self.zk_open_reads = zk_open_reads
+        self.local_dir = local_dir
 
     def zk_config(self) -> ZooKeeperConfig:
-        return ZooKeeperConfig(hosts=self.zookeeper, chroot=self.chroot, session_timeout_s=self.session_timeout)
+        from pydantic import ValidationError
+
+        try:
+            return ZooKeeperConfig(
+                hosts=self.zookeeper,
+                chroot=self.chroot,
+                session_timeout_s=self.session_timeout,
+                auth_digest=self.zk_auth,
+                open_reads=self.zk_open_reads,
+            )
+        except ValidationError as e:
+            messages = "; ".join(str(err["msg"]) for err in e.errors())
+            raise click.UsageError(f"invalid ZooKeeper options: {messages}") from e
 
     def cluster(self) -> ClusterConfig:
-        return ClusterConfig(root=self.home.resolve())
+        return ClusterConfig(
+            root=self.home.resolve(),
+            local_state_dir=self.local_dir.resolve() if self.local_dir is not None else None,
+        )
 
     @contextmanager
     def store(self) -> Iterator[Any]:
@@ -75,15 +102,29 @@ class _Group(click.Group):
               help="Root znode of this cluster; env STREAM_OPS_CHROOT.")
 @click.option("--home", envvar="STREAM_OPS_HOME", default="var/stream_ops", show_default=True, type=click.Path(path_type=Path),
               help="Shared directory for dist store, topics, checkpoints; env STREAM_OPS_HOME.")
-@click.option("--session-timeout", default=10.0, show_default=True, help="ZooKeeper session timeout (s).")
+@click.option("--session-timeout", envvar="STREAM_OPS_SESSION_TIMEOUT", default=10.0, show_default=True,
+              help="ZooKeeper session timeout (s); env STREAM_OPS_SESSION_TIMEOUT.")
+@click.option("--zk-auth", envvar="STREAM_OPS_ZK_AUTH", default=None, metavar="USER:PASSWORD",
+              help="The cluster's ZooKeeper digest credentials: every znode stream_ops creates is then "
+                   "writable only by them. Prefer env STREAM_OPS_ZK_AUTH (a flag shows in ps).")
+@click.option("--zk-open-reads/--no-zk-open-reads", envvar="STREAM_OPS_ZK_OPEN_READS", default=False, show_default=True,
+              help="With --zk-auth, let anyone read the znodes (writes stay the cluster's); env STREAM_OPS_ZK_OPEN_READS.")
+@click.option("--local-dir", envvar="STREAM_OPS_LOCAL_DIR", default=None, type=click.Path(path_type=Path),
+              help="This machine's RocksDB stores (default <home>/local); env STREAM_OPS_LOCAL_DIR.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
-def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, log_level: str) -> None:
+def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, zk_auth: str | None,
+         zk_open_reads: bool, local_dir: Path | None, log_level: str) -> None:
     """Run Storm/Trident-style topologies on Spark Structured Streaming."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    ctx.obj = _Context(zookeeper, chroot, home, session_timeout)
+    if zk_auth:
+        # Worker processes this one spawns (supervisor, demo, dev) inherit the credentials
+        # through the environment, never on their command lines.
+        os.environ["STREAM_OPS_ZK_AUTH"] = zk_auth
+        os.environ["STREAM_OPS_ZK_OPEN_READS"] = "true" if zk_open_reads else "false"
+    ctx.obj = _Context(zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir)
 
 
 # --- zookeeper ---------------------------------------------------------------------------------
@@ -314,14 +355,22 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
 @click.option("--launched-by", default="cli", show_default=True)
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="Spark setting of this worker's application (repeatable), e.g. spark.driver.host=10.0.0.5.")
 @pass_ctx
 def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_master: str, trigger_seconds: float,
-           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str) -> None:
+           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str, spark_conf: tuple[str, ...]) -> None:
     """Run a worker slot until SIGTERM / Ctrl-C."""
     from stream_ops.runtime.worker import Worker, WorkerSettings
 
+    conf: dict[str, str] = {}
+    for item in spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--spark-conf")
+        conf[key.strip()] = value
     settings = WorkerSettings(
-        host=host, port=port, bind_host=bind_host or host, spark_master=spark_master,
+        host=host, port=port, bind_host=bind_host or host, spark_master=spark_master, spark_conf=conf,
         trigger_seconds=trigger_seconds, max_files_per_trigger=max_files_per_trigger,
         heartbeat_interval_s=heartbeat_interval, launched_by=launched_by,
     )

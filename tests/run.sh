@@ -20,5 +20,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python3 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q -e '.[test,cluster]'
 exec .venv/bin/pytest -q "$@"

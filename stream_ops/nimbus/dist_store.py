@@ -95,18 +95,39 @@ def read_plan(dist_dir: Path) -> Plan:
 
 
 def install_code(dist_dir: Path, dest: Path, expected_sha256: str | None) -> Path:
-    """Extract the code archive to ``dest`` (after checking its sha256) and put it on sys.path."""
-    data = (dist_dir / CODE_FILE).read_bytes()
-    actual = sha256_hex(data)
-    if expected_sha256 is not None and actual != expected_sha256:
+    """Check the code archive's sha256, extract it to ``dest`` and put ``dest`` on sys.path.
+
+    Returns:
+        ``<dest>.zip``, a copy of the bytes that were checked, for ``SparkContext.addPyFile``:
+        executors must get what was verified, not whatever the shared path holds a moment
+        later, and Spark refuses two different files of the same name (every archive in the
+        dist store is called ``code.zip``).
+
+    Raises:
+        WorkerError: The archive cannot be read, no sha256 was recorded, or it does not match.
+    """
+    source = dist_dir / CODE_FILE
+    if expected_sha256 is None:
         raise WorkerError(
-            f"code archive {dist_dir / CODE_FILE} has sha256 {actual}, but {expected_sha256} was submitted; "
+            f"no sha256 was recorded for {source} at submission; refusing to load it unchecked: "
+            "resubmit the topology"
+        )
+    try:
+        data = source.read_bytes()
+    except OSError as e:
+        raise WorkerError(f"cannot read the code archive {source}: {e}; is the dist store shared with this worker?") from e
+    actual = sha256_hex(data)
+    if actual != expected_sha256:
+        raise WorkerError(
+            f"code archive {source} has sha256 {actual}, but {expected_sha256} was submitted; "
             "it was modified after submission: resubmit the topology"
         )
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         archive.extractall(dest)
+    verified = dest.with_name(f"{dest.name}.zip")
+    verified.write_bytes(data)
     if str(dest) not in sys.path:
         sys.path.insert(0, str(dest))
     logger.info("installed code archive %s (%d bytes) at %s", dist_dir.name, len(data), dest)
-    return dest
+    return verified

@@ -26,6 +26,9 @@ Lookup = Callable[[str, int, list[tuple[Any, ...]]], list[Any] | None]
 
 class _Handler(BaseHTTPRequestHandler):
     server: QueryServer
+    #: Seconds a client may stay silent before its connection is closed (socketserver applies
+    #: it to the socket): idle or slow connections must not hold a server thread forever.
+    timeout = 10.0
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature from the base class
         logger.debug("query %s", format % args)

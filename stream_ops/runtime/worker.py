@@ -30,10 +30,16 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import CoordinationError, StreamOpsError, WorkerError
+from stream_ops.errors import (
+    CoordinationError,
+    StreamOpsError,
+    WorkerError,
+    ZnodeExistsError,
+    ZooKeeperUnavailableError,
+)
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import read_assignment
-from stream_ops.nimbus.dist_store import CODE_FILE, install_code, read_plan
+from stream_ops.nimbus.dist_store import install_code, read_plan
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.ownership import TaskBusyError
 from stream_ops.runtime.query_server import QueryServer
@@ -187,8 +193,12 @@ class Worker:
                 self.store.create_json(ZkPaths.worker(self.worker_id), record.to_json_obj(), ephemeral=True)
                 logger.info("worker %s registered (pid %d)", self.worker_id, os.getpid())
                 return
-            except CoordinationError as e:
+            except (ZnodeExistsError, ZooKeeperUnavailableError) as e:
+                # Only a slot still held by a (dying) predecessor or a brief disconnection is
+                # worth waiting for; NoAuth and the like are raised at once, with their message.
                 if stop.is_set() or time.monotonic() > deadline:
+                    if not isinstance(e, ZnodeExistsError):
+                        raise
                     raise WorkerError(
                         f"slot {self.worker_id} is registered by another live worker; use another --port"
                     ) from e
@@ -256,9 +266,9 @@ class Worker:
             dist = Path(storm.dist_dir)
             plan = read_plan(dist)
             code_dir = self.cluster.resolved_local_state_dir() / "code" / storm.topology_id
-            install_code(dist, code_dir, storm.code_sha256)
+            verified = install_code(dist, code_dir, storm.code_sha256)
             assert self.spark is not None
-            self.spark.sparkContext.addPyFile(str(dist / CODE_FILE))
+            self.spark.sparkContext.addPyFile(str(verified))
             self._plans[storm.topology_id] = plan
         return plan
 
