@@ -301,12 +301,16 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def report(spark: SparkSession, args: argparse.Namespace, n_files: int, n_words: int, results: list[RunResult]) -> None:
+def report(
+    spark: SparkSession, args: argparse.Namespace, n_files: int, n_words: int, results: list[RunResult], load: tuple[float, ...]
+) -> None:
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     plain = results[0]
     print()
     print(f"machine:  {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, "
           f"Python {platform.python_version()}, pyspark {pyspark.__version__}, Java {java}")
+    print(f"load:     1-min load average {load[0]:.2f} before the runs, {os.getloadavg()[0]:.2f} after "
+          f"(above ~0.5 other processes shared the {os.cpu_count()} cpus and the figures are low)")
     print(f"input:    {args.sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
           f"{n_files} files of <= {args.records_per_file:,} sentences in {QUEUES} queues")
     print(f"settings: {SPARK_MASTER}, shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
@@ -401,6 +405,7 @@ def main() -> None:
                            n_sentences=len(warm), poll_s=args.poll, timeout_s=args.timeout)
             print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
 
+        load_before = os.getloadavg()
         results = [run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common)]
         print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
         for state in args.state:
@@ -408,7 +413,7 @@ def main() -> None:
                                     n_sentences=args.sentences, poll_s=args.poll, timeout_s=args.timeout)
             print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
             results.append(result)
-        report(spark, args, n_files, n_words, results)
+        report(spark, args, n_files, n_words, results, load_before)
     finally:
         if worker is not None:
             worker.stop()
