@@ -8,7 +8,8 @@ appending meanwhile (compaction only deletes files of txids the snapshot covers)
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,18 @@ class QueueCompaction:
     skipped: str | None = None
 
 
+@contextmanager
+def compaction_lock(store: ZkStore, topology_id: str, task_id: int, *, timeout_s: float = 30.0) -> Iterator[None]:
+    """Hold the lock of one task's state-topic queue: one snapshot writer at a time."""
+    lock = store.client.Lock(ZkPaths.compaction_lock(topology_id, task_id))
+    if not lock.acquire(timeout=timeout_s):
+        raise CoordinationError(f"the state queue of task {topology_id}/{task_id} is being compacted by someone else; try again")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def compact_queue_locked(
     store: ZkStore,
     layout: TopologyLayout,
@@ -59,16 +72,11 @@ def compact_queue_locked(
     committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
     if committed < 0:
         return QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet")
-    lock = store.client.Lock(ZkPaths.compaction_lock(layout.topology_id, task.task_id))
-    if not lock.acquire(timeout=lock_timeout_s):
-        raise CoordinationError(f"queue {queue} of stage {stage.name!r} is being compacted by someone else; try again")
-    try:
+    with compaction_lock(store, layout.topology_id, task.task_id, timeout_s=lock_timeout_s):
         result = compact_queue(
             StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed,
             delete_covered=delete_covered,
         )
-    finally:
-        lock.release()
     logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
                 layout.topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)
     return QueueCompaction(stage.name, queue, task.task_id, committed, result)

@@ -45,6 +45,7 @@ from stream_ops.orchestration.jobs import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.state.changelog import StateTopicQueue
+from stream_ops.nimbus.compaction import compaction_lock
 from stream_ops.state.snapshot import CompactionResult, SnapshotInfo, compact_queue, read_snapshot, write_snapshot
 from stream_ops.topology.plan import Plan, StageSpec
 
@@ -224,10 +225,11 @@ def _state_asset(plan: Plan, stage: StageSpec, translator: StreamOpsTranslator) 
         with zookeeper.store() as store:
             topology_id, running = _running_plan(store, topology_name)
             target = resolve_state_queue(store, stream_cluster.config(), topology_id, running, stage_name, queue_number)
-        if target.committed_txid < 0:
-            context.log.info(f"{topology_id} queue {queue_number} of {stage_name!r} committed no batch yet; no snapshot")
-            return dg.MaterializeResult(metadata=snapshot_metadata(target, None))
-        info = write_snapshot(target.queue, target.snapshot_dir, target.committed_txid)
+            if target.committed_txid < 0:
+                context.log.info(f"{topology_id} queue {queue_number} of {stage_name!r} committed no batch yet; no snapshot")
+                return dg.MaterializeResult(metadata=snapshot_metadata(target, None))
+            with compaction_lock(store, topology_id, target.task_id):
+                info = write_snapshot(target.queue, target.snapshot_dir, target.committed_txid)
         context.log.info(
             f"{topology_id} {stage_name!r} queue {queue_number}: snapshot at txid {info.txid}, {info.keys} keys, "
             f"{info.bytes} bytes in {info.seconds:.3f}s ({info.path})"
@@ -284,7 +286,8 @@ def build_compact_op(
             if target.committed_txid < 0:
                 context.log.info(f"{target.stage.name} queue {target.queue_number}: nothing committed yet; skipped")
                 continue
-            result: CompactionResult = compact_queue(target.queue, target.snapshot_dir, target.committed_txid)
+            with zookeeper.store() as lock_store, compaction_lock(lock_store, topology_id, target.task_id):
+                result: CompactionResult = compact_queue(target.queue, target.snapshot_dir, target.committed_txid)
             info = result.snapshot
             summary["queues"] += 1
             summary["deleted_files"] += result.deleted_files
