@@ -7,6 +7,8 @@ Wiring only. Environment:
 
 * ``STREAM_OPS_ZOOKEEPER``: ZooKeeper servers, default ``127.0.0.1:2181``.
 * ``STREAM_OPS_CHROOT``: root znode, default ``/stream_ops``.
+* ``STREAM_OPS_ZK_AUTH`` / ``STREAM_OPS_ZK_OPEN_READS``: optional digest credentials
+  ``user:password`` and whether anyone may read (cluster deployments).
 * ``STREAM_OPS_HOME``: cluster directory, default ``var/stream_ops`` (resolved against the
   working directory when the code location loads).
 
@@ -31,6 +33,8 @@ defs = build_definitions(
     zookeeper=ZooKeeperResource(
         hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),
         chroot=os.environ.get("STREAM_OPS_CHROOT", DEFAULT_CHROOT),
+        auth_digest=dg.EnvVar("STREAM_OPS_ZK_AUTH") if os.environ.get("STREAM_OPS_ZK_AUTH") else None,
+        open_reads=os.environ.get("STREAM_OPS_ZK_OPEN_READS", "false").lower() in ("1", "true", "yes"),
     ),
     stream_cluster=StreamClusterResource(
         root=str(Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve()),

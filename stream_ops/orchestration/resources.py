@@ -109,12 +109,19 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=None,
         description="Optional digest credentials 'user:password'; use an EnvVar, never a literal secret.",
     )
+    open_reads: bool = Field(
+        default=False,
+        description="With auth_digest: let anyone read the znodes stream_ops creates (writes stay the cluster's).",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _validate_with_core_config(cls, data: Any) -> Any:
         """Fail fast with the core config's message; EnvVar fields are checked once resolved."""
         literal = _literal_values(data, tuple(ZooKeeperConfig.model_fields))
+        if literal is not None and "auth_digest" not in literal:
+            # open_reads needs auth_digest; when that comes from an EnvVar it is checked later.
+            literal.pop("open_reads", None)
         if literal:
             try:
                 ZooKeeperConfig.model_validate(literal)
@@ -130,6 +137,7 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             session_timeout_s=self.session_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
             auth_digest=self.auth_digest,
+            open_reads=self.open_reads,
         )
 
     @contextlib.contextmanager
