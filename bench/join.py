@@ -22,6 +22,8 @@ Timed, each several times (best and median reported; rows/s from the median):
   Spark join of each window would pay.
 
 Spark series stop early after 5 repetitions once ``--spark-budget`` seconds have passed.
+Besides wall time, CPU time per repetition is reported (this process; for Spark also its JVM,
+from ``/proc``), since wall time on a busy host includes waiting for a CPU.
 Every engine's output is checked against a dictionary lookup join before anything is timed.
 The Python join runs on one core; Spark may use both (JVM) but its driver shares them with
 the Python process.
@@ -135,6 +137,16 @@ class Timing:
     rows: int
     records: int
     seconds: list[float]
+    cpu_seconds: float
+    """CPU time of the whole timed series (see :class:`CpuClock`)."""
+
+    @property
+    def cpu_per_rep(self) -> float:
+        return self.cpu_seconds / len(self.seconds)
+
+    @property
+    def rows_per_cpu_s(self) -> float:
+        return self.rows / self.cpu_per_rep if self.cpu_seconds > 0 else float("nan")
 
     @property
     def best(self) -> float:
@@ -153,11 +165,42 @@ class Timing:
         return self.rows / self.best
 
 
+class CpuClock:
+    """CPU seconds used so far by this Python process, plus (if given) Spark's JVM process.
+
+    Wall time on a shared host includes waiting for the CPU; CPU time does not, so rows per
+    CPU-second stays comparable when other processes load the machine. The JVM's share is read
+    from ``/proc/<pid>/stat`` (clock ticks, usually 10 ms; summed over a whole series).
+    """
+
+    def __init__(self, jvm_pid: int | None = None) -> None:
+        self.jvm_pid = jvm_pid
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def jvm(self) -> float:
+        if self.jvm_pid is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.jvm_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def __call__(self) -> float:
+        return time.process_time() + self.jvm()
+
+
+PYTHON_CPU = CpuClock()
 MIN_REPS = 5
 
 
-def timed(fn: Callable[[], Any], reps: int, warmup: int, budget_s: float | None = None) -> tuple[list[float], Any]:
-    """Run ``fn`` ``warmup`` times untimed, then up to ``reps`` times timed; returns times and the last result.
+def timed(
+    fn: Callable[[], Any], reps: int, warmup: int, budget_s: float | None = None, cpu: CpuClock = PYTHON_CPU
+) -> tuple[list[float], float, Any]:
+    """Run ``fn`` ``warmup`` times untimed, then up to ``reps`` times timed.
+
+    Returns the wall time of each timed run, the CPU time (``cpu``) of the whole timed series
+    and the last result.
 
     With ``budget_s``, the timed series stops early once it has run that long and has at least
     ``MIN_REPS`` repetitions (keeps the whole run short when Spark is slow, e.g. on a busy host).
@@ -167,13 +210,14 @@ def timed(fn: Callable[[], Any], reps: int, warmup: int, budget_s: float | None 
         result = fn()
     seconds: list[float] = []
     started = time.perf_counter()
+    cpu_started = cpu()
     for _ in range(reps):
         t = time.perf_counter()
         result = fn()
         seconds.append(time.perf_counter() - t)
         if budget_s is not None and len(seconds) >= MIN_REPS and time.perf_counter() - started > budget_s:
             break
-    return seconds, result
+    return seconds, cpu() - cpu_started, result
 
 
 def check(label: str, got: Sequence[Sequence[Any]], expected: list[Row], *, ordered: bool) -> None:
@@ -192,8 +236,8 @@ def check(label: str, got: Sequence[Sequence[Any]], expected: list[Row], *, orde
 def bench_execute(data: Data, reps: int, warmup: int) -> Timing:
     bolt = make_bolt(data.how)
     check(f"JoinBolt.execute ({data.how})", bolt.execute(data.window), data.expected, ordered=True)
-    seconds, out = timed(lambda: bolt.execute(data.window), reps, warmup)
-    return Timing("(a) JoinBolt.execute(window)", len(out), data.records, seconds)
+    seconds, cpu_s, out = timed(lambda: bolt.execute(data.window), reps, warmup)
+    return Timing("(a) JoinBolt.execute(window)", len(out), data.records, seconds, cpu_s)
 
 
 def bench_tumbling(data: Data, reps: int, warmup: int) -> Timing:
@@ -213,8 +257,8 @@ def bench_tumbling(data: Data, reps: int, warmup: int) -> Timing:
         return rows
 
     check(f"TumblingWindow + execute ({data.how})", run(), data.expected, ordered=True)
-    seconds, out = timed(run, reps, warmup)
-    return Timing(f"(b) TumblingWindow(count={count}).add + execute", len(out), data.records, seconds)
+    seconds, cpu_s, out = timed(run, reps, warmup)
+    return Timing(f"(b) TumblingWindow(count={count}).add + execute", len(out), data.records, seconds, cpu_s)
 
 
 # --- Spark -------------------------------------------------------------------------------
@@ -242,6 +286,7 @@ def bench_spark(
     spark: SparkSession, data: Data, reps: int, create_reps: int, warmup: int, budget_s: float
 ) -> tuple[Timing, Timing, dict[str, Any]]:
     info: dict[str, Any] = {}
+    cpu = CpuClock(spark.sparkContext._gateway.proc.pid)  # type: ignore[union-attr]  # spark-submit execs java
     t = time.perf_counter()
     orders = spark.createDataFrame(data.orders, ORDERS_SCHEMA)
     users = spark.createDataFrame(data.users, USERS_SCHEMA)
@@ -252,8 +297,8 @@ def bench_spark(
     info["first_collect_s"] = time.perf_counter() - t
     check(f"Spark join ({data.how})", first, data.expected, ordered=False)
 
-    seconds, out = timed(lambda: spark_join(orders, users, data.how).collect(), reps, warmup, budget_s)
-    warm = Timing("(c) Spark join+select+collect", len(out), data.records, seconds)
+    seconds, cpu_s, out = timed(lambda: spark_join(orders, users, data.how).collect(), reps, warmup, budget_s, cpu)
+    warm = Timing("(c) Spark join+select+collect", len(out), data.records, seconds, cpu_s)
     df = spark_join(orders, users, data.how)
     df.collect()
     info["strategy"] = join_strategy(df)
@@ -264,10 +309,10 @@ def bench_spark(
         return spark_join(o, u, data.how).collect()
 
     check(f"Spark createDataFrame + join ({data.how})", with_create(), data.expected, ordered=False)
-    seconds, out = timed(with_create, create_reps, 1, budget_s)
-    cold = Timing("(c+) Spark createDataFrame x2 + join+select+collect", len(out), data.records, seconds)
+    seconds, cpu_s, out = timed(with_create, create_reps, 1, budget_s, cpu)
+    cold = Timing("(c+) Spark createDataFrame x2 + join+select+collect", len(out), data.records, seconds, cpu_s)
     # createDataFrame alone, to split (c+) into its parts
-    create_s, _ = timed(lambda: (spark.createDataFrame(data.orders, ORDERS_SCHEMA), spark.createDataFrame(data.users, USERS_SCHEMA)),
+    create_s, _, _ = timed(lambda: (spark.createDataFrame(data.orders, ORDERS_SCHEMA), spark.createDataFrame(data.users, USERS_SCHEMA)),
                         create_reps, 1, budget_s)
     info["create_median_s"] = statistics.median(create_s)
     return warm, cold, info
@@ -313,23 +358,24 @@ def print_block(data: Data, results: list[Timing], info: dict[str, Any], n_missi
     print(f"== {data.how} join: window of {data.records:,} records ({len(data.orders):,} orders + {len(data.users):,} users"
           f"{unmatched}) -> {len(data.expected):,} joined rows; Spark plan: {info['strategy']}")
     header = (f"{'method':<52} {'reps':>4} {'best ms':>8} {'median ms':>9} {'rows/s (median)':>16} {'rows/s (best)':>14} "
-              f"{'records/s (median)':>18}")
+              f"{'records/s (median)':>18} {'CPU ms/rep':>10} {'rows/CPU-s':>11}")
     print(header)
     print("-" * len(header))
     for r in results:
         print(f"{r.label:<52} {len(r.seconds):>4} {r.best * 1e3:>8.1f} {r.median * 1e3:>9.1f} {r.rows_per_s:>16,.0f} "
-              f"{r.best_rows_per_s:>14,.0f} {r.records / r.median:>18,.0f}")
+              f"{r.best_rows_per_s:>14,.0f} {r.records / r.median:>18,.0f} {r.cpu_per_rep * 1e3:>10.1f} {r.rows_per_cpu_s:>11,.0f}")
     print(f"Spark extras: createDataFrame x2 once {info['create_once_s'] * 1e3:.0f} ms, first join+collect "
           f"{info['first_collect_s'] * 1e3:.0f} ms (untimed above), createDataFrame x2 median "
           f"{info['create_median_s'] * 1e3:.1f} ms")
     a, b, c, cplus = results
-    print("ratio stream_ops / Spark, rows/s (>1 = stream_ops faster):  median (best)")
+    print("ratio stream_ops / Spark (>1 = stream_ops faster): rows/s median, best, per CPU-second")
     for s in (a, b):
         tag = s.label.split(" ", 1)[0]
-        best_c = f"({s.best_rows_per_s / c.best_rows_per_s:.1f}x)"
-        best_cplus = f"({s.best_rows_per_s / cplus.best_rows_per_s:.1f}x)"
-        print(f"  {tag} vs (c)  {s.rows_per_s / c.rows_per_s:7.1f}x {best_c:<9}   "
-              f"{tag} vs (c+) {s.rows_per_s / cplus.rows_per_s:7.1f}x {best_cplus}")
+        for spark_run in (c, cplus):
+            other = spark_run.label.split(" ", 1)[0]
+            print(f"  {tag} vs {other:<5} {s.rows_per_s / spark_run.rows_per_s:7.1f}x median  "
+                  f"{s.best_rows_per_s / spark_run.best_rows_per_s:7.1f}x best  "
+                  f"{s.rows_per_cpu_s / spark_run.rows_per_cpu_s:7.1f}x per CPU-s")
 
 
 # --- main --------------------------------------------------------------------------------
