@@ -64,8 +64,16 @@ def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, c
         raise CoordinationError(f"task {topology_id}/{task_id} has no transactional record; was the topology killed?")
     data, stat = found
     record = TransactionalRecord.model_validate(data)
-    if store.exists(owner_path):
-        raise TaskBusyError(f"task {topology_id}/{task_id} is still owned by another worker")
+    owner = store.get_json(owner_path)
+    if owner is not None:
+        session = store.client.client_id
+        if owner[0].get("worker_id") == worker_id and session is not None and owner[1].ephemeralOwner == session[0]:
+            # Our own session holds it but no runner does (a start that raced a reconnect):
+            # give it back and take the task under a new epoch.
+            logger.warning("worker %s: dropping its own stale owner node of task %s/%d", worker_id, topology_id, task_id)
+            store.delete(owner_path, version=owner[1].version)
+        else:
+            raise TaskBusyError(f"task {topology_id}/{task_id} is still owned by another worker")
     epoch = record.epoch + 1
     new_record = record.model_copy(update={"epoch": epoch})
     tx = store.transaction()

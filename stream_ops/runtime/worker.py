@@ -205,8 +205,11 @@ class Worker:
                 stop.wait(0.25)
 
     def _handle_lost(self, stop: threading.Event) -> None:
+        # The old session's /owners nodes are gone already. A task started after kazoo
+        # reconnected (before this loop saw LOST) holds its node in the *new* session, so
+        # release still runs: it deletes only a node that names this worker and epoch.
         for key in list(self._runners):
-            self._stop_runner(key, release_ownership=False)
+            self._stop_runner(key)
         if self.store is None or not self.store.client.connected:
             return
         self._lost.clear()

@@ -90,6 +90,6 @@ def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path, wait_unt
                 rebalance(store, topology_id)
             expected = expected_word_counts(sent)
             for topology in topologies:
-                wait_for_counts(store, topology.name, "words", expected, timeout_s=120)
+                wait_for_counts(store, topology.name, "words", expected, timeout_s=180)
             epochs = [t.owner_epoch or 0 for i in ids for t in describe_topology(store, i).tasks]
             assert max(epochs) >= 2, "tasks really changed owners"
