@@ -257,7 +257,10 @@ def test_sensor_repairs_a_killed_worker_and_a_terminated_worker_run_releases_its
         90,
         "the worker run to end",
     )
-    assert status == "CANCELED"
+    # CANCELED when Dagster's interrupt reaches the op first; SUCCESS when the op saw the run
+    # CANCELING on its own poll, stopped the worker and returned before the interrupt came.
+    # Either way the run is over, its tasks are released and it is not relaunched (below).
+    assert status in ("CANCELED", "SUCCESS"), status
     assert worker_id not in live_workers(store)
     # Its tasks were released: no owner node names the stopped worker.
     for task_id in owned:
