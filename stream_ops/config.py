@@ -5,13 +5,18 @@ Core code never reads the environment; the CLI and the Dagster resources build t
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_ZOOKEEPER = "127.0.0.1:2181"
 DEFAULT_CHROOT = "/stream_ops"
+#: HMAC message of the state-query token derived from the ZooKeeper digest (see :func:`query_token`).
+QUERY_TOKEN_LABEL = b"stream-ops state-query token v1"
+MIN_QUERY_TOKEN_LENGTH = 16
 
 
 class ZooKeeperConfig(BaseModel):
@@ -88,6 +93,74 @@ class ZooKeeperConfig(BaseModel):
         return self.hosts if self.chroot == "/" else f"{self.hosts}{self.chroot}"
 
 
+class QueryConfig(BaseModel):
+    """How state queries are authenticated and encrypted: the workers' query servers and every client.
+
+    The bearer token a worker requires and a client sends is :func:`query_token` of this and the
+    cluster's :class:`ZooKeeperConfig`; by default it is derived from ``auth_digest``.
+    """
+
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
+
+    token: SecretStr | None = Field(
+        None,
+        description=(
+            f"Explicit bearer token (at least {MIN_QUERY_TOKEN_LENGTH} visible ASCII characters); overrides the "
+            "one derived from ZooKeeperConfig.auth_digest. Every worker and client of a cluster needs the same."
+        ),
+    )
+    tls_cert: Path | None = Field(
+        None, description="Worker: PEM certificate (chain) its query server presents; must name the worker's host."
+    )
+    tls_key: Path | None = Field(None, description="Worker: PEM private key of tls_cert.")
+    tls_ca: Path | None = Field(
+        None,
+        description="Client: PEM CA bundle the workers' certificates are verified against; queries then use https.",
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token_is_visible_ascii(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        secret = value.get_secret_value()
+        if len(secret) < MIN_QUERY_TOKEN_LENGTH or not all("!" <= c <= "~" for c in secret):
+            raise ValueError(
+                f"the query token must be at least {MIN_QUERY_TOKEN_LENGTH} visible ASCII characters without spaces "
+                "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _tls_is_complete(self) -> QueryConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert and tls_key (the query server's certificate and its private key)")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError(
+                "a worker serving TLS queries the other workers over TLS too (state_query): give tls_ca as well"
+            )
+        return self
+
+
+def query_token(query: QueryConfig, zookeeper: ZooKeeperConfig) -> str | None:
+    """The bearer token of state queries: what a worker requires and what a client sends.
+
+    An explicit ``query.token`` wins; otherwise, with ZooKeeper digest credentials, the token is
+    HMAC-SHA256 of :data:`QUERY_TOKEN_LABEL` keyed with ``auth_digest`` (hex), so every process that
+    has the cluster's credentials can query and the token reveals nothing of them. Without either,
+    None: queries are unauthenticated.
+
+    Example:
+        >>> query_token(QueryConfig(), ZooKeeperConfig(auth_digest="so:pw"))[:8]
+        '3c138590'
+    """
+    if query.token is not None:
+        return query.token.get_secret_value()
+    if zookeeper.auth_digest:
+        return hmac.new(zookeeper.auth_digest.encode("utf-8"), QUERY_TOKEN_LABEL, hashlib.sha256).hexdigest()
+    return None
+
+
 class ClusterConfig(BaseModel):
     """Where a stream_ops cluster keeps its files.
 
@@ -102,6 +175,13 @@ class ClusterConfig(BaseModel):
     topics_root: Path | None = Field(None, description="Internal topics (shuffle, state, dead letters).")
     checkpoints_root: Path | None = Field(None, description="Spark checkpoints, one per task.")
     local_state_dir: Path | None = Field(None, description="Local RocksDB stores of this machine's workers.")
+    fsync: bool = Field(
+        True,
+        description=(
+            "fsync every batch file and its directory before the batch commits, so an OS crash or power loss "
+            "cannot lose a committed batch. Turn off only for throwaway data or to measure what it costs."
+        ),
+    )
 
     def resolved_dist_dir(self) -> Path:
         return self.dist_dir or self.root / "dist"

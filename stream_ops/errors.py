@@ -27,6 +27,11 @@ class TopologyLoadError(StreamOpsError):
     """An import string such as ``pkg.module:topology`` could not be loaded."""
 
 
+class AggregatorInputError(StreamOpsError, ValueError):
+    """A record's field cannot be aggregated (null, or not a number for Sum); the record goes
+    to the dead letters with this message."""
+
+
 # --- state -----------------------------------------------------------------------------
 
 
@@ -47,6 +52,11 @@ class ReplayError(StateError):
 
 class TopicError(StreamOpsError):
     """A FileTopic could not be read or written."""
+
+
+class CommittedBatchLostError(StreamOpsError):
+    """Files a committed batch wrote are missing or cut short (lost to an OS crash on storage
+    that did not honour fsync, or deleted by hand); the task stops instead of skipping them."""
 
 
 # --- coordination ----------------------------------------------------------------------
@@ -94,6 +104,15 @@ class OwnershipLostError(CoordinationError):
     """This worker no longer owns the task; it must stop without writing."""
 
 
+class TaskStoppingError(StreamOpsError):
+    """A batch reached its commit while its task was stopping; it is left for replay."""
+
+
+class InputMismatchError(StreamOpsError):
+    """Spark planned different input for a batch id than the batch ZooKeeper committed under
+    that txid (the Spark checkpoint fell behind or was replaced); the task stops."""
+
+
 class ZooKeeperServerError(CoordinationError):
     """The embedded ZooKeeper server could not be started or stopped."""
 
@@ -126,3 +145,12 @@ class WorkerError(StreamOpsError):
 
 class QueryError(StreamOpsError):
     """A state query could not be answered."""
+
+
+class QueryAuthError(QueryError):
+    """A worker refused a state query: no query token, or not the one it serves with."""
+
+
+class QueryTLSError(QueryError):
+    """TLS of the state-query port failed: unreadable certificate, key or CA, an unverifiable
+    worker certificate, or a client and a worker that disagree about TLS."""

@@ -32,11 +32,15 @@ class TopologyLayout:
 
     def shuffle_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The shuffle topic feeding a non-source stage (one queue per task of that stage)."""
-        return FileTopic(self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
+        return FileTopic(self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues, durable=self.cluster.fsync)
 
     def state_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The compacted state topic of a keyed stage (one queue per input queue)."""
-        return FileTopic(self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues)
+        return FileTopic(self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues, durable=self.cluster.fsync)
+
+    def persist_topic(self, stage: StageSpec) -> FileTopic:
+        """Staged tuples of a partition_persist stage's batches, kept until its State committed them."""
+        return FileTopic(self.topics_dir / f"persist-{stage.index:03d}-{stage.name}", stage.queues, durable=self.cluster.fsync)
 
     def snapshot_dir(self, keyed_stage: StageSpec, queue: int) -> Path:
         """Compacted snapshots of one queue of a keyed stage's state topic (shared, like the topic).
@@ -49,7 +53,7 @@ class TopologyLayout:
 
     def dead_letter_topic(self) -> FileTopic:
         """Records that could not be processed, one queue (files named per task and txid)."""
-        return FileTopic(self.topics_dir / "dead-letters", 1)
+        return FileTopic(self.topics_dir / "dead-letters", 1, durable=self.cluster.fsync)
 
     def checkpoint_dir(self, task_id: int) -> Path:
         """Spark checkpoint of one task; shared so a task can move between workers."""

@@ -67,8 +67,22 @@ class OwnerRecord(_Record):
     since: float
 
 
+class BatchInput(_Record):
+    """What Spark read for one committed batch: the files of a file source, as a fingerprint."""
+
+    txid: int
+    files: int
+    digest: str
+    """sha256 of the sorted input file paths (see :func:`stream_ops.spark.checkpoint.batch_input`)."""
+
+
 class TransactionalRecord(_Record):
-    """``/transactional/{id}/{task}``: the last committed txid and the owner epoch history."""
+    """``/transactional/{id}/{task}``: the last committed txid and the owner epoch history.
+
+    ``outputs`` names the files the committed batch staged (topic path -> queue -> bytes), so
+    publishing them can prove none was lost; ``inputs`` holds the input fingerprints of the
+    last few committed batches, so a batch id Spark re-plans with other input is caught.
+    """
 
     committed_txid: int = -1
     committed_epoch: int = 0
@@ -77,6 +91,12 @@ class TransactionalRecord(_Record):
     offsets: list[Any] = Field(default_factory=list)
     committed_at: float | None = None
     rows: int = 0
+    outputs: dict[str, dict[int, int]] = Field(default_factory=dict)
+    inputs: list[BatchInput] = Field(default_factory=list)
+
+    def input_of(self, txid: int) -> BatchInput | None:
+        """The recorded input of committed batch ``txid``, if it is among the recent ones."""
+        return next((found for found in self.inputs if found.txid == txid), None)
 
 
 class HeartbeatRecord(_Record):

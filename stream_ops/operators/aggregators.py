@@ -11,7 +11,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from numbers import Number
 from typing import Any, ClassVar
+
+from stream_ops.errors import AggregatorInputError
+
+
+def _field_value(record: Mapping[str, Any], field: str, aggregator: str, *, numeric: bool) -> Any:
+    """``record[field]``, refusing a missing or null value (and a non-number when ``numeric``)."""
+    value = record.get(field)
+    if value is None:
+        raise AggregatorInputError(f"{aggregator}({field!r}): field {field!r} is null or missing")
+    if numeric and (isinstance(value, bool) or not isinstance(value, Number)):
+        raise AggregatorInputError(f"{aggregator}({field!r}): field {field!r} is {value!r}, not a number")
+    return value
 
 
 class CombinerAggregator(ABC):
@@ -76,7 +89,7 @@ class Sum(CombinerAggregator):
     spark_function: ClassVar[str] = "sum"
 
     def init(self, record: Mapping[str, Any]) -> Any:
-        return record[self.field]
+        return _field_value(record, self.field, "Sum", numeric=True)
 
     def combine(self, a: Any, b: Any) -> Any:
         return a + b
@@ -103,7 +116,7 @@ class Min(CombinerAggregator):
     spark_function: ClassVar[str] = "min"
 
     def init(self, record: Mapping[str, Any]) -> Any:
-        return record[self.field]
+        return _field_value(record, self.field, type(self).__name__, numeric=False)
 
     def combine(self, a: Any, b: Any) -> Any:
         return b if a is None else a if b is None else min(a, b)

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.records import OwnerRecord, TransactionalRecord
+from stream_ops.coordination.records import BatchInput, OwnerRecord, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
 from stream_ops.errors import CoordinationError, OwnershipLostError, TransientError
 
 logger = logging.getLogger(__name__)
+
+RECENT_INPUTS = 16
+"""How many committed batches' input fingerprints the transactional record keeps."""
 
 
 class TaskBusyError(TransientError):
@@ -88,6 +91,31 @@ def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, c
     return Ownership(topology_id, task_id, worker_id, epoch, new_record, stat.version + 1)
 
 
+def verify_owner(store: ZkStore, ownership: Ownership) -> None:
+    """Check that we still hold the task: our ``/owners`` node, unchanged, under our epoch.
+
+    Called before anything a task does to shared files outside the commit transaction
+    (deleting a predecessor's staged files, starting the Spark query on the shared checkpoint);
+    the files such a step may touch are also limited to older epochs, so a check that races a
+    takeover still cannot harm the new owner.
+
+    Raises:
+        OwnershipLostError: the node is gone or belongs to another worker or epoch.
+    """
+    path = ZkPaths.owner(ownership.topology_id, ownership.task_id)
+    found = store.get_json(path)
+    if (
+        found is None
+        or found[0].get("worker_id") != ownership.worker_id
+        or found[0].get("epoch") != ownership.epoch
+        or found[1].version != ownership.owner_version
+    ):
+        raise OwnershipLostError(
+            f"task {ownership.topology_id}/{ownership.task_id}: worker {ownership.worker_id} no longer owns it "
+            f"under epoch {ownership.epoch}"
+        )
+
+
 def commit(
     store: ZkStore,
     ownership: Ownership,
@@ -95,21 +123,35 @@ def commit(
     *,
     offsets: list[Any],
     rows: int,
+    outputs: dict[str, dict[int, int]] | None = None,
+    batch_input: BatchInput | None = None,
     clock: Callable[[], float] = time.time,
 ) -> TransactionalRecord:
     """Commit batch ``txid`` if and only if we still own the task.
 
+    Args:
+        offsets: Spark's source offsets of the batch.
+        rows: input rows of the batch.
+        outputs: the files the batch staged (topic path -> queue -> bytes).
+        batch_input: the fingerprint of the batch's input files, kept among the recent ones.
+
     Raises:
         OwnershipLostError: the owner node or the transactional record changed.
     """
-    record = ownership.committed.model_copy(
+    previous = ownership.committed
+    inputs = [found for found in previous.inputs if found.txid < txid]
+    if batch_input is not None:
+        inputs.append(batch_input)
+    record = previous.model_copy(
         update={
             "committed_txid": txid,
             "committed_epoch": ownership.epoch,
-            "attempt": ownership.committed.attempt + 1 if txid == ownership.committed_txid else 0,
+            "attempt": previous.attempt + 1 if txid == previous.committed_txid else 0,
             "offsets": offsets,
             "committed_at": clock(),
             "rows": rows,
+            "outputs": outputs or {},
+            "inputs": inputs[-RECENT_INPUTS:],
         }
     )
     tx = store.transaction()

@@ -4,21 +4,30 @@
 stage kind (txid n, owner epoch e):
 
   1. if ZooKeeper already records n as committed (Spark re-delivers a batch after a crash
-     between our commit and its own), change nothing: publish the files the committing owner
-     staged for n, and return;
+     between our commit and its own), check that Spark planned the same input files as the
+     commit recorded (else stop: the checkpoint fell behind ZooKeeper), change nothing,
+     publish the files the committing owner staged for n, and return;
   2. compute the batch: a source stage runs its operations and partial aggregation in Spark;
      a keyed stage combines the shuffled partials per key (Spark) and applies them to its map
      state with Trident's txid rules; join / process / partition stages run their processor
      and operations on the collected rows;
   3. stage the output files (shuffle, dead letters) named (task, n, e) where no reader sees
-     them, and update a partition_persist user State (``begin_commit``/``commit``);
-  4. append the batch's state changes to the state topic as (task, n, e), then write them and
-     the applied marker (n, e) to RocksDB in one write batch;
-  5. ZooKeeper commit transaction (checks ownership; refused for a zombie);
-  6. publish the staged files (rename into the queues), ``map_state.commit(n)``.
+     them, fsynced; a partition_persist user State gets ``begin_commit(n)`` and the updates;
+  4. append the batch's state changes to the state topic as (task, n, e), fsynced, an empty
+     file when nothing changed; then write them and the applied marker (n, e) to RocksDB in
+     one synced write batch;
+  5. ZooKeeper commit transaction (checks ownership; refused for a zombie and once the task
+     is stopping), recording the staged files' sizes and the input files' fingerprint;
+  6. ``commit(n)`` of a user State, publish the staged files (rename into the queues, checked
+     against what step 5 recorded), ``map_state.commit(n)``.
 
 A crash before 5 leaves only files no reader accepts (staged, or state-topic entries of an
-uncommitted txid / lower epoch); a crash after 5 is finished by step 1 of the replay.
+uncommitted txid / lower epoch); a crash after 5 is finished when the task starts again
+(it publishes the committed batch's files) and by step 1 of the replay. Because every file
+is durable before step 5, this holds for an OS crash or power loss as well as for a process
+crash, on storage that honours fsync; files lost anyway stop the task with an error
+(:class:`~stream_ops.errors.CommittedBatchLostError`, :class:`~stream_ops.errors.ReplayError`)
+instead of silently dropping a batch.
 """
 
 from __future__ import annotations
@@ -30,29 +39,34 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.join_bolt import lookup as field_value
 from stream_ops.operators.record_pipeline import needs_driver, run_batch
 from stream_ops.operators.trident_state import Collector, State
-from stream_ops.runtime.ownership import Ownership, acquire, commit, release
+from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
-from stream_ops.spark.checkpoint import batch_offsets, count_newer_files, latest_file_timestamp
+from stream_ops.spark.checkpoint import batch_input, batch_offsets, count_newer_files, latest_file_timestamp
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
-from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topics.file_topic import FileTopic, batch_file_name
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
+
+TICK_PREFIX = "tick-"
+"""Names of the tick files a task writes into its own input start with this."""
 
 
 @dataclass
@@ -80,6 +94,11 @@ class RunnerSettings:
     trigger_seconds: float = 1.0
     max_files_per_trigger: int = 100
     commit_wait_s: float = 10.0
+    max_file_age: str = "7d"
+    """Spark's ``maxFileAge`` for a task's input: files older than the newest file seen by more
+    than this are skipped (published batches are touched, so this concerns landed source files)."""
+    stop_wait_s: float = 30.0
+    """How long :meth:`TaskRunner.stop` waits for a running batch before closing under it."""
 
 
 class TaskRunner:
@@ -133,6 +152,9 @@ class TaskRunner:
         self._overlay_lock = threading.Lock()
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
+        # Held across steps 4-6 of a batch and by stop() while it closes the state: once the
+        # state is closed no commit can start, and no commit runs on a closed state.
+        self._commit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._last_input_ms = 0
         spec = self.stage.state.aggregator if self.stage.state else self.stage.shuffle.aggregator if self.stage.shuffle else None
@@ -172,11 +194,25 @@ class TaskRunner:
     def _prepare_state(self) -> None:
         assert self.ownership is not None
         committed = self.ownership.committed
-        # Staged files of this task that no commit will ever publish (a dead owner's, or ours
-        # from before a crash) are dropped; the committed batch's are kept for step 1.
+        # Our predecessors' staged files that no commit will ever publish, and temp files a
+        # crashed writer left, are dropped; the committed batch's are published now (step 6
+        # of a commit whose owner died before it). Only epochs below ours are touched, and
+        # only after checking we still own the task: a stale owner that resumes here never
+        # deletes a newer owner's files.
+        verify_owner(self.store, self.ownership)
         keep = (committed.committed_txid, committed.committed_epoch) if committed.committed_txid >= 0 else None
-        for topic in self._output_topics():
-            topic.discard_staged(self.task.task_id, keep=keep)
+        topics = self._output_topics()
+        if self.stage.keeps_state:
+            topics.append(self.layout.state_topic(self.stage))
+        if self.stage.persist is not None:
+            topics.append(self.layout.persist_topic(self.stage))
+        for topic in topics:
+            topic.discard_staged(self.task.task_id, below_epoch=self.ownership.epoch, keep=keep)
+        self.layout.input_topic(self.plan, self.stage).discard_stale_temp_files(
+            self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-", older_than_s=60.0, now=time.time()
+        )
+        if keep is not None:
+            self._publish(*keep)
         stage = self.stage
         if stage.keeps_state:
             started = time.monotonic()
@@ -199,6 +235,8 @@ class TaskRunner:
         if stage.persist is not None:
             factory = resolve_object(stage.persist.factory)
             self.user_state = factory.make_state(self.task.queue, stage.queues)
+            if keep is not None:
+                self._finish_user_state_commit(*keep)
         if any(op.kind == "state_query" for op in stage.operations):
             self._state_reader = StateReader(self.store, self.topology_id, self.plan)
 
@@ -211,12 +249,18 @@ class TaskRunner:
         self._last_tick = now
         tick = {"stream": TICK_STREAM, "key": None, "record": "{}"}
         topic = self.layout.input_topic(self.plan, self.stage)
-        topic.write_file(self.task.queue, f"tick-t{self.task.task_id:05d}-{time.time_ns()}.jsonl", [tick])
+        topic.write_file(self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-{time.time_ns()}.jsonl", [tick])
         return True
 
     def start_query(self) -> None:
-        """Start the task's Spark streaming query; its batches call :meth:`process_batch`."""
+        """Start the task's Spark streaming query; its batches call :meth:`process_batch`.
+
+        Raises:
+            OwnershipLostError: the task was taken over since :meth:`prepare` (the query runs
+                on the shared checkpoint only while we own the task).
+        """
         assert self.ownership is not None
+        verify_owner(self.store, self.ownership)
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         self._last_input_ms = latest_file_timestamp(checkpoint)
         self.query = start_stage_query(
@@ -228,6 +272,7 @@ class TaskRunner:
             on_batch=self.process_batch,
             trigger_seconds=self.settings.trigger_seconds,
             max_files_per_trigger=self.settings.max_files_per_trigger,
+            max_file_age=self.settings.max_file_age,
         )
 
     @property
@@ -253,10 +298,16 @@ class TaskRunner:
                 self.query.stop()
             except Exception as e:  # noqa: BLE001 - a failed query still has to be cleaned up
                 logger.warning("task %s/%d: stopping query: %s", self.topology_id, self.task.task_id, e)
-        # wait for a batch callback that may still be running in its Python thread
-        if self._batch_lock.acquire(timeout=30):
+        # Wait for a batch callback that may still be running in its Python thread; if it
+        # outlasts the wait, close under it: the commit lock makes its commit either finish
+        # before the state closes or refuse (the task is stopping), never run on a closed state.
+        if self._batch_lock.acquire(timeout=self.settings.stop_wait_s):
             self._batch_lock.release()
-        self._close_state()
+        else:
+            logger.warning("task %s/%d: a batch still runs after %.0f s; closing its state, its commit will be refused",
+                           self.topology_id, self.task.task_id, self.settings.stop_wait_s)
+        with self._commit_lock:
+            self._close_state()
         if release_ownership and self.ownership is not None:
             release(self.store, self.ownership)
         logger.info("task %s/%d stopped on %s", self.topology_id, self.task.task_id, self.worker_id)
@@ -279,16 +330,16 @@ class TaskRunner:
         """``foreachBatch`` callback: run and commit batch ``batch_id`` (the txid)."""
         with self._batch_lock:
             if self._stopping.is_set():
-                raise RuntimeError(f"task {self.topology_id}/{self.task.task_id} is stopping; batch {batch_id} left for replay")
+                raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; batch {batch_id} left for replay")
             assert self.ownership is not None
             txid = int(batch_id)
             self.stats.txid_in_flight = txid
             started = time.monotonic()
+            # Step 1
             if self._already_committed(txid):
-                if txid == self.ownership.committed_txid:
-                    self._publish(txid, self.ownership.committed.committed_epoch)
                 self.stats.txid_in_flight = None
                 return
+            # Steps 2-6
             if self.stage.kind == "keyed":
                 rows_in, rows_out = self._keyed_batch(df, txid)
             else:
@@ -298,42 +349,131 @@ class TaskRunner:
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
         if not self.connected.wait(self.settings.commit_wait_s):
-            raise RuntimeError(f"task {self.topology_id}/{self.task.task_id}: ZooKeeper not connected; batch left for replay")
+            raise ZooKeeperUnavailableError(
+                f"task {self.topology_id}/{self.task.task_id}: ZooKeeper not connected; batch left for replay"
+            )
 
     def _already_committed(self, txid: int) -> bool:
+        """Step 1: True if ``txid`` is committed already (its files are published again).
+
+        Spark re-delivers the committed batch after a crash between our commit and its own;
+        it must plan exactly the input the commit recorded. A txid below the committed one,
+        or other input files, means Spark's checkpoint fell behind ZooKeeper (a machine crash,
+        a restored or deleted checkpoint, a checkpoint root that is not really shared), and
+        skipping or re-running the batch would lose or double input.
+
+        Raises:
+            InputMismatchError: Spark's plan for ``txid`` differs from what was committed.
+        """
         assert self.ownership is not None
-        committed = self.ownership.committed_txid
-        if txid < committed:
-            logger.warning(
-                "task %s/%d: Spark replays txid %d but %d is committed; the checkpoint is behind ZooKeeper, skipping",
-                self.topology_id, self.task.task_id, txid, committed,
+        committed = self.ownership.committed
+        if txid > committed.committed_txid:
+            return False
+        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        planned = batch_input(checkpoint, txid)
+        recorded = committed.input_of(txid)
+        where = f"task {self.topology_id}/{self.task.task_id}: Spark's checkpoint {checkpoint} plans batch {txid}"
+        behind = (
+            f"{where}, but ZooKeeper committed up to txid {committed.committed_txid} and keeps no record of the input "
+            f"of txid {txid}: the checkpoint is {committed.committed_txid - txid} batch(es) behind ZooKeeper (restored, "
+            "deleted or not shared between workers). The task stops rather than skip or re-count input; restore the "
+            "checkpoint directory that ran these batches"
+        )
+        if planned is None:  # Spark logged no input files for the batch: txids are all there is
+            if txid < committed.committed_txid:
+                raise InputMismatchError(behind)
+        elif recorded is None:
+            raise InputMismatchError(behind)
+        elif planned.digest != recorded.digest:
+            raise InputMismatchError(
+                f"{where} with {planned.files} input file(s), but txid {txid} was committed with {recorded.files} "
+                f"other file(s) (sha256 {recorded.digest[:12]} vs {planned.digest[:12]}): the checkpoint fell behind "
+                "ZooKeeper and Spark re-planned the batch. The task stops rather than skip or re-count input; restore "
+                "the checkpoint directory that ran these batches"
             )
-        return txid <= committed
+        if txid < committed.committed_txid:
+            logger.warning("task %s/%d: Spark replays txid %d with the same input as committed; skipping it",
+                           self.topology_id, self.task.task_id, txid)
+        else:
+            self._publish(txid, committed.committed_epoch)
+            self._finish_user_state_commit(txid, committed.committed_epoch)
+        return True
 
     def _commit(self, txid: int, rows: int) -> None:
         """Steps 4-6: state topic + RocksDB, ZooKeeper commit, publish."""
         assert self.ownership is not None
-        commit_started = time.perf_counter()
-        epoch = self.ownership.epoch
-        state = self.state
-        if state is not None:
-            changed = state.store.pending_items()
-            if changed:
+        with self._commit_lock:
+            if self._stopping.is_set():
+                raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
+            commit_started = time.perf_counter()
+            epoch = self.ownership.epoch
+            state = self.state
+            # Step 4
+            if state is not None:
+                changed = state.store.pending_items()
                 state.changelog.append(self.task.task_id, txid, epoch, changed)
-                keys = [key for key, _ in changed]
-                before = state.store.multi_get(keys, include_pending=False)
-                with self._overlay_lock:
-                    self._committed_overlay = dict(zip(keys, before, strict=True))
-            state.store.flush(txid, epoch)
-        self._wait_connected()
-        offsets = batch_offsets(self.layout.checkpoint_dir(self.task.task_id), txid)
-        commit(self.store, self.ownership, txid, offsets=offsets, rows=rows, clock=self.clock)
-        with self._overlay_lock:
-            self._committed_overlay = {}
-        self._publish(txid, epoch)
-        if state is not None and state.map_state is not None:
-            state.map_state.commit(txid)
-        self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+                if changed:
+                    keys = [key for key, _ in changed]
+                    before = state.store.multi_get(keys, include_pending=False)
+                    with self._overlay_lock:
+                        self._committed_overlay = dict(zip(keys, before, strict=True))
+                state.store.flush(txid, epoch)
+            # Step 5
+            self._wait_connected()
+            checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+            outputs = {
+                str(topic.path): sizes
+                for topic in self._output_topics()
+                if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
+            }
+            commit(
+                self.store, self.ownership, txid,
+                offsets=batch_offsets(checkpoint, txid), rows=rows, outputs=outputs,
+                batch_input=batch_input(checkpoint, txid), clock=self.clock,
+            )
+            with self._overlay_lock:
+                self._committed_overlay = {}
+            # Step 6
+            if self.user_state is not None:
+                self.user_state.commit(txid)
+                self._persisted_tuples_path(txid, epoch).unlink(missing_ok=True)
+            self._publish(txid, epoch)
+            if state is not None and state.map_state is not None:
+                state.map_state.commit(txid)
+            self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+
+    def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> None:
+        """Apply a batch's tuples to the partition_persist State, without committing it.
+
+        The State keeps them uncommitted (e.g. in a database transaction) until step 6, so no
+        reader sees a batch before ZooKeeper commits it, and a zombie's never.
+        """
+        assert self.stage.persist is not None and self.user_state is not None
+        self.user_state.begin_commit(txid)
+        resolve_object(self.stage.persist.updater).update_state(self.user_state, tuples, Collector())
+
+    def _persisted_tuples_path(self, txid: int, epoch: int) -> Path:
+        return self.layout.persist_topic(self.stage).pending_path(self.task.queue) / batch_file_name(self.task.task_id, txid, epoch)
+
+    def _finish_user_state_commit(self, txid: int, epoch: int) -> None:
+        """Apply committed batch ``txid``'s tuples to the user State again if its commit may not
+        have happened (their staged file is deleted only after ``State.commit``).
+
+        A transactional or opaque State recognises the txid; a plain State may count the batch
+        twice if the crash fell between its commit and the deletion (Trident's non-transactional
+        state is at-least-once too).
+        """
+        if self.user_state is None:
+            return
+        path = self._persisted_tuples_path(txid, epoch)
+        if not path.exists():
+            return
+        tuples = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        logger.info("task %s/%d: applying committed txid %d to its State again (%d tuples)",
+                    self.topology_id, self.task.task_id, txid, len(tuples))
+        self._update_user_state(txid, tuples)
+        self.user_state.commit(txid)
+        path.unlink(missing_ok=True)
 
     def _output_topics(self) -> list[FileTopic]:
         topics = [self.layout.dead_letter_topic()]
@@ -344,16 +484,35 @@ class TaskRunner:
         return topics
 
     def _publish(self, txid: int, epoch: int) -> None:
+        """Publish committed batch ``txid``'s staged files, checked against its commit record."""
+        assert self.ownership is not None
+        recorded = self.ownership.committed.outputs
         for topic in self._output_topics():
-            topic.publish_batch(self.task.task_id, txid, epoch)
+            topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(str(topic.path), {}))
 
     def _keyed_batch(self, df: DataFrame, txid: int) -> tuple[int, int]:
-        assert self.state is not None and self.state.map_state is not None
+        """Keyed stage: combine the shuffled partials per key into the map state, commit.
+
+        A partial that cannot be combined (null, or of a type the aggregator rejects) goes to
+        the dead letters with the reason instead of failing the batch on every replay.
+        """
+        assert self.state is not None and self.state.map_state is not None and self.ownership is not None
         partials, rows_in = keyed_batch(df, self.stage)
-        keys = [tuple(json.loads(k)) for k, _ in partials]
+        dead: list[dict[str, Any]] = []
+        keys: list[tuple[Any, ...]] = []
+        updates: list[Callable[[Any], Any]] = []
+        for encoded, value in partials:
+            key = tuple(json.loads(encoded))
+            problem = _uncombinable(self._aggregator, value)
+            if problem is not None:
+                dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
+                continue
+            keys.append(key)
+            updates.append(_combiner(self._aggregator, key, value, dead))
         map_state = self.state.map_state
         map_state.begin_commit(txid)
-        map_state.multi_update(keys, [_combiner(self._aggregator, value) for _, value in partials])
+        map_state.multi_update(keys, updates)
+        self._stage_dead_letters(txid, self.ownership.epoch, dead)
         self._commit(txid, rows_in)
         return rows_in, len(keys)
 
@@ -377,22 +536,34 @@ class TaskRunner:
             records, letters = run_batch(records, self.stage.operations, self._state_reader)
             dead.extend({"record": d.record, "error": d.error} for d in letters)
         epoch = self.ownership.epoch
-        rows_out = self._stage_outputs(txid, epoch, records, partials)
-        if dead:
-            letters = [{**d, "topology": self.topology_id, "task": self.task.task_id, "txid": txid, "epoch": epoch} for d in dead]
-            self.layout.dead_letter_topic().stage_batch(0, self.task.task_id, txid, epoch, letters)
-            self.stats.dead_letters += len(letters)
-            logger.warning("task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters))
+        rows_out = self._stage_outputs(txid, epoch, records, partials, dead)
+        self._stage_dead_letters(txid, epoch, dead)
         self._commit(txid, rows_in)
         return rows_in, rows_out
 
-    def _stage_outputs(self, txid: int, epoch: int, records: list[dict[str, Any]], partials: list[tuple[str, Any]]) -> int:
+    def _stage_dead_letters(self, txid: int, epoch: int, dead: list[dict[str, Any]]) -> None:
+        """Step 3 for the records of a batch that could not be processed."""
+        if not dead:
+            return
+        letters = [{**d, "topology": self.topology_id, "task": self.task.task_id, "txid": txid, "epoch": epoch} for d in dead]
+        self.layout.dead_letter_topic().stage_batch(0, self.task.task_id, txid, epoch, letters)
+        self.stats.dead_letters += len(letters)
+        logger.warning("task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters))
+
+    def _stage_outputs(
+        self,
+        txid: int,
+        epoch: int,
+        records: list[dict[str, Any]],
+        partials: list[tuple[str, Any]],
+        dead: list[dict[str, Any]],
+    ) -> int:
         """Step 3: write the batch's output files (unpublished) or update the user State."""
         stage = self.stage
         by_queue: dict[int, list[dict[str, Any]]] = defaultdict(list)
         if stage.shuffle is not None:
             if not partials and records:
-                partials = _partials_of(records, stage.shuffle.key_fields, self._aggregator)
+                partials = _partials_of(records, stage.shuffle.key_fields, self._aggregator, dead)
             for key, value in partials:
                 by_queue[partition_for(json.loads(key), stage.shuffle.queues)].append({"key": key, "value": value})
             topic = self.layout.shuffle_topic(self.plan.stage(stage.shuffle.to_stage))
@@ -405,11 +576,12 @@ class TaskRunner:
                 )
             topic = self.layout.shuffle_topic(self.plan.stage(spec.to_stage))
         else:
-            assert stage.persist is not None and self.user_state is not None
+            assert stage.persist is not None
             tuples = [{f: record.get(f) for f in stage.persist.fields} for record in records]
-            self.user_state.begin_commit(txid)
-            resolve_object(stage.persist.updater).update_state(self.user_state, tuples, Collector())
-            self.user_state.commit(txid)
+            # The tuples are staged so that a crash between the ZooKeeper commit and the
+            # State's commit (step 6) can apply them again; see _finish_user_state_commit.
+            self.layout.persist_topic(stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)
+            self._update_user_state(txid, tuples)
             return len(tuples)
         for queue, lines in sorted(by_queue.items()):
             topic.stage_batch(queue, self.task.task_id, txid, epoch, lines)
@@ -451,19 +623,43 @@ class TaskRunner:
         return [_unwrap(overlay[k] if k in overlay else v) for k, v in zip(keys, values, strict=True)]
 
 
-def _partials_of(records: list[dict[str, Any]], key_fields: tuple[str, ...], aggregator: Any) -> list[tuple[str, Any]]:
-    """Partial aggregates per key of records computed in the driver."""
+def _partials_of(
+    records: list[dict[str, Any]], key_fields: tuple[str, ...], aggregator: Any, dead: list[dict[str, Any]]
+) -> list[tuple[str, Any]]:
+    """Partial aggregates per key of records computed in the driver; a record the aggregator
+    rejects (e.g. a null Sum field) is appended to ``dead`` with the reason."""
     partial: dict[str, Any] = {}
     for record in records:
-        key = encode_key([record.get(f) for f in key_fields])
-        value = aggregator.init(record)
-        partial[key] = value if key not in partial else aggregator.combine(partial[key], value)
+        try:
+            key = encode_key([record.get(f) for f in key_fields])
+            value = aggregator.init(record)
+            partial[key] = value if key not in partial else aggregator.combine(partial[key], value)
+        except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
+            dead.append({"record": record, "error": f"partials: {type(e).__name__}: {e}"})
     return list(partial.items())
 
 
-def _combiner(aggregator: Any, partial: Any) -> Callable[[Any], Any]:
+def _uncombinable(aggregator: Any, partial: Any) -> str | None:
+    """Why a shuffled partial cannot be combined into a state, or None if it can."""
+    if partial is None:
+        return "the partial aggregate is null (a null field reached the aggregator)"
+    try:
+        aggregator.combine(aggregator.zero(), partial)
+    except Exception as e:  # noqa: BLE001 - reported as a dead letter
+        return f"the partial aggregate cannot be combined: {type(e).__name__}: {e}"
+    return None
+
+
+def _combiner(aggregator: Any, key: tuple[Any, ...], partial: Any, dead: list[dict[str, Any]]) -> Callable[[Any], Any]:
+    """The map-state update of one key; a combine that fails leaves the value as it was and
+    sends the partial to ``dead``."""
+
     def combine(current: Any) -> Any:
-        return aggregator.combine(aggregator.zero() if current is None else current, partial)
+        try:
+            return aggregator.combine(aggregator.zero() if current is None else current, partial)
+        except Exception as e:  # noqa: BLE001 - reported as a dead letter
+            dead.append({"record": {"key": list(key), "partial": partial}, "error": f"combine: {type(e).__name__}: {e}"})
+            return current
 
     return combine
 

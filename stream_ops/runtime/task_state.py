@@ -72,6 +72,8 @@ def open_task_state(
         store_dir.parent.mkdir(parents=True, exist_ok=True)
         store = RocksDBBackingMap(store_dir)
         if committed_txid >= 0:
-            restored = rebuild_store(store, changelog, committed_txid, committed_epoch, snapshot_dir=snapshot_dir)
+            restored = rebuild_store(
+                store, changelog, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
+            )
     map_state = MAP_STATES[kind](store) if kind is not None else None
     return TaskState(store=store, map_state=map_state, changelog=changelog, restored_keys=restored, rebuilt=rebuilt)

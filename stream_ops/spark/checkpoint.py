@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from stream_ops.coordination.records import BatchInput
 
 
 def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
@@ -22,6 +25,40 @@ def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
         except json.JSONDecodeError:
             offsets.append(line)
     return offsets
+
+
+def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
+    """The files Spark's file source planned for ``batch_id``, or None if its log has no entry.
+
+    The file source logs each batch's files under ``sources/0/<batch>``; every
+    ``compactInterval`` batches (10 by default) that log is ``<batch>.compact`` instead and
+    holds the entries of all batches so far, each with its ``batchId``.
+    """
+    log_dir = checkpoint_dir / "sources" / "0"
+    for name in (str(batch_id), f"{batch_id}.compact"):
+        try:
+            lines = (log_dir / name).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        files = []
+        for line in lines[1:]:  # line 0 is the log version
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and entry.get("batchId", batch_id) == batch_id and "path" in entry:
+                files.append(str(entry["path"]))
+        return sorted(files)
+    return None
+
+
+def batch_input(checkpoint_dir: Path, batch_id: int) -> BatchInput | None:
+    """The fingerprint of the input Spark planned for ``batch_id`` (None when Spark logged none)."""
+    files = batch_input_files(checkpoint_dir, batch_id)
+    if files is None:
+        return None
+    digest = hashlib.sha256("\n".join(files).encode("utf-8")).hexdigest()
+    return BatchInput(txid=batch_id, files=len(files), digest=digest)
 
 
 def latest_file_timestamp(checkpoint_dir: Path) -> int:

@@ -54,10 +54,16 @@ def start_stage_query(
     on_batch: Callable[[DataFrame, int], None],
     trigger_seconds: float,
     max_files_per_trigger: int,
+    max_file_age: str = "7d",
 ) -> StreamingQuery:
-    """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch."""
+    """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch.
+
+    ``max_file_age`` is Spark's ``maxFileAge``: a file whose modification time is older than
+    the newest file seen by more than this is never read (published batch files are touched
+    when published, so only files landed with old times are concerned).
+    """
     fields = dict(stage.input_fields)
-    reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
+    reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger).option("maxFileAge", max_file_age)
     if stage.kind == "source":
         fields[CORRUPT_COLUMN] = "string"
         reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN)

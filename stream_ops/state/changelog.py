@@ -2,9 +2,13 @@
 
 Each queue of the state topic belongs to one source queue. For every batch a task writes one
 file, named by (task, txid, owner epoch), holding the wrapped values the batch wrote — so a
-replayed batch overwrites its own file instead of adding to the log. Replay keeps, per key, the
-entry with the largest offset among entries of committed txids, where for each txid only the
-highest owner epoch counts (a lower epoch is the work of an owner that lost the task).
+replayed batch overwrites its own file instead of adding to the log. Every batch writes its
+file, an empty one when nothing changed, and ends it with an end record
+``{"end":{"txid":T,"epoch":E,"entries":N}}``, so a file cut short (an OS crash on storage that
+ignored fsync) is detected instead of read as fewer changes. Replay keeps, per key, the entry
+with the largest offset among entries of committed txids, where for each txid only the highest
+owner epoch that wrote a file counts: the committing epoch always wrote one, and any lower
+epoch is the work of an owner that lost the task.
 
 :func:`rebuild_store` restores a store from the latest compacted snapshot of the queue
 (:mod:`stream_ops.state.snapshot`) plus the batches above it, or from the whole queue. It
@@ -38,6 +42,8 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _FIELDS = ("key", "value", "offset", "txid", "epoch")
+_END = "end"
+"""The member of a batch file's last line, its end record."""
 
 # The stored bytes of replayed entries are made with one shared encoder each: json.dumps builds
 # a new encoder per call, and JSONEncoder.encode still builds its C encoder per call, which
@@ -168,11 +174,13 @@ def _parse_entry(entry: Any, where: str) -> ChangelogEntry:
     return ChangelogEntry(**fields)
 
 
-def replay_changelog(entries: Iterable[Any], committed_txid: int) -> dict[Key, Any]:
+def replay_changelog(
+    entries: Iterable[Any], committed_txid: int, *, epochs: Mapping[int, int] | None = None
+) -> dict[Key, Any]:
     """The state a changelog describes at ``committed_txid`` (pure; no I/O).
 
     For each key the winner is the entry with the largest offset among entries whose txid is
-    at most ``committed_txid`` and whose epoch is the highest seen for that txid; a winning
+    at most ``committed_txid`` and whose epoch is the one that counts for that txid; a winning
     tombstone (value None) means the key is absent.
 
     Example:
@@ -185,6 +193,9 @@ def replay_changelog(entries: Iterable[Any], committed_txid: int) -> dict[Key, A
     Args:
         entries: mappings or objects with key, value, offset, txid and epoch.
         committed_txid: the last txid committed in ZooKeeper; later entries are ignored.
+        epochs: txid -> the epoch that counts for it: the highest epoch that wrote a batch file
+            for the txid, even an empty one (see :meth:`StateTopicQueue.replay`). Without it,
+            the highest epoch among the entries of the txid counts.
 
     Returns:
         key tuple -> value, values as given (JSON objects for a state topic).
@@ -196,12 +207,13 @@ def replay_changelog(entries: Iterable[Any], committed_txid: int) -> dict[Key, A
     counted = [
         entry for entry in (_parse_entry(raw, f"#{i}") for i, raw in enumerate(entries)) if entry.txid <= committed_txid
     ]
-    top_epoch: dict[int, int] = {}
-    for entry in counted:
-        top_epoch[entry.txid] = max(entry.epoch, top_epoch.get(entry.txid, entry.epoch))
+    top_epoch: dict[int, int] = dict(epochs) if epochs is not None else {}
+    if epochs is None:
+        for entry in counted:
+            top_epoch[entry.txid] = max(entry.epoch, top_epoch.get(entry.txid, entry.epoch))
     winners: dict[Key, ChangelogEntry] = {}
     for entry in counted:
-        if entry.epoch != top_epoch[entry.txid]:
+        if entry.epoch != top_epoch.get(entry.txid):
             continue
         best = winners.get(entry.key)
         if best is not None and best.offset == entry.offset:
@@ -232,7 +244,11 @@ class StateTopicQueue:
         return self._dir
 
     def append(self, task_id: int, txid: int, epoch: int, items: Iterable[tuple[Key, Any | None]]) -> Path:
-        """Write the state changes of batch ``txid`` as one file (a replay overwrites it).
+        """Write the state changes of batch ``txid`` as one durable file (a replay overwrites it).
+
+        Every batch of a stateful task appends, with no items when nothing changed: the file
+        marks the epoch that committed the txid (see :func:`replay_changes`). Its last line is
+        the end record with the number of entries.
 
         Args:
             task_id: the task that ran the batch.
@@ -253,6 +269,7 @@ class StateTopicQueue:
             }
             for key, value in items
         ]
+        records.append({_END: {"txid": txid, "epoch": epoch, "entries": len(records)}})
         return self._topic.write_file(self._queue, batch_file_name(task_id, txid, epoch), records, overwrite=True)
 
     def entries(self) -> Iterator[ChangelogEntry]:
@@ -273,7 +290,10 @@ class StateTopicQueue:
 
     def replay(self, committed_txid: int) -> dict[Key, Any]:
         """The queue's state at ``committed_txid``: key -> TransactionalValue / OpaqueValue / plain value."""
-        state = replay_changelog(self.entries(), committed_txid)
+        epochs: dict[int, int] = {}
+        for file_id, _ in self._batch_files():
+            epochs[file_id.txid] = max(file_id.epoch, epochs.get(file_id.txid, file_id.epoch))
+        state = replay_changelog(self.entries(), committed_txid, epochs=epochs)
         try:
             return {key: from_json_obj(obj) for key, obj in state.items()}
         except StateError as e:
@@ -295,14 +315,27 @@ class StateTopicQueue:
 
 
 def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[ChangelogEntry]:
-    """The entries of one batch file, checked line by line, offsets from ``first_offset``."""
+    """The entries of one batch file, checked line by line, offsets from ``first_offset``.
+
+    The file must end with its end record (see :meth:`StateTopicQueue.append`), naming the
+    file's txid and epoch and the number of entries before it.
+    """
     offset = first_offset
+    count = 0
+    ended = False
     with open(path, encoding="utf-8") as lines:
         for line_no, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             where = f"{path}:{line_no}"
-            entry = _parse_entry({**_load_record(line, where), "offset": offset}, where)
+            if ended:
+                raise ReplayError(f"state-topic file {path} has a line after its end record ({where}); the file is corrupt")
+            record = _load_record(line, where)
+            if _END in record:
+                _check_end(record, file_id, count, where)
+                ended = True
+                continue
+            entry = _parse_entry({**record, "offset": offset}, where)
             if (entry.txid, entry.epoch) != (file_id.txid, file_id.epoch):
                 raise ReplayError(
                     f"state-topic entry {where} has txid {entry.txid} epoch {entry.epoch}, but its file "
@@ -310,6 +343,29 @@ def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterat
                 )
             yield entry
             offset += 1
+            count += 1
+    if not ended:
+        raise ReplayError(
+            f"state-topic file {path} has no end record after {count} entries: it was cut short (an OS crash on "
+            "storage that did not honour fsync, or a copy that stopped midway). Its batch is committed, so the "
+            "state cannot be rebuilt exactly; restore the file from a backup"
+        )
+
+
+def _check_end(record: dict[str, Any], file_id: BatchFileId, count: int, where: str) -> None:
+    expected = {"txid": file_id.txid, "epoch": file_id.epoch, "entries": count}
+    if record != {_END: expected}:
+        raise ReplayError(f"state-topic end record {where} is {record!r}, expected {{'end': {expected!r}}}; the file is corrupt")
+
+
+def _complete_records(records: list[Any], file_id: BatchFileId) -> bool:
+    """True when ``records`` (a whole file, decoded) ends with its correct end record."""
+    if not records:
+        return False
+    last = records[-1]
+    return last.__class__ is dict and last.get(_END) == {
+        "txid": file_id.txid, "epoch": file_id.epoch, "entries": len(records) - 1
+    } and len(last) == 1
 
 
 def _load_record(line: str, where: str) -> dict[str, Any]:
@@ -362,6 +418,7 @@ def replay_changes(
     *,
     after_txid: int,
     committed_txid: int,
+    committed_epoch: int | None = None,
     on_file: Callable[[int, int, int], None] | None = None,
 ) -> ReplayedChanges:
     """The net changes that batches ``after_txid < txid <= committed_txid`` made, from the files.
@@ -383,6 +440,10 @@ def replay_changes(
         queue: the state-topic queue.
         after_txid: the txid the changes apply on top of (-1 for an empty state).
         committed_txid: the last txid to count.
+        committed_epoch: the epoch ZooKeeper recorded for ``committed_txid``. When given, the
+            range must be complete: every txid in it has a file (every batch writes one) and
+            the file counted for ``committed_txid`` is of this epoch; a gap means committed
+            batches were lost and raises instead of rebuilding a state that silently lacks them.
         on_file: called after each file read with (files read, batch files in the txid range,
             entries read so far).
 
@@ -391,9 +452,12 @@ def replay_changes(
 
     Raises:
         ReplayError: a counted file has a line that is not a state-topic record of its
-            (txid, epoch), exactly as :meth:`StateTopicQueue.entries` would report it.
+            (txid, epoch), exactly as :meth:`StateTopicQueue.entries` would report it, or is
+            cut short; or (with ``committed_epoch``) a committed batch's file is missing.
     """
-    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, on_file, _load_batch_pairs)
+    changes, top_epochs, read, entries = _replay(
+        queue, after_txid, committed_txid, committed_epoch, on_file, _load_batch_pairs
+    )
     return ReplayedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
 
 
@@ -450,6 +514,7 @@ def replay_encoded_changes(
     *,
     after_txid: int,
     committed_txid: int,
+    committed_epoch: int | None = None,
     on_file: Callable[[int, int, int], None] | None = None,
 ) -> EncodedChanges:
     """:func:`replay_changes`, with each winning value as the bytes a store keeps — for a restore.
@@ -464,7 +529,9 @@ def replay_encoded_changes(
     Raises:
         ReplayError: see :func:`replay_changes`.
     """
-    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, on_file, _load_encoded_pairs)
+    changes, top_epochs, read, entries = _replay(
+        queue, after_txid, committed_txid, committed_epoch, on_file, _load_encoded_pairs
+    )
     return EncodedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
 
 
@@ -472,6 +539,7 @@ def _replay(
     queue: StateTopicQueue,
     after_txid: int,
     committed_txid: int,
+    committed_epoch: int | None,
     on_file: Callable[[int, int, int], None] | None,
     load: Callable[[Path, BatchFileId], list[tuple[Key, Any]]],
 ) -> tuple[dict[Key, Any], dict[int, int], int, int]:
@@ -484,26 +552,53 @@ def _replay(
     for file_id, path in queue.batch_files():
         if after_txid < file_id.txid <= committed_txid:
             by_txid.setdefault(file_id.txid, []).append((file_id, path))
+    if committed_epoch is not None:
+        _check_complete(queue, by_txid, after_txid, committed_txid, committed_epoch)
     total = sum(len(files) for files in by_txid.values())
     changes: dict[Key, Any] = {}
     top_epochs: dict[int, int] = {}
     read = entries = 0
     for txid in sorted(by_txid):
         files = by_txid[txid]
-        for epoch in sorted({file_id.epoch for file_id, _ in files}, reverse=True):
-            pairs: list[tuple[Key, Any]] = []
-            for file_id, path in files:
-                if file_id.epoch == epoch:
-                    pairs.extend(load(path, file_id))
-                    read += 1
-                    if on_file is not None:
-                        on_file(read, total, entries + len(pairs))
-            if pairs:  # the highest epoch *with entries* counts, as in replay_changelog
-                changes.update(pairs)  # in offset order: the largest offset per key wins
-                top_epochs[txid] = epoch
-                entries += len(pairs)
-                break
+        epoch = max(file_id.epoch for file_id, _ in files)  # the committing epoch wrote a file
+        pairs: list[tuple[Key, Any]] = []
+        for file_id, path in files:
+            if file_id.epoch == epoch:
+                pairs.extend(load(path, file_id))
+                read += 1
+                if on_file is not None:
+                    on_file(read, total, entries + len(pairs))
+        changes.update(pairs)  # in offset order: the largest offset per key wins
+        top_epochs[txid] = epoch
+        entries += len(pairs)
     return changes, top_epochs, read, entries
+
+
+def _check_complete(
+    queue: StateTopicQueue,
+    by_txid: Mapping[int, list[tuple[BatchFileId, Path]]],
+    after_txid: int,
+    committed_txid: int,
+    committed_epoch: int,
+) -> None:
+    """Raise unless every txid of ``after_txid < txid <= committed_txid`` has a file and the
+    committed txid's highest epoch is ``committed_epoch``."""
+    missing = [txid for txid in range(after_txid + 1, committed_txid + 1) if txid not in by_txid]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise ReplayError(
+            f"state topic {queue.path}: committed batch(es) txid {shown} have no state-topic file, although ZooKeeper "
+            f"records txid {committed_txid} as committed and every batch writes one. The files were lost (an OS crash "
+            "on storage that did not honour fsync, or deleted by hand); rebuilding without them would silently drop "
+            "their updates. Restore them from a backup"
+        )
+    if committed_txid > after_txid:
+        top = max(file_id.epoch for file_id, _ in by_txid[committed_txid])
+        if top != committed_epoch:
+            raise ReplayError(
+                f"state topic {queue.path}: txid {committed_txid} was committed by epoch {committed_epoch}, but the "
+                f"highest epoch with a file for it is {top}; the committing owner's file is lost"
+            )
 
 
 def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[str, Any] | None]]:
@@ -517,14 +612,13 @@ def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[
         # split on "\n" only: JSON escapes line breaks inside strings, but str.splitlines()
         # would also split on U+2028 and friends, which ensure_ascii=False leaves raw.
         lines = [line for line in file.read().split("\n") if line.strip()]
-    if not lines:
-        return []
     txid, epoch = file_id.txid, file_id.epoch
     try:
         records = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
         records = None
-    if records is not None and len(records) == len(lines):
+    if records is not None and len(records) == len(lines) and _complete_records(records, file_id):
+        records.pop()
         pairs: list[tuple[Key, dict[str, Any] | None]] = []
         append = pairs.append
         for record in records:  # the hot loop of a replay: checks inline, no calls per line
@@ -568,14 +662,14 @@ def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any
     with open(path, encoding="utf-8") as file:
         text = file.read()
     lines = [line for line in text.split("\n") if line.strip()]  # "\n" only: see _load_batch_pairs
-    if not lines:
-        return []
     txid, epoch = file_id.txid, file_id.epoch
     try:
         records = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
         records = None
-    if records is not None and len(records) == len(lines):
+    if records is not None and len(records) == len(lines) and _complete_records(records, file_id):
+        records.pop()
+        lines.pop()
         cut = "\\u" not in text
         tail = f',"txid":{txid},"epoch":{epoch}}}'
         end = -len(tail)
@@ -627,6 +721,7 @@ def rebuild_store(
     committed_epoch: int,
     *,
     snapshot_dir: Path | None = None,
+    require_complete: bool = False,
     clock: Callable[[], float] = time.monotonic,
     log_interval: float = 1.0,
 ) -> int:
@@ -655,6 +750,9 @@ def rebuild_store(
         committed_txid: the task's committed txid in ZooKeeper.
         committed_epoch: the owner epoch recorded in the store's marker.
         snapshot_dir: where the queue's snapshots are written, or None (see above).
+        require_complete: the queue was written by a task runner, which writes a file for
+            every batch: require one for every txid above the snapshot and the committed
+            txid's file of ``committed_epoch`` (see :func:`replay_changes`).
         clock: seconds, for rate-limiting progress logs and the keys/s figures.
         log_interval: at most one progress log per this many seconds.
 
@@ -678,7 +776,14 @@ def rebuild_store(
             logger.info("rebuilding %s: read %d of %d state-topic files (%d entries)", where, read, total, entries)
 
     with paused_cyclic_gc():
-        source = open_restore_source(queue, committed_txid, snapshot_dir=snapshot_dir, on_file=on_file, encoded=True)
+        source = open_restore_source(
+            queue,
+            committed_txid,
+            committed_epoch=committed_epoch if require_complete else None,
+            snapshot_dir=snapshot_dir,
+            on_file=on_file,
+            encoded=True,
+        )
         count = _restore(store, source, queue, committed_txid, committed_epoch, clock, log_interval)
     seconds = clock() - started
     logger.info(

@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from stream_ops.durable_files import fsync_dir, fsync_file
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.changelog import (
     EncodedChanges,
@@ -218,7 +219,9 @@ def read_compaction_marker(queue: StateTopicQueue) -> CompactionMarker | None:
 # --- writing ------------------------------------------------------------------------------
 
 
-def write_snapshot(queue: StateTopicQueue, snapshot_dir: Path, committed_txid: int) -> SnapshotInfo:
+def write_snapshot(
+    queue: StateTopicQueue, snapshot_dir: Path, committed_txid: int, *, committed_epoch: int | None = None
+) -> SnapshotInfo:
     """Write the snapshot of ``queue`` at ``committed_txid`` into ``snapshot_dir``.
 
     Starts from the newest snapshot in ``snapshot_dir`` at or below ``committed_txid`` and
@@ -237,6 +240,8 @@ def write_snapshot(queue: StateTopicQueue, snapshot_dir: Path, committed_txid: i
         queue: the state-topic queue.
         snapshot_dir: the queue's snapshot directory (created if missing).
         committed_txid: the queue's committed txid in ZooKeeper; later batches are left out.
+        committed_epoch: the epoch ZooKeeper recorded with it; when given, a committed batch
+            whose file is missing fails the snapshot instead of making the loss permanent.
 
     Returns:
         The snapshot at ``committed_txid``.
@@ -265,7 +270,7 @@ def write_snapshot(queue: StateTopicQueue, snapshot_dir: Path, committed_txid: i
 
     after = base.txid if base is not None else -1
     with paused_cyclic_gc():
-        changes = replay_changes(queue, after_txid=after, committed_txid=committed_txid)
+        changes = replay_changes(queue, after_txid=after, committed_txid=committed_txid, committed_epoch=committed_epoch)
         table = _merged_table(base, changes, queue)
     epoch = changes.top_epochs.get(committed_txid)
     tail_files, tail_entries = changes.files, changes.entries
@@ -307,7 +312,12 @@ def write_snapshot(queue: StateTopicQueue, snapshot_dir: Path, committed_txid: i
 
 
 def compact_queue(
-    queue: StateTopicQueue, snapshot_dir: Path, committed_txid: int, *, delete_covered: bool = True
+    queue: StateTopicQueue,
+    snapshot_dir: Path,
+    committed_txid: int,
+    *,
+    committed_epoch: int | None = None,
+    delete_covered: bool = True,
 ) -> CompactionResult:
     """Snapshot ``queue`` at ``committed_txid``, then delete the batch files the snapshot covers.
 
@@ -326,6 +336,7 @@ def compact_queue(
         queue: the state-topic queue.
         snapshot_dir: the queue's snapshot directory; use the same one every time.
         committed_txid: the queue's committed txid in ZooKeeper.
+        committed_epoch: the epoch recorded with it (see :func:`write_snapshot`).
         delete_covered: delete the covered batch files (False only writes the snapshot).
 
     Raises:
@@ -333,7 +344,7 @@ def compact_queue(
         StateError: the snapshot, the marker or a deletion failed; nothing is deleted before
             the snapshot and the marker are durable.
     """
-    snapshot = write_snapshot(queue, snapshot_dir, committed_txid)
+    snapshot = write_snapshot(queue, snapshot_dir, committed_txid, committed_epoch=committed_epoch)
     files = queue.batch_files()
     if not delete_covered:
         return CompactionResult(snapshot=snapshot, deleted_files=0, deleted_bytes=0, kept_files=len(files))
@@ -448,6 +459,7 @@ def open_restore_source(
     queue: StateTopicQueue,
     committed_txid: int,
     *,
+    committed_epoch: int | None = None,
     snapshot_dir: Path | None = None,
     on_file: Callable[[int, int, int], None] | None = None,
     encoded: bool = False,
@@ -460,9 +472,13 @@ def open_restore_source(
     :meth:`RestoreSource.encoded_items` (:func:`~stream_ops.state.changelog.replay_encoded_changes`);
     both :meth:`RestoreSource.items` and :meth:`RestoreSource.encoded_items` work either way.
 
+    With ``committed_epoch`` (the epoch ZooKeeper recorded for ``committed_txid``) the tail
+    must be complete (see :func:`~stream_ops.state.changelog.replay_changes`).
+
     Raises:
         ReplayError: only snapshots newer than ``committed_txid`` exist, the queue was
-            compacted past ``committed_txid`` or past every snapshot found, or an entry is corrupt.
+            compacted past ``committed_txid`` or past every snapshot found, an entry is
+            corrupt, or a committed batch's file is missing or cut short.
     """
     _check_txid(committed_txid)
     reason = ""
@@ -483,9 +499,15 @@ def open_restore_source(
             try:
                 start = base.txid if base else -1
                 tail: ReplayedChanges | EncodedChanges = (
-                    replay_encoded_changes(queue, after_txid=start, committed_txid=committed_txid, on_file=on_file)
+                    replay_encoded_changes(
+                        queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch,
+                        on_file=on_file,
+                    )
                     if encoded
-                    else replay_changes(queue, after_txid=start, committed_txid=committed_txid, on_file=on_file)
+                    else replay_changes(
+                        queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch,
+                        on_file=on_file,
+                    )
                 )
             except BaseException:
                 if parquet is not None:
@@ -584,9 +606,9 @@ def _write_atomically(target: Path, table: pa.Table, meta: dict[str, Any]) -> No
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             writer.write_table(table.cast(schema), row_group_size=_ROW_GROUP_ROWS)
-        _fsync(tmp)
+        fsync_file(tmp)
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, pa.ArrowException)):
@@ -610,27 +632,12 @@ def _write_marker(queue: StateTopicQueue, txid: int, snapshot_dir: Path) -> None
     try:
         queue.path.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-        _fsync(tmp)
+        fsync_file(tmp)
         os.replace(tmp, target)
-        _fsync_dir(queue.path)
+        fsync_dir(queue.path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise StateError(f"could not write the compaction marker {target}: {e}; nothing was deleted") from e
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync(path)
-    except OSError:  # not every file system lets a directory be opened and synced
-        pass
 
 
 def _read_info(path: Path) -> SnapshotInfo:

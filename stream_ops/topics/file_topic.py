@@ -4,6 +4,12 @@ One directory per queue (``queue-00000``, ...). Every file is written under a hi
 name and renamed into place, so a Spark file stream never sees half a file. Files a task writes
 for a batch are named by (task, txid, owner epoch): a replayed batch writes the same name again
 and so overwrites or is skipped, never duplicated.
+
+A task's batch outputs are *staged* under ``.pending/`` and fsynced (file and directory) before
+the batch commits in ZooKeeper, then *published* (renamed into their queues, directories
+fsynced) after it. Publishing checks the files against what the commit recorded and fails
+loudly when a committed file is missing or cut short. Deleting staged files is limited to
+epochs below the caller's own, so a stale owner never removes a newer owner's work.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream_ops.errors import TopicError
+from stream_ops.durable_files import fsync_dir, fsync_dirs
+from stream_ops.errors import CommittedBatchLostError, TopicError
 
 _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.jsonl$")
+_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 
 
 def batch_file_name(task_id: int, txid: int, epoch: int) -> str:
@@ -44,8 +52,11 @@ def parse_batch_file_name(name: str) -> BatchFileId | None:
     return BatchFileId(int(match["task"]), int(match["txid"]), int(match["epoch"]))
 
 
-def write_json_lines_atomically(target: Path, records: Iterable[Any]) -> int:
+def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable: bool = True) -> int:
     """Write records as JSON lines to ``target`` via a hidden temp file and a rename.
+
+    With ``durable`` the file is fsynced before the rename and its directory after it, so
+    once this returns the file survives an OS crash with all its lines.
 
     Returns the number of records written.
     """
@@ -58,7 +69,12 @@ def write_json_lines_atomically(target: Path, records: Iterable[Any]) -> int:
                 out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
                 out.write("\n")
                 count += 1
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         os.replace(tmp, target)
+        if durable:
+            fsync_dir(target.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise TopicError(f"could not write {target}: {e}") from e
@@ -80,6 +96,8 @@ class FileTopic:
 
     path: str | os.PathLike[str]
     queues: int = 1
+    durable: bool = True
+    """fsync batch files and their directories (turn off only for throwaway data or to measure the cost)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.queues, int) or isinstance(self.queues, bool) or self.queues < 1:
@@ -112,12 +130,8 @@ class FileTopic:
         target = self.queue_path(queue) / name
         if not overwrite and target.exists():
             return target
-        write_json_lines_atomically(target, records)
+        write_json_lines_atomically(target, records, durable=self.durable)
         return target
-
-    def write_batch(self, queue: int, task_id: int, txid: int, epoch: int, records: Iterable[Any]) -> Path:
-        """Write a task's output for one batch; a replay of the same batch keeps the first file."""
-        return self.write_file(queue, batch_file_name(task_id, txid, epoch), records, overwrite=False)
 
     # --- staged batches: written before a commit, published (renamed into place) after it ----
 
@@ -127,44 +141,88 @@ class FileTopic:
         return self.root / ".pending" / f"queue-{queue:05d}"
 
     def stage_batch(self, queue: int, task_id: int, txid: int, epoch: int, records: Iterable[Any]) -> Path:
-        """Write a batch's file where readers cannot see it yet (see :meth:`publish_batch`)."""
+        """Write a batch's file where readers cannot see it yet (see :meth:`publish_batch`).
+
+        The file is durable when this returns (unless the topic is not ``durable``).
+        """
         target = self.pending_path(queue) / batch_file_name(task_id, txid, epoch)
-        write_json_lines_atomically(target, records)
+        write_json_lines_atomically(target, records, durable=self.durable)
         return target
 
-    def publish_batch(self, task_id: int, txid: int, epoch: int) -> int:
-        """Move the staged files of (task, txid, epoch) into their queues; returns how many.
+    def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[int, int]:
+        """Queue -> size in bytes of each staged file of (task, txid, epoch): what a commit records."""
+        name = batch_file_name(task_id, txid, epoch)
+        sizes: dict[int, int] = {}
+        for queue in range(self.queues):
+            try:
+                sizes[queue] = (self.pending_path(queue) / name).stat().st_size
+            except FileNotFoundError:
+                continue
+        return sizes
 
-        Idempotent: a file already published stays as it is (a Spark stream may have read it).
+    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: dict[int, int]) -> int:
+        """Move the staged files of a committed (task, txid, epoch) into their queues.
+
+        ``expected`` is what the commit recorded (:meth:`staged_sizes`): every queue named must
+        end with a published file of exactly that size, moved now or by an earlier (or a
+        concurrent) publish of the same batch. A moved file gets the current time as its
+        modification time, so a file stream whose ``maxFileAge`` is measured from the newest
+        file still reads a batch published late. Idempotent; safe to run from two processes.
+
+        Returns:
+            How many files this call moved.
+
+        Raises:
+            CommittedBatchLostError: a file the commit recorded is neither staged nor published,
+                or has another size: the batch's output was lost (e.g. an OS crash on a mount
+                that ignored fsync) and must not be silently skipped.
         """
         name = batch_file_name(task_id, txid, epoch)
         moved = 0
-        for queue in range(self.queues):
+        touched: list[Path] = []
+        for queue, size in sorted(expected.items()):
             staged = self.pending_path(queue) / name
-            if not staged.exists():
-                continue
             target = self.queue_path(queue) / name
-            if target.exists():
+            if not target.exists():
+                try:
+                    os.utime(staged)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staged, target)
+                    moved += 1
+                    touched += [target.parent, staged.parent]
+                except FileNotFoundError:
+                    pass  # moved by a concurrent publish, or lost: the check below tells which
+            else:
                 staged.unlink(missing_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, target)
-            moved += 1
+            try:
+                found = target.stat().st_size
+            except FileNotFoundError:
+                raise CommittedBatchLostError(
+                    f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue "
+                    f"{queue} is gone: {name} is neither staged nor published. Its downstream would silently miss it; "
+                    "the task stops. Restore the file from a backup, or accept the loss by re-running the topology"
+                ) from None
+            if found != size:
+                raise CommittedBatchLostError(
+                    f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue "
+                    f"{queue} has {found} bytes, the commit recorded {size}: the file was cut short or replaced"
+                )
+        if touched and self.durable:
+            fsync_dirs(touched)
         return moved
 
-    def discard_staged(self, task_id: int, *, keep: tuple[int, int] | None = None) -> int:
-        """Delete a task's staged files except those of ``keep`` = (txid, epoch); returns how many."""
+    def discard_staged(self, task_id: int, *, below_epoch: int, keep: tuple[int, int] | None = None) -> int:
+        """Delete a task's staged files and left-over temp files of epochs below ``below_epoch``.
+
+        Only an owner's own predecessors are touched: files of ``below_epoch`` or higher
+        belong to the caller or to a newer owner (the caller may be a stale owner that does
+        not know yet), and ``keep`` = (txid, epoch), the committed batch, is kept for its
+        publish. Returns how many files were removed.
+        """
         removed = 0
         for queue in range(self.queues):
-            pending = self.pending_path(queue)
-            if not pending.exists():
-                continue
-            for path in pending.iterdir():
-                found = parse_batch_file_name(path.name)
-                if found is None or found.task_id != task_id or (found.txid, found.epoch) == keep:
-                    continue
-                path.unlink(missing_ok=True)
-                removed += 1
+            for directory in (self.pending_path(queue), self.queue_path(queue)):
+                removed += _discard(directory, task_id, below_epoch, keep, staged=directory != self.queue_path(queue))
         return removed
 
     def files(self, queue: int) -> list[Path]:
@@ -173,6 +231,26 @@ class FileTopic:
         if not qdir.exists():
             return []
         return sorted(p for p in qdir.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+
+    def discard_stale_temp_files(self, queue: int, prefix: str, *, older_than_s: float, now: float) -> int:
+        """Delete temp files of ``queue`` whose target name starts with ``prefix`` and that were
+        last modified more than ``older_than_s`` before ``now`` (a writer that crashed midway)."""
+        removed = 0
+        try:
+            entries = list(self.queue_path(queue).iterdir())
+        except FileNotFoundError:
+            return 0
+        for path in entries:
+            temp = _TEMP_FILE.match(path.name)
+            if temp is None or not temp["name"].startswith(prefix):
+                continue
+            try:
+                if now - path.stat().st_mtime > older_than_s:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
 
     def read_queue(self, queue: int) -> Iterator[tuple[Path, int, Any]]:
         """Every record of a queue as (file, line number, record), files in name order."""
@@ -184,3 +262,23 @@ class FileTopic:
                             yield file, line_no, json.loads(line)
                         except json.JSONDecodeError as e:
                             raise TopicError(f"{file}:{line_no + 1}: not JSON: {e}") from e
+
+
+def _discard(directory: Path, task_id: int, below_epoch: int, keep: tuple[int, int] | None, *, staged: bool) -> int:
+    """Remove from ``directory`` the temp files (and, when ``staged``, the batch files) of
+    ``task_id`` with an epoch below ``below_epoch``, except ``keep``."""
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for path in entries:
+        temp = _TEMP_FILE.match(path.name)
+        found = parse_batch_file_name(temp["name"] if temp else path.name)
+        if found is None or found.task_id != task_id or found.epoch >= below_epoch:
+            continue
+        if temp is None and (not staged or (found.txid, found.epoch) == keep):
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed

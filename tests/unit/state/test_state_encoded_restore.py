@@ -235,8 +235,10 @@ def test_replay_encoded_changes_equals_replay_changes_with_the_stored_bytes(queu
 
 
 def write_lines(queue: StateTopicQueue, txid: int, lines: list[str], *, task: int = 4, epoch: int = 1) -> None:
+    """A batch file of another writer: its lines, then the end record every batch file has."""
     queue.path.mkdir(parents=True, exist_ok=True)
-    (queue.path / batch_file_name(task, txid, epoch)).write_text("".join(line + "\n" for line in lines), "utf-8")
+    end = json.dumps({"end": {"txid": txid, "epoch": epoch, "entries": len(lines)}})
+    (queue.path / batch_file_name(task, txid, epoch)).write_text("".join(line + "\n" for line in [*lines, end]), "utf-8")
 
 
 def test_values_of_lines_append_wrote_are_cut_out_not_encoded_again(
