@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,8 @@ from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 TICK_PREFIX = "tick-"
 """Names of the tick files a task writes into its own input start with this."""
@@ -152,9 +156,10 @@ class TaskRunner:
         self._overlay_lock = threading.Lock()
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
-        # Held across steps 4-6 of a batch and by stop() while it closes the state: once the
-        # state is closed no commit can start, and no commit runs on a closed state.
-        self._commit_lock = threading.Lock()
+        # Held while a batch touches the task's state (steps 2-6 after Spark's part) and by
+        # stop() while it closes the state: once the state is closed no batch can touch it or
+        # commit, and no batch runs on a closed state.
+        self._commit_lock = threading.RLock()
         self._stopping = threading.Event()
         self._last_input_ms = 0
         spec = self.stage.state.aggregator if self.stage.state else self.stage.shuffle.aggregator if self.stage.shuffle else None
@@ -288,7 +293,12 @@ class TaskRunner:
         if self.query is None:
             return None
         exc = self.query.exception()
-        return None if exc is None else str(exc).splitlines()[0][:500]
+        if exc is None:
+            return None
+        lines = str(exc).splitlines()
+        # A foreachBatch error comes wrapped in Py4J's and Spark's text; name the Python one.
+        raised = next((line for line in reversed(lines) if _RAISED.match(line)), None)
+        return (raised or lines[0])[:1000]
 
     def stop(self, *, release_ownership: bool = True) -> None:
         """Stop the query, close the state and (if we still can) release the task."""
@@ -399,12 +409,18 @@ class TaskRunner:
             self._finish_user_state_commit(txid, committed.committed_epoch)
         return True
 
-    def _commit(self, txid: int, rows: int) -> None:
-        """Steps 4-6: state topic + RocksDB, ZooKeeper commit, publish."""
-        assert self.ownership is not None
+    @contextmanager
+    def _state_section(self, txid: int) -> Iterator[None]:
+        """Hold the commit lock for a batch's work on the task's state; refuse once stopping."""
         with self._commit_lock:
             if self._stopping.is_set():
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
+            yield
+
+    def _commit(self, txid: int, rows: int) -> None:
+        """Steps 4-6: state topic + RocksDB, ZooKeeper commit, publish."""
+        assert self.ownership is not None
+        with self._state_section(txid):
             commit_started = time.perf_counter()
             epoch = self.ownership.epoch
             state = self.state
@@ -496,7 +512,7 @@ class TaskRunner:
         A partial that cannot be combined (null, or of a type the aggregator rejects) goes to
         the dead letters with the reason instead of failing the batch on every replay.
         """
-        assert self.state is not None and self.state.map_state is not None and self.ownership is not None
+        assert self.ownership is not None
         partials, rows_in = keyed_batch(df, self.stage)
         dead: list[dict[str, Any]] = []
         keys: list[tuple[Any, ...]] = []
@@ -509,11 +525,13 @@ class TaskRunner:
                 continue
             keys.append(key)
             updates.append(_combiner(self._aggregator, key, value, dead))
-        map_state = self.state.map_state
-        map_state.begin_commit(txid)
-        map_state.multi_update(keys, updates)
-        self._stage_dead_letters(txid, self.ownership.epoch, dead)
-        self._commit(txid, rows_in)
+        with self._state_section(txid):
+            assert self.state is not None and self.state.map_state is not None
+            map_state = self.state.map_state
+            map_state.begin_commit(txid)
+            map_state.multi_update(keys, updates)
+            self._stage_dead_letters(txid, self.ownership.epoch, dead)
+            self._commit(txid, rows_in)
         return rows_in, len(keys)
 
     def _record_batch(self, df: DataFrame, txid: int) -> tuple[int, int]:
@@ -527,18 +545,21 @@ class TaskRunner:
             records = [record for _, record in result.records]
             driver_ops = needs_driver(self.stage.operations)
         else:
-            assert self.processor is not None
             rows = records_batch(df)
             rows_in = len(rows)
-            records, dead = self.processor.process(rows, self.clock())
+            records = []
             driver_ops = True
-        if driver_ops and self.stage.operations:
-            records, letters = run_batch(records, self.stage.operations, self._state_reader)
-            dead.extend({"record": d.record, "error": d.error} for d in letters)
-        epoch = self.ownership.epoch
-        rows_out = self._stage_outputs(txid, epoch, records, partials, dead)
-        self._stage_dead_letters(txid, epoch, dead)
-        self._commit(txid, rows_in)
+        with self._state_section(txid):
+            if self.stage.kind != "source":
+                assert self.processor is not None
+                records, dead = self.processor.process(rows, self.clock())
+            if driver_ops and self.stage.operations:
+                records, letters = run_batch(records, self.stage.operations, self._state_reader)
+                dead.extend({"record": d.record, "error": d.error} for d in letters)
+            epoch = self.ownership.epoch
+            rows_out = self._stage_outputs(txid, epoch, records, partials, dead)
+            self._stage_dead_letters(txid, epoch, dead)
+            self._commit(txid, rows_in)
         return rows_in, rows_out
 
     def _stage_dead_letters(self, txid: int, epoch: int, dead: list[dict[str, Any]]) -> None:

@@ -18,6 +18,7 @@ from stream_ops.state import (
     rebuild_store,
     replay_changelog,
 )
+from stream_ops.state.changelog import replay_changes
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 
@@ -174,3 +175,49 @@ def test_rebuild_store_logs_progress_at_a_bounded_rate(
         rebuild_store(store, queue, committed_txid=1, committed_epoch=1, clock=clock)
     progress = [r for r in caplog.records if "/100 keys" in r.getMessage()]
     assert 0 < len(progress) <= clock.now / 1.0
+
+
+# --- files lost or cut short by a machine crash --------------------------------------------
+
+
+def _cut(path: Path, keep_bytes: int) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:keep_bytes])
+
+
+@pytest.mark.parametrize("where", ["before the end record", "in the middle of a line", "to nothing"])
+def test_a_committed_file_cut_short_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, where: str) -> None:
+    queue.append(4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
+    path = queue.append(4, txid=1, epoch=1, items=[(("a",), 3), (("c",), 4)])
+    lines = path.read_text().splitlines(keepends=True)
+    keep = {"before the end record": len("".join(lines[:-1])), "in the middle of a line": len(lines[0]) + 5,
+            "to nothing": 0}[where]
+    _cut(path, keep)
+    with pytest.raises(ReplayError, match="cut short|not JSON"):
+        list(queue.entries())
+    with pytest.raises(ReplayError, match="cut short|not JSON"):
+        replay_changes(queue, after_txid=-1, committed_txid=1)
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="cut short|not JSON"):
+        rebuild_store(store, queue, committed_txid=1, committed_epoch=1, require_complete=True)
+
+
+def test_an_empty_batch_writes_a_file_that_marks_its_epoch(queue: StateTopicQueue) -> None:
+    path = queue.append(4, txid=0, epoch=2, items=[])
+    assert path.read_text() == '{"end":{"txid":0,"epoch":2,"entries":0}}\n'
+    assert queue.replay(0) == {}
+
+
+def test_a_missing_committed_file_fails_the_rebuild(queue: StateTopicQueue, tmp_path: Path) -> None:
+    queue.append(4, txid=0, epoch=1, items=[(("a",), 1)])
+    lost = queue.append(4, txid=1, epoch=1, items=[(("a",), 2)])
+    queue.append(4, txid=2, epoch=1, items=[])
+    lost.unlink()
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="txid 1 have no state-topic file"):
+        rebuild_store(store, queue, committed_txid=2, committed_epoch=1, require_complete=True)
+
+
+def test_a_lost_file_of_the_committing_epoch_fails_the_rebuild(queue: StateTopicQueue, tmp_path: Path) -> None:
+    queue.append(4, txid=0, epoch=1, items=[(("a",), 1)])
+    queue.append(4, txid=1, epoch=1, items=[(("a",), 99)])  # a crashed attempt; epoch 2 committed txid 1
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="committed by epoch 2"):
+        rebuild_store(store, queue, committed_txid=1, committed_epoch=2, require_complete=True)
