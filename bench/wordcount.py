@@ -117,6 +117,7 @@ class RunResult:
     """Batches per task, by stage kind ("all" for plain Spark's single query)."""
     mean_batch_ms: dict[str, float] = field(default_factory=dict)
     commit_ms_per_batch: dict[str, float] = field(default_factory=dict)
+    stage_ms_per_batch: dict[str, float] = field(default_factory=dict)
     startup_s: float | None = None
 
     @property
@@ -220,7 +221,7 @@ class WorkerThread:
 
 def run_stream_ops(
     store: ZkStore, cluster: ClusterConfig, worker: WorkerThread, input_root: Path, expected: dict[str, int], *,
-    name: str, state: str, n_sentences: int, poll_s: float, timeout_s: float,
+    name: str, state: str, n_sentences: int, poll_s: float, timeout_s: float, label: str,
 ) -> RunResult:
     """Submit the word count, wait for exact counts, read the runners' stats, kill it."""
     topology = build_wordcount(input_root, name=name, queues=QUEUES, state=STATES[state])
@@ -247,12 +248,14 @@ def run_stream_ops(
     runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
     batches: dict[str, list[int]] = collections.defaultdict(list)
     commit_ms: dict[str, float] = collections.defaultdict(float)
+    stage_ms: dict[str, float] = collections.defaultdict(float)
     durations: dict[str, list[float]] = collections.defaultdict(list)
     rows_in: dict[str, int] = collections.Counter()
     for runner in sorted(runners, key=lambda r: r.task.task_id):
         kind = runner.stage.kind
         batches[kind].append(runner.stats.batches)
         commit_ms[kind] += runner.stats.commit_ms_total
+        stage_ms[kind] += runner.stats.stage_ms_total
         rows_in[kind] += runner.stats.rows_in
         if runner.query is not None:
             durations[kind].extend(p["durationMs"]["triggerExecution"] for p in _batch_progress(runner.query.recentProgress))
@@ -266,13 +269,14 @@ def run_stream_ops(
 
     kill(store, name, wait_s=1.0, sleep=wait_stopped)
     return RunResult(
-        label=f"stream_ops ({state})",
+        label=f"stream_ops ({label})",
         seconds=seconds,
         sentences=n_sentences,
         words=sum(expected.values()),
         batches=dict(batches),
         mean_batch_ms={k: statistics.fmean(v) for k, v in durations.items() if v},
         commit_ms_per_batch={k: commit_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
+        stage_ms_per_batch={k: stage_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
         startup_s=startup,
     )
 
@@ -319,23 +323,34 @@ def report(
     print("timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
           f"query matching the ground truth (polled every {args.poll} s)")
     print()
-    header = (f"{'run':<26} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
-              f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'commit ms/batch src/keyed':>26}")
+    header = (f"{'run':<34} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
+              f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'stage ms/batch src':>18} "
+              f"{'commit ms/batch src/keyed':>26}")
     print(header)
     print("-" * len(header))
     for r in results:
         ratio = r.words_per_s / plain.words_per_s
-        print(f"{r.label:<26} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
-              f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} {_pair(r.commit_ms_per_batch, '.1f'):>26}")
+        print(f"{r.label:<34} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
+              f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} "
+              f"{_fmt(r.stage_ms_per_batch.get('source'), '.1f'):>18} {_pair(r.commit_ms_per_batch, '.1f'):>26}")
     print("columns: batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
-          "mean batch ms = Spark's triggerExecution per such batch; commit ms/batch = TaskStats.commit_ms_total / batches "
-          "(source: ZooKeeper commit; keyed: map-state update, state topic, RocksDB write and ZooKeeper commit)")
+          "mean batch ms = Spark's triggerExecution per such batch; stage ms/batch = writing the shuffle files "
+          "(TaskStats.stage_ms_total / batches); commit ms/batch = TaskStats.commit_ms_total / batches "
+          "(source: ZooKeeper commit and publish; keyed: state topic, RocksDB write and ZooKeeper commit)")
+    fsync_runs = {r.label: r for r in results[1:]}
+    for r in results[1:]:
+        if "fsync on" in r.label and (off := fsync_runs.get(r.label.replace("fsync on", "fsync off"))) is not None:
+            cost = {k: r.commit_ms_per_batch.get(k, 0.0) - off.commit_ms_per_batch.get(k, 0.0) for k in ("source", "keyed")}
+            staged = r.stage_ms_per_batch.get("source", 0.0) - off.stage_ms_per_batch.get("source", 0.0)
+            print(f"fsync cost ({r.label.split('(')[1].split(',')[0]}): source stage {staged + cost['source']:+.1f} ms/batch "
+                  f"(staging {staged:+.1f}, commit {cost['source']:+.1f}), keyed stage {cost['keyed']:+.1f} ms/batch; "
+                  f"throughput {r.words_per_s / off.words_per_s:.2f}x of the run without fsync")
     for r in results[1:]:
         if r.startup_s is not None:
             print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
     print()
     print("README (Markdown):")
-    print("| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | commit ms/batch (source / keyed) |")
+    print("| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | stage + commit ms/batch (source / keyed) |")
     print("|---|---|---|---|---|---|")
     machine = f"{os.cpu_count()} cpus, {SPARK_MASTER}, trigger {args.trigger} s"
     inp = f"{args.sentences:,} sentences / {n_words:,} words"
@@ -343,7 +358,8 @@ def report(
         print(f"| {machine} | {inp} | {_si(plain.words_per_s)} ({plain.seconds:.1f} s) | "
               f"{_si(r.words_per_s)} ({r.seconds:.1f} s, {r.label.split('(')[1].rstrip(')')}) | "
               f"{r.words_per_s / plain.words_per_s:.2f}x | "
-              f"{r.commit_ms_per_batch.get('source', 0):.1f} / {r.commit_ms_per_batch.get('keyed', 0):.1f} |")
+              f"{r.stage_ms_per_batch.get('source', 0) + r.commit_ms_per_batch.get('source', 0):.1f} / "
+              f"{r.commit_ms_per_batch.get('keyed', 0):.1f} |")
 
 
 # --- main --------------------------------------------------------------------------------
@@ -356,6 +372,8 @@ def main() -> None:
     parser.add_argument("--vocabulary", type=int, default=1_000, help="distinct words")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--state", nargs="+", choices=sorted(STATES), default=["opaque"], help="stream_ops state kinds to run")
+    parser.add_argument("--fsync", nargs="+", choices=["on", "off"], default=["on", "off"],
+                        help="run stream_ops with batch files fsynced (the default setting) and/or without, to measure the cost")
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--poll", type=float, default=0.1, help="stream_ops state-query poll interval, seconds")
@@ -389,30 +407,37 @@ def main() -> None:
         del sentences
 
         zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0)
-        cluster = ClusterConfig(root=work / "cluster")
         store = ZkStore.connect(zk_config)
-        worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        worker.start(store)
-
         common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        if args.warmup_sentences > 0:
-            t = time.perf_counter()
-            warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
-            warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
-            warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
-            run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-            run_stream_ops(store, cluster, worker, warm_topic.root, warm_expected, name="wc-warmup", state=args.state[0],
-                           n_sentences=len(warm), poll_s=args.poll, timeout_s=args.timeout)
-            print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
-
         load_before = os.getloadavg()
-        results = [run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common)]
-        print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
-        for state in args.state:
-            result = run_stream_ops(store, cluster, worker, topic.root, expected, name=f"wc-{state}", state=state,
-                                    n_sentences=args.sentences, poll_s=args.poll, timeout_s=args.timeout)
-            print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
-            results.append(result)
+        results: list[RunResult] = []
+        for mode in args.fsync:
+            cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
+            worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+            worker.start(store)
+            if args.warmup_sentences > 0 and not results:
+                t = time.perf_counter()
+                warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
+                warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
+                warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
+                run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
+                run_stream_ops(store, cluster, worker, warm_topic.root, warm_expected, name="wc-warmup",
+                               state=args.state[0], n_sentences=len(warm), poll_s=args.poll, timeout_s=args.timeout,
+                               label="warmup")
+                print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s",
+                      flush=True)
+                load_before = os.getloadavg()
+            if not results:
+                results.append(run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common))
+                print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
+            for state in args.state:
+                result = run_stream_ops(store, cluster, worker, topic.root, expected, name=f"wc-{state}-fsync-{mode}",
+                                        state=state, n_sentences=args.sentences, poll_s=args.poll,
+                                        timeout_s=args.timeout, label=f"{state}, fsync {mode}")
+                print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
+                results.append(result)
+            worker.stop()
+            worker = None
         report(spark, args, n_files, n_words, results, load_before)
     finally:
         if worker is not None:

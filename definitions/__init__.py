@@ -11,6 +11,10 @@ Wiring only. Environment:
   ``user:password`` and whether anyone may read (cluster deployments).
 * ``STREAM_OPS_HOME``: cluster directory, default ``var/stream_ops`` (resolved against the
   working directory when the code location loads).
+* ``STREAM_OPS_QUERY_TOKEN``: optional state-query token of the workers Dagster launches; by
+  default it is derived from ``STREAM_OPS_ZK_AUTH``.
+* ``STREAM_OPS_QUERY_TLS_CERT`` / ``STREAM_OPS_QUERY_TLS_KEY`` / ``STREAM_OPS_QUERY_TLS_CA``:
+  optional TLS of the workers' query servers (PEM files; the CA verifies the other workers).
 
 Everything runs from the start: the heartbeat sensor (observations, checks, rebalance and
 worker runs when heartbeats are lost), the worker relaunch sensor and the rebalance and
@@ -38,6 +42,10 @@ defs = build_definitions(
     ),
     stream_cluster=StreamClusterResource(
         root=str(Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve()),
+        query_token=dg.EnvVar("STREAM_OPS_QUERY_TOKEN") if os.environ.get("STREAM_OPS_QUERY_TOKEN") else None,
+        query_tls_cert=os.environ.get("STREAM_OPS_QUERY_TLS_CERT") or None,
+        query_tls_key=os.environ.get("STREAM_OPS_QUERY_TLS_KEY") or None,
+        query_tls_ca=os.environ.get("STREAM_OPS_QUERY_TLS_CA") or None,
     ),
     schedule_status=dg.DefaultScheduleStatus.RUNNING,
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, ZooKeeperConfig
+from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.errors import StreamOpsError
 
 logger = logging.getLogger("stream_ops.cli")
@@ -31,6 +31,9 @@ class _Context:
         zk_auth: str | None = None,
         zk_open_reads: bool = False,
         local_dir: Path | None = None,
+        query_token: str | None = None,
+        query_token_file: Path | None = None,
+        query_tls_ca: Path | None = None,
     ) -> None:
         self.zookeeper = zookeeper
         self.chroot = chroot
@@ -39,6 +42,9 @@ class _Context:
         self.zk_auth = zk_auth or None
         self.zk_open_reads = zk_open_reads
         self.local_dir = local_dir
+        self.query_token = query_token or None
+        self.query_token_file = query_token_file
+        self.query_tls_ca = query_tls_ca
 
     def zk_config(self) -> ZooKeeperConfig:
         from pydantic import ValidationError
@@ -54,6 +60,22 @@ class _Context:
         except ValidationError as e:
             messages = "; ".join(str(err["msg"]) for err in e.errors())
             raise click.UsageError(f"invalid ZooKeeper options: {messages}") from e
+
+    def query_config(self, tls_cert: Path | None = None, tls_key: Path | None = None) -> QueryConfig:
+        """The state-query token and TLS settings (a worker adds its certificate and key)."""
+        from pydantic import ValidationError
+
+        token = self.query_token
+        if self.query_token_file is not None:
+            try:
+                token = self.query_token_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise click.BadParameter(f"cannot read the query token: {e}", param_hint="--query-token-file") from e
+        try:
+            return QueryConfig(token=token, tls_cert=tls_cert, tls_key=tls_key, tls_ca=self.query_tls_ca)
+        except ValidationError as e:
+            messages = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+            raise click.UsageError(f"invalid query options: {messages}") from e
 
     def cluster(self) -> ClusterConfig:
         return ClusterConfig(
@@ -111,20 +133,39 @@ class _Group(click.Group):
               help="With --zk-auth, let anyone read the znodes (writes stay the cluster's); env STREAM_OPS_ZK_OPEN_READS.")
 @click.option("--local-dir", envvar="STREAM_OPS_LOCAL_DIR", default=None, type=click.Path(path_type=Path),
               help="This machine's RocksDB stores (default <home>/local); env STREAM_OPS_LOCAL_DIR.")
+@click.option("--query-token", envvar="STREAM_OPS_QUERY_TOKEN", default=None, metavar="TOKEN",
+              help="Bearer token of state queries, overriding the one derived from --zk-auth. Prefer env "
+                   "STREAM_OPS_QUERY_TOKEN or --query-token-file (a flag shows in ps).")
+@click.option("--query-token-file", envvar="STREAM_OPS_QUERY_TOKEN_FILE", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="File holding the state-query token (instead of --query-token); env STREAM_OPS_QUERY_TOKEN_FILE.")
+@click.option("--query-tls-ca", envvar="STREAM_OPS_QUERY_TLS_CA", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM CA bundle of the workers' query certificates: state queries then use https; "
+                   "env STREAM_OPS_QUERY_TLS_CA.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
 def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, zk_auth: str | None,
-         zk_open_reads: bool, local_dir: Path | None, log_level: str) -> None:
+         zk_open_reads: bool, local_dir: Path | None, query_token: str | None, query_token_file: Path | None,
+         query_tls_ca: Path | None, log_level: str) -> None:
     """Run Storm/Trident-style topologies on Spark Structured Streaming."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if query_token and query_token_file:
+        raise click.UsageError("give the query token once: --query-token (env STREAM_OPS_QUERY_TOKEN) or --query-token-file")
+    # Worker processes this one spawns (supervisor, demo, dev) inherit the credentials through
+    # the environment, never on their command lines.
     if zk_auth:
-        # Worker processes this one spawns (supervisor, demo, dev) inherit the credentials
-        # through the environment, never on their command lines.
         os.environ["STREAM_OPS_ZK_AUTH"] = zk_auth
         os.environ["STREAM_OPS_ZK_OPEN_READS"] = "true" if zk_open_reads else "false"
-    ctx.obj = _Context(zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir)
+    if query_token:
+        os.environ["STREAM_OPS_QUERY_TOKEN"] = query_token
+    for name, path in (("STREAM_OPS_QUERY_TOKEN_FILE", query_token_file), ("STREAM_OPS_QUERY_TLS_CA", query_tls_ca)):
+        if path is not None:
+            os.environ[name] = str(path.resolve())
+    ctx.obj = _Context(zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir,
+                       query_token, query_token_file, query_tls_ca)
 
 
 # --- zookeeper ---------------------------------------------------------------------------------
@@ -339,8 +380,9 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
         except json.JSONDecodeError:
             parsed = arg
         keys.append(parsed if isinstance(parsed, list) else [arg])
+    query_config = obj.query_config()
     with obj.store() as store:
-        click.echo(json.dumps(query_state(store, topology, query_name, keys)))
+        click.echo(json.dumps(query_state(store, topology, query_name, keys, query_config=query_config)))
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -357,9 +399,17 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--launched-by", default="cli", show_default=True)
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Spark setting of this worker's application (repeatable), e.g. spark.driver.host=10.0.0.5.")
+@click.option("--query-tls-cert", envvar="STREAM_OPS_QUERY_TLS_CERT", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM certificate (chain) of the query server, naming --host: serve https (needs --query-tls-ca); "
+                   "env STREAM_OPS_QUERY_TLS_CERT.")
+@click.option("--query-tls-key", envvar="STREAM_OPS_QUERY_TLS_KEY", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM private key of --query-tls-cert; env STREAM_OPS_QUERY_TLS_KEY.")
 @pass_ctx
 def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_master: str, trigger_seconds: float,
-           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str, spark_conf: tuple[str, ...]) -> None:
+           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str, spark_conf: tuple[str, ...],
+           query_tls_cert: Path | None, query_tls_key: Path | None) -> None:
     """Run a worker slot until SIGTERM / Ctrl-C."""
     from stream_ops.runtime.worker import Worker, WorkerSettings
 
@@ -373,6 +423,7 @@ def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_mas
         host=host, port=port, bind_host=bind_host or host, spark_master=spark_master, spark_conf=conf,
         trigger_seconds=trigger_seconds, max_files_per_trigger=max_files_per_trigger,
         heartbeat_interval_s=heartbeat_interval, launched_by=launched_by,
+        query=obj.query_config(tls_cert=query_tls_cert, tls_key=query_tls_key),
     )
     stop = _stop_on_signals()
     Worker(obj.zk_config(), obj.cluster(), settings).run(stop)
@@ -423,7 +474,7 @@ def demo(obj: _Context, workers: int, zookeeper_port: int, topology_ref: str, re
 
     home = obj.home.resolve()
     topology, topic, sentences = _example(home, topology_ref, repeat)
-    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port or None) as stack:
+    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port or None, query=obj.query_config()) as stack:
         results = run_demo(stack, topology, topic, sentences, timeout_s=timeout)
     click.echo(json.dumps(results))
 
@@ -442,7 +493,7 @@ def dev(obj: _Context, workers: int, zookeeper_port: int, dagster_port: int, top
     home = obj.home.resolve()
     topology, topic, sentences = _example(home, topology_ref, repeat)
     stop = _stop_on_signals()
-    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port) as stack:
+    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port, query=obj.query_config()) as stack:
         url = stack.start_dagster(port=dagster_port)
         click.echo(f"Dagster UI: {url}")
         click.echo(json.dumps(run_demo(stack, topology, topic, sentences, timeout_s=300)))

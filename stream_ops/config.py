@@ -134,10 +134,14 @@ class QueryConfig(BaseModel):
     @model_validator(mode="after")
     def _tls_is_complete(self) -> QueryConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("give both tls_cert and tls_key (the query server's certificate and its private key)")
+            raise ValueError(
+                "give both tls_cert and tls_key (--query-tls-cert, --query-tls-key): the query server's certificate "
+                "and its private key"
+            )
         if self.tls_cert is not None and self.tls_ca is None:
             raise ValueError(
-                "a worker serving TLS queries the other workers over TLS too (state_query): give tls_ca as well"
+                "a worker serving TLS queries the other workers over TLS too (state_query): give tls_ca as well "
+                "(--query-tls-ca)"
             )
         return self
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import QueryError, StreamOpsError, WorkerError
+from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError, StreamOpsError, WorkerError
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.leader import run_nimbus
 from stream_ops.nimbus.submission import submit
@@ -36,6 +36,12 @@ from stream_ops.topics.producer import produce
 from stream_ops.topology.dsl import Topology
 
 logger = logging.getLogger(__name__)
+
+#: Environment variables of the state-query settings (``stream-ops`` options and the Dagster code location).
+_QUERY_ENV = (
+    "STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_QUERY_TOKEN_FILE",
+    "STREAM_OPS_QUERY_TLS_CERT", "STREAM_OPS_QUERY_TLS_KEY", "STREAM_OPS_QUERY_TLS_CA",
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,6 +77,8 @@ class LocalStack:
         nimbus: run the heartbeat monitor (leader-elected) in this process, so tasks of dead
             workers are reassigned.
         task_timeout_s, launch_grace_s: the monitor's settings.
+        query: State-query token and TLS of the workers and of this stack's queries (the local
+            ZooKeeper has no credentials, so without a token queries are unauthenticated).
     """
 
     home: Path
@@ -85,6 +93,7 @@ class LocalStack:
     nimbus: bool = True
     task_timeout_s: float = 10.0
     launch_grace_s: float = 60.0
+    query: QueryConfig = field(default_factory=QueryConfig)
     _nimbus_stop: threading.Event = field(default_factory=threading.Event)
     _nimbus_thread: threading.Thread | None = None
 
@@ -133,6 +142,9 @@ class LocalStack:
             STREAM_OPS_HOME=str(self.home),
             PYTHONUNBUFFERED="1",
         )
+        for name in _QUERY_ENV:  # the stack's own query settings, not the caller's environment
+            env.pop(name, None)
+        env.update(_query_env(self.query))
         return env
 
     def start_worker(self, port: int | None = None) -> WorkerProcess:
@@ -209,6 +221,20 @@ class LocalStack:
             self.zookeeper.stop()
 
 
+def _query_env(query: QueryConfig) -> dict[str, str]:
+    """The environment variables giving child processes (workers, Dagster) ``query``'s settings.
+
+    The token goes through the environment, never on a command line.
+    """
+    values = {
+        "STREAM_OPS_QUERY_TOKEN": query.token.get_secret_value() if query.token is not None else None,
+        "STREAM_OPS_QUERY_TLS_CERT": query.tls_cert,
+        "STREAM_OPS_QUERY_TLS_KEY": query.tls_key,
+        "STREAM_OPS_QUERY_TLS_CA": query.tls_ca,
+    }
+    return {name: str(value) for name, value in values.items() if value is not None}
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -223,16 +249,27 @@ def expected_word_counts(sentences: Sequence[str]) -> dict[str, int]:
 
 
 def wait_for_counts(
-    store: ZkStore, topology: str, query: str, expected: dict[str, int], *, timeout_s: float
+    store: ZkStore,
+    topology: str,
+    query: str,
+    expected: dict[str, int],
+    *,
+    timeout_s: float,
+    query_config: QueryConfig | None = None,
 ) -> dict[str, Any]:
-    """Poll the state query until every expected word has its expected count."""
+    """Poll the state query until every expected word has its expected count.
+
+    ``query_config`` is passed to :func:`query_state` (token, TLS CA).
+    """
     deadline = time.monotonic() + timeout_s
     last: dict[str, Any] = {}
     while True:
         try:
-            last = query_state(store, topology, query, [[w] for w in sorted(expected)])
+            last = query_state(store, topology, query, [[w] for w in sorted(expected)], query_config=query_config)
             if last == expected:
                 return last
+        except (QueryAuthError, QueryTLSError):
+            raise  # configuration, not a worker still starting: waiting would not help
         except QueryError as e:
             logger.debug("query not answered yet: %s", e)
         if time.monotonic() > deadline:
@@ -249,7 +286,7 @@ def run_demo(stack: LocalStack, topology: Topology, input_topic: FileTopic, sent
         topology_id = submit(store, stack.cluster, topology, workers=stack.workers)
         produce(input_topic, ({"sentence": s} for s in sentences))
         expected = expected_word_counts(sentences)
-        wait_for_counts(store, topology.name, "words", expected, timeout_s=timeout_s)
-        shown = query_state(store, topology.name, "words", [[w] for w in query_words])
+        wait_for_counts(store, topology.name, "words", expected, timeout_s=timeout_s, query_config=stack.query)
+        shown = query_state(store, topology.name, "words", [[w] for w in query_words], query_config=stack.query)
     return {"topology_id": topology_id, "sentences": len(sentences), "words": sum(expected.values()),
             "seconds": round(time.monotonic() - started, 1), "counts": shown}

@@ -69,13 +69,14 @@ def compact_queue_locked(
     """
     task = plan.task_for(stage.index, queue)
     found = store.get_json(ZkPaths.transactional_task(layout.topology_id, task.task_id))
-    committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
+    record = TransactionalRecord.model_validate(found[0]) if found else TransactionalRecord()
+    committed = record.committed_txid
     if committed < 0:
         return QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet")
     with compaction_lock(store, layout.topology_id, task.task_id, timeout_s=lock_timeout_s):
         result = compact_queue(
             StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed,
-            delete_covered=delete_covered,
+            committed_epoch=record.committed_epoch, delete_covered=delete_covered,
         )
     logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
                 layout.topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)

@@ -5,8 +5,8 @@
   and opens :class:`~stream_ops.coordination.store.ZkStore` sessions.
 * :class:`StreamClusterResource`: where the cluster keeps its files (dist store, topics,
   checkpoints, local state) and how workers launched from Dagster run (trigger, heartbeat
-  interval, Spark master...). It builds a :class:`~stream_ops.config.ClusterConfig` and
-  :class:`~stream_ops.runtime.worker.WorkerSettings`.
+  interval, Spark master, state-query token and TLS...). It builds a
+  :class:`~stream_ops.config.ClusterConfig` and :class:`~stream_ops.runtime.worker.WorkerSettings`.
 * Spark comes from dagster-pyspark's :class:`~dagster_pyspark.PySparkResource`;
   :func:`pyspark_resource` builds one with stream_ops' session defaults and the cluster's
   Spark master. It never stops its session: the worker op stops it itself.
@@ -35,9 +35,9 @@ from typing import Any
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, ZooKeeperConfig
+from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.runtime.worker import WorkerSettings
 from stream_ops.spark.session import DEFAULT_CONF
@@ -60,6 +60,14 @@ _WORKER_FIELDS: Mapping[str, str] = {
     "max_files_per_trigger": "max_files_per_trigger",
 }
 
+#: The state-query fields of :class:`StreamClusterResource` -> :class:`QueryConfig` field.
+_QUERY_FIELDS: Mapping[str, str] = {
+    "query_token": "token",
+    "query_tls_cert": "tls_cert",
+    "query_tls_key": "tls_key",
+    "query_tls_ca": "tls_ca",
+}
+
 
 def _literal_values(data: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
     """The fields of ``data`` given as literal values (not ``EnvVar``), or None if not a dict."""
@@ -68,11 +76,11 @@ def _literal_values(data: Any, fields: tuple[str, ...]) -> dict[str, Any] | None
     return {k: v for k, v in data.items() if k in fields and v is not None and not isinstance(v, dg.EnvVar)}
 
 
-def _explain(resource: str, error: ValidationError) -> str:
-    """One readable line per problem: ``field: what to fix``."""
+def _explain(resource: str, error: ValidationError, names: Mapping[str, str] | None = None) -> str:
+    """One readable line per problem: ``field: what to fix`` (core field names mapped back by ``names``)."""
     problems = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "config"
+        where = ".".join((names or {}).get(str(p), str(p)) for p in item["loc"]) or "config"
         message = str(item["msg"]).removeprefix("Value error, ")
         problems.append(f"{where}: {message}")
     return f"invalid {resource} configuration: " + "; ".join(problems)
@@ -168,6 +176,9 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         '/srv/stream_ops/dist'
     """
 
+    # A validation error never repeats the input: it may hold query_token.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     root: str = Field(
         default="var/stream_ops",
         description="Base directory of the cluster; everything below defaults to a sub-directory of it.",
@@ -221,6 +232,23 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         description="Extra Spark configuration of the workers' SparkSession (overrides stream_ops' defaults).",
     )
 
+    # --- state queries of Dagster-launched workers (-> QueryConfig) --------------------------
+    query_token: str | None = Field(
+        default=None,
+        repr=False,
+        description=(
+            "Bearer token of state queries, overriding the one derived from ZooKeeperResource.auth_digest; "
+            "use an EnvVar, never a literal secret."
+        ),
+    )
+    query_tls_cert: str | None = Field(
+        default=None, description="PEM certificate the workers' query servers present; must name worker_host."
+    )
+    query_tls_key: str | None = Field(default=None, description="PEM private key of query_tls_cert.")
+    query_tls_ca: str | None = Field(
+        default=None, description="PEM CA bundle the workers' certificates are verified against (queries use https)."
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _validate_paths(cls, data: Any) -> Any:
@@ -244,6 +272,13 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
                     field = reverse.get(str(item["loc"][0]), str(item["loc"][0])) if item["loc"] else "config"
                     problems.append(f"{field}: {item['msg']}")
                 raise ValueError("invalid StreamClusterResource configuration: " + "; ".join(problems)) from e
+        query = _literal_values(data, tuple(_QUERY_FIELDS))
+        # Checked together (tls_cert needs tls_key and tls_ca): only when none is an EnvVar.
+        if query and not any(isinstance(data.get(k), dg.EnvVar) for k in _QUERY_FIELDS):
+            try:
+                QueryConfig.model_validate({_QUERY_FIELDS[k]: v for k, v in query.items()})
+            except ValidationError as e:
+                raise ValueError(_explain("StreamClusterResource", e, {v: k for k, v in _QUERY_FIELDS.items()})) from e
         return data
 
     def config(self) -> ClusterConfig:
@@ -271,7 +306,15 @@ class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             pydantic.ValidationError: A field given as an EnvVar resolved to a bad value.
         """
         values = {target: getattr(self, source) for source, target in _WORKER_FIELDS.items()}
-        return WorkerSettings(**values, port=port, launched_by=launched_by)
+        return WorkerSettings(**values, port=port, launched_by=launched_by, query=self.query_config())
+
+    def query_config(self) -> QueryConfig:
+        """The :class:`QueryConfig` of Dagster-launched workers and of state queries made from Dagster.
+
+        Raises:
+            pydantic.ValidationError: A field given as an EnvVar resolved to a bad value.
+        """
+        return QueryConfig(**{target: getattr(self, source) for source, target in _QUERY_FIELDS.items()})
 
     def spark_config(self) -> dict[str, str]:
         """The Spark configuration workers use: stream_ops' defaults, the master, then ``spark_conf``.

@@ -77,6 +77,7 @@ class StateQueue:
         queue_number: The queue.
         task_id: The stage's task on that queue.
         committed_txid: The task's committed txid in ZooKeeper (-1 before its first batch).
+        committed_epoch: The owner epoch that committed it (the state topic must hold its file).
         queue: The state-topic queue.
         snapshot_dir: Its snapshot directory.
     """
@@ -86,6 +87,7 @@ class StateQueue:
     queue_number: int
     task_id: int
     committed_txid: int
+    committed_epoch: int
     queue: StateTopicQueue
     snapshot_dir: Path
 
@@ -126,14 +128,15 @@ def resolve_state_queue(
         )
     task_id = tasks[0].task_id
     found = store.get_json(ZkPaths.transactional_task(topology_id, task_id))
-    committed = TransactionalRecord.model_validate(found[0]).committed_txid if found else -1
+    record = TransactionalRecord.model_validate(found[0]) if found else TransactionalRecord()
     layout = TopologyLayout(cluster, topology_id)
     return StateQueue(
         topology_id=topology_id,
         stage=stage,
         queue_number=queue_number,
         task_id=task_id,
-        committed_txid=committed,
+        committed_txid=record.committed_txid,
+        committed_epoch=record.committed_epoch,
         queue=StateTopicQueue(layout.state_topic(stage), queue_number),
         snapshot_dir=layout.snapshot_dir(stage, queue_number),
     )
@@ -229,7 +232,9 @@ def _state_asset(plan: Plan, stage: StageSpec, translator: StreamOpsTranslator) 
                 context.log.info(f"{topology_id} queue {queue_number} of {stage_name!r} committed no batch yet; no snapshot")
                 return dg.MaterializeResult(metadata=snapshot_metadata(target, None))
             with compaction_lock(store, topology_id, target.task_id):
-                info = write_snapshot(target.queue, target.snapshot_dir, target.committed_txid)
+                info = write_snapshot(
+                    target.queue, target.snapshot_dir, target.committed_txid, committed_epoch=target.committed_epoch
+                )
         context.log.info(
             f"{topology_id} {stage_name!r} queue {queue_number}: snapshot at txid {info.txid}, {info.keys} keys, "
             f"{info.bytes} bytes in {info.seconds:.3f}s ({info.path})"
@@ -287,7 +292,9 @@ def build_compact_op(
                 context.log.info(f"{target.stage.name} queue {target.queue_number}: nothing committed yet; skipped")
                 continue
             with zookeeper.store() as lock_store, compaction_lock(lock_store, topology_id, target.task_id):
-                result: CompactionResult = compact_queue(target.queue, target.snapshot_dir, target.committed_txid)
+                result: CompactionResult = compact_queue(
+                    target.queue, target.snapshot_dir, target.committed_txid, committed_epoch=target.committed_epoch
+                )
             info = result.snapshot
             summary["queues"] += 1
             summary["deleted_files"] += result.deleted_files

@@ -1,19 +1,29 @@
-"""Route state queries by key to the worker that owns the key's task (Trident's DRPC)."""
+"""Route state queries by key to the worker that owns the key's task (Trident's DRPC).
+
+Every request carries the cluster's query token (:func:`stream_ops.config.query_token`: derived
+from the store's ZooKeeper credentials unless a :class:`~stream_ops.config.QueryConfig` gives
+one) and, with ``QueryConfig.tls_ca``, goes over https with the worker's certificate and host
+name verified against that CA.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_ops.config import QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import QueryError
+from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.dist_store import read_plan
@@ -23,18 +33,59 @@ from stream_ops.topology.plan import Plan
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class QueryAccess:
+    """What every state query carries: the bearer token and, for https, the TLS context."""
+
+    token: str | None = field(default=None, repr=False)
+    tls: ssl.SSLContext | None = None
+
+    @classmethod
+    def resolve(cls, zookeeper: ZooKeeperConfig, query: QueryConfig | None = None) -> QueryAccess:
+        """The token and TLS context of ``query`` (default: the token derived from ``zookeeper``).
+
+        Raises:
+            QueryTLSError: ``query.tls_ca`` cannot be read as a PEM CA bundle.
+        """
+        query = query or QueryConfig()
+        return cls(token=query_token(query, zookeeper), tls=client_tls_context(query.tls_ca) if query.tls_ca else None)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
+
+
+def client_tls_context(ca: Path) -> ssl.SSLContext:
+    """A TLS context trusting only the CA bundle ``ca`` and checking the worker's host name.
+
+    Raises:
+        QueryTLSError: ``ca`` cannot be read as a PEM CA bundle.
+    """
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as e:
+        raise QueryTLSError(f"cannot load the query CA bundle {ca}: {e}; pass --query-tls-ca as a readable PEM file") from e
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 def query_state(
     store: ZkStore,
     topology: str,
     query: str,
     keys: Sequence[Sequence[Any]],
     *,
+    query_config: QueryConfig | None = None,
     timeout_s: float = 5.0,
 ) -> dict[str, Any]:
     """Current values of ``keys`` in the state behind ``query``.
 
     Returns a mapping from the key (its single value for one-field keys, else its JSON text)
-    to the value, None for keys never seen.
+    to the value, None for keys never seen. ``query_config`` gives the query token and TLS CA;
+    by default the token is derived from the store's ZooKeeper credentials.
 
     Example:
         >>> query_state(store, "wordcount", "words", [["how"], ["you"]])
@@ -50,7 +101,8 @@ def query_state(
     for key in keys:
         if len(key) != len(spec.key_fields):
             raise QueryError(f"query {query!r} takes keys of {len(spec.key_fields)} field(s) {list(spec.key_fields)}, got {list(key)}")
-    values = get_keys(store, topology_id, plan, spec.stage, keys, timeout_s=timeout_s)
+    access = QueryAccess.resolve(store.config, query_config)
+    values = get_keys(store, topology_id, plan, spec.stage, keys, access=access, timeout_s=timeout_s)
     return {key[0] if len(key) == 1 else encode_key(list(key)): value for key, value in zip(keys, values, strict=True)}
 
 
@@ -61,6 +113,7 @@ def get_keys(
     stage_index: int,
     keys: Sequence[Sequence[Any]],
     *,
+    access: QueryAccess,
     timeout_s: float = 5.0,
 ) -> list[Any]:
     """Values of ``keys`` in a keyed stage's state, asked of the workers owning their tasks."""
@@ -76,7 +129,7 @@ def get_keys(
         worker = tasks.get(task_id)
         if worker is None:
             raise QueryError(f"task {task_id} of {topology_id} is not assigned to any worker; is a worker running?")
-        found = _ask(worker, topology_id, task_id, [list(keys[i]) for i in indexes], timeout_s)
+        found = _ask(worker, topology_id, task_id, [list(keys[i]) for i in indexes], access, timeout_s)
         for i, value in zip(indexes, found, strict=True):
             values[i] = value
     return values
@@ -85,21 +138,59 @@ def get_keys(
 class RemoteMapState:
     """A read-only view of a keyed stage's map state for ``state_query`` (``multi_get`` only)."""
 
-    def __init__(self, store: ZkStore, topology_id: str, plan: Plan, stage_index: int) -> None:
+    def __init__(self, store: ZkStore, topology_id: str, plan: Plan, stage_index: int, access: QueryAccess) -> None:
         self._args = (store, topology_id, plan, stage_index)
+        self._access = access
 
     def multi_get(self, keys: Sequence[Sequence[Any]]) -> list[Any]:
-        return get_keys(*self._args, keys)
+        return get_keys(*self._args, keys, access=self._access)
 
 
-def _ask(worker: str, topology_id: str, task_id: int, keys: list[list[Any]], timeout_s: float) -> list[Any]:
+def _ask(
+    worker: str, topology_id: str, task_id: int, keys: list[list[Any]], access: QueryAccess, timeout_s: float
+) -> list[Any]:
     params = urllib.parse.urlencode({"topology": topology_id, "task": task_id, "keys": json.dumps(keys)})
-    url = f"http://{worker}/query?{params}"
+    request = urllib.request.Request(f"{access.scheme}://{worker}/query?{params}", headers=access.headers())
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=access.tls) as response:
             return list(json.loads(response.read())["values"])
     except urllib.error.HTTPError as e:
         detail = e.read().decode("utf-8", "replace")
+        if e.code == 401:
+            sent = "the query token sent is not the one it serves with" if access.token else "no query token was sent"
+            raise QueryAuthError(
+                f"worker {worker} refused the query for task {task_id}: {sent}; pass --query-token-file or "
+                "--zk-auth matching the cluster's"
+            ) from e
         raise QueryError(f"worker {worker} refused the query for task {task_id}: {e.code} {detail}") from e
-    except (urllib.error.URLError, OSError) as e:
-        raise QueryError(f"worker {worker} (task {task_id}) did not answer: {e}") from e
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, ssl.SSLError):
+            raise _tls_error(worker, task_id, e.reason) from e
+        raise _no_answer(worker, task_id, e.reason, access) from e
+    except ssl.SSLError as e:
+        raise _tls_error(worker, task_id, e) from e
+    except (OSError, http.client.HTTPException) as e:
+        raise _no_answer(worker, task_id, e, access) from e
+
+
+def _no_answer(worker: str, task_id: int, error: object, access: QueryAccess) -> QueryError:
+    """A worker that did not answer; a dropped plain request may mean the worker serves TLS."""
+    dropped = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, http.client.HTTPException)
+    hint = ""
+    if access.tls is None and isinstance(error, dropped):
+        hint = "; if the workers serve TLS (--query-tls-cert), pass --query-tls-ca"
+    return QueryError(f"worker {worker} (task {task_id}) did not answer: {error!r}{hint}")
+
+
+def _tls_error(worker: str, task_id: int, error: ssl.SSLError) -> QueryTLSError:
+    """What to do about a failed TLS handshake with ``worker``."""
+    host = worker.rpartition(":")[0]
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return QueryTLSError(
+            f"the certificate of worker {worker} (task {task_id}) was not accepted: {error.verify_message or error}; "
+            f"pass --query-tls-ca with the CA that signed the workers' certificates, which must name host {host}"
+        )
+    return QueryTLSError(
+        f"TLS with worker {worker} (task {task_id}) failed: {error}; does it serve TLS (--query-tls-cert)? "
+        "Pass --query-tls-ca only for a cluster whose workers do"
+    )

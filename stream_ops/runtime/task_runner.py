@@ -47,6 +47,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.hashing import encode_key, partition_for
@@ -87,7 +88,9 @@ class TaskStats:
     last_batch_at: float | None = None
     last_batch_ms: float = 0.0
     commit_ms_total: float = 0.0
-    """Time spent in the commit path (state topic, RocksDB, ZooKeeper) over all batches."""
+    """Time spent in the commit path (state topic, RocksDB, ZooKeeper, publish) over all batches."""
+    stage_ms_total: float = 0.0
+    """Time spent writing staged output files (shuffle, dead letters, persisted tuples) over all batches."""
     started_at: float = field(default_factory=time.time)
 
 
@@ -103,6 +106,8 @@ class RunnerSettings:
     than this are skipped (published batches are touched, so this concerns landed source files)."""
     stop_wait_s: float = 30.0
     """How long :meth:`TaskRunner.stop` waits for a running batch before closing under it."""
+    query: QueryConfig | None = None
+    """The worker's state-query token and TLS CA, for ``state_query`` lookups on other workers."""
 
 
 class TaskRunner:
@@ -243,7 +248,7 @@ class TaskRunner:
             if keep is not None:
                 self._finish_user_state_commit(*keep)
         if any(op.kind == "state_query" for op in stage.operations):
-            self._state_reader = StateReader(self.store, self.topology_id, self.plan)
+            self._state_reader = StateReader(self.store, self.topology_id, self.plan, query_config=self.settings.query)
 
     def maybe_tick(self, now: float) -> bool:
         """Write a tick record into this task's input when its time-based windows or triggers
@@ -557,8 +562,10 @@ class TaskRunner:
                 records, letters = run_batch(records, self.stage.operations, self._state_reader)
                 dead.extend({"record": d.record, "error": d.error} for d in letters)
             epoch = self.ownership.epoch
+            staging_started = time.perf_counter()
             rows_out = self._stage_outputs(txid, epoch, records, partials, dead)
             self._stage_dead_letters(txid, epoch, dead)
+            self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
             self._commit(txid, rows_in)
         return rows_in, rows_out
 

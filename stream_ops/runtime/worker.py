@@ -26,7 +26,7 @@ from kazoo.protocol.states import KazooState
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
@@ -42,7 +42,7 @@ from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.dist_store import install_code, read_plan
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.ownership import TaskBusyError
-from stream_ops.runtime.query_server import QueryServer
+from stream_ops.runtime.query_server import QueryServer, server_tls_context
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.spark.session import create_spark_session
 from stream_ops.topology.plan import Plan
@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 class WorkerSettings(BaseModel):
     """How a worker runs."""
 
-    model_config = ConfigDict(frozen=True)
+    # Errors never repeat the input: query.token is a secret.
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     host: str = Field(default_factory=socket.gethostname, description="Host name other processes reach this worker by.")
     port: int = Field(6700, ge=1, le=65535, description="Slot port; the state-query server listens on it.")
@@ -66,6 +67,10 @@ class WorkerSettings(BaseModel):
     trigger_seconds: float = Field(1.0, ge=0)
     max_files_per_trigger: int = Field(100, ge=1)
     launched_by: str = "cli"
+    query: QueryConfig = Field(
+        default_factory=QueryConfig,
+        description="Token and TLS of the state-query server, also used for this worker's queries of the others.",
+    )
 
     @property
     def worker_id(self) -> str:
@@ -136,7 +141,7 @@ class Worker:
         self._connected.set()
         try:
             self.spark = self._spark_factory()
-            self._server = QueryServer(self.settings.bind_host, self.settings.port, self._lookup)
+            self._server = self._query_server()
             self._server.start()
             self._register(stop)
             self.store.client.ChildrenWatch(ZkPaths.ASSIGNMENTS, self._on_assignments)
@@ -291,6 +296,7 @@ class Worker:
                     trigger_seconds=self.settings.trigger_seconds,
                     max_files_per_trigger=self.settings.max_files_per_trigger,
                     commit_wait_s=self.zookeeper.session_timeout_s,
+                    query=self.settings.query,
                 ),
                 connected=self._connected,
                 clock=self.clock,
@@ -319,6 +325,18 @@ class Worker:
                 self.store.delete(ZkPaths.heartbeat(*key))
             except CoordinationError:
                 pass
+
+    def _query_server(self) -> QueryServer:
+        """The state-query server: requires the cluster's query token if there is one, TLS if configured."""
+        query = self.settings.query
+        token = query_token(query, self.zookeeper)
+        if token is None:
+            logger.warning(
+                "worker %s: state queries are unauthenticated: anyone who reaches port %d can read state "
+                "(run with --zk-auth or --query-token-file to require a token)", self.worker_id, self.settings.port,
+            )
+        tls = server_tls_context(query.tls_cert, query.tls_key) if query.tls_cert and query.tls_key else None
+        return QueryServer(self.settings.bind_host, self.settings.port, self._lookup, token=token, tls=tls)
 
     def _lookup(self, topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
         runner = self._runners.get((topology_id, task_id))

@@ -59,7 +59,8 @@ zk_connect() {
 }
 
 # stream_ops CLI with this cluster's global options (credentials come from the environment:
-# STREAM_OPS_ZK_AUTH, STREAM_OPS_ZK_OPEN_READS).
+# STREAM_OPS_ZK_AUTH, STREAM_OPS_ZK_OPEN_READS, the state-query token derived from STREAM_OPS_ZK_AUTH
+# or STREAM_OPS_QUERY_TOKEN, and the query CA STREAM_OPS_QUERY_TLS_CA).
 stream_ops_cli() {
     need STREAM_OPS_HOME "the shared path (dist store, topics, checkpoints)"
     local zk

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Dagster for the cluster, in the foreground: dagster.sh webserver | daemon
 # Storage is PostgreSQL (dagster/dagster.yaml, copied into $DAGSTER_HOME); the code location is
-# the project's `definitions` package, pointed at this cluster's ZooKeeper and shared path.
+# the project's `definitions` package, pointed at this cluster's ZooKeeper and shared path. The
+# workers it launches read the state-query token (derived from STREAM_OPS_ZK_AUTH, or
+# STREAM_OPS_QUERY_TOKEN) and TLS files (STREAM_OPS_QUERY_TLS_*) from this environment.
 source "$(dirname "$0")/_common.sh"
 load_secrets
 

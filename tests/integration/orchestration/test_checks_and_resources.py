@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import (
@@ -106,6 +107,7 @@ def test_cluster_resource_maps_worker_settings_and_spark_config() -> None:
     settings = cluster.worker_settings(port=6712, launched_by="dagster:run-1")
     assert (settings.worker_id, settings.trigger_seconds, settings.heartbeat_interval_s) == ("10.0.0.5:6712", 0.5, 1.5)
     assert (settings.spark_master, settings.launched_by) == ("local[2]", "dagster:run-1")
+    assert settings.query == QueryConfig()  # the token is derived from the ZooKeeper credentials
     spark = pyspark_resource(cluster).spark_config
     assert spark["spark.master"] == "local[2]"
     assert spark["spark.sql.shuffle.partitions"] == "4"  # overrides stream_ops' default
@@ -119,11 +121,31 @@ def test_cluster_resource_maps_worker_settings_and_spark_config() -> None:
         ({"worker_capacity": 0}, "worker_capacity: Input should be greater than or equal to 1"),
         ({"max_files_per_trigger": 0}, "max_files_per_trigger"),
         ({"dist_dir": ""}, "dist_dir must be a directory path"),
+        ({"query_token": "too-short"}, "query_token: the query token must be at least 16"),
+        ({"query_tls_cert": "/etc/so/worker.pem"}, "give both tls_cert and tls_key"),
     ],
 )
 def test_cluster_resource_validation_names_the_field(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(Exception, match=message):
         StreamClusterResource(**kwargs)
+
+
+def test_cluster_resource_gives_workers_the_query_token_and_tls() -> None:
+    token = "a-query-token-for-dagster-workers"
+    cluster = StreamClusterResource(
+        query_token=token, query_tls_cert="/etc/so/worker.pem", query_tls_key="/etc/so/worker.key",
+        query_tls_ca="/etc/so/ca.pem",
+    )
+    query = cluster.worker_settings(port=6712).query
+    assert query.token is not None and query.token.get_secret_value() == token
+    assert (str(query.tls_cert), str(query.tls_key), str(query.tls_ca)) == (
+        "/etc/so/worker.pem", "/etc/so/worker.key", "/etc/so/ca.pem"
+    )
+    assert query == cluster.query_config()
+    assert token not in repr(cluster) and token not in repr(query)
+    with pytest.raises(Exception) as caught:
+        StreamClusterResource(query_token="short-secret")
+    assert "short-secret" not in str(caught.value)
 
 
 def test_definitions_bind_spark_only_to_worker_runs(wordcount: Topology, resources: dict[str, Any]) -> None:

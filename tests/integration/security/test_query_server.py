@@ -3,29 +3,48 @@
 Each worker serves ``GET /query`` on its slot port. It must listen only on
 ``WorkerSettings.bind_host`` and answer oversized requests with 414/431, malformed ones with
 400, other methods with 501, without a traceback and without stopping to serve others.
+
+With a query token (explicit, or derived from the cluster's ZooKeeper digest) ``/query``
+answers 401 and no values to a request without ``Authorization: Bearer <token>``; with a
+certificate it serves only TLS, and clients verify it against the cluster's CA.
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
+import logging
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops import Count, FileTopic, Max, OpaqueMapState, Topology
+from stream_ops.cli import main
+from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.store import ZkStore
-from stream_ops.local_stack import free_port
-from stream_ops.nimbus import live_workers
-from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES, QueryServer
+from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
+from stream_ops.examples.wordcount import split
+from stream_ops.local_stack import free_port, wait_for_counts
+from stream_ops.nimbus import live_workers, submit
+from stream_ops.operators.trident_state import MapGet
+from stream_ops.runtime.query_client import QueryAccess, _ask, client_tls_context, query_state
+from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES, QueryServer, server_tls_context
 from stream_ops.runtime.worker import Worker, WorkerSettings
+from stream_ops.topics.producer import produce
 
 OTHER_LOOPBACK = "127.0.0.2"  # Linux routes all of 127/8 to lo: a second interface address
+TOKEN = "query-token-of-the-tests-0123456789"
 
 
 def _lookup(topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
@@ -176,7 +195,8 @@ def test_an_idle_connection_does_not_block_other_clients(server: QueryServer) ->
         idle.close()
 
 
-def test_worker_binds_its_query_server_to_bind_host(zk_config: ZooKeeperConfig, tmp_path, spark, wait_until) -> None:
+def test_worker_binds_its_query_server_to_bind_host(zk_config: ZooKeeperConfig, tmp_path, spark, wait_until, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="stream_ops.runtime.worker")
     settings = WorkerSettings(host="127.0.0.1", port=free_port(OTHER_LOOPBACK), bind_host=OTHER_LOOPBACK,
                               trigger_seconds=0.2, heartbeat_interval_s=0.5)
     worker = Worker(zk_config, ClusterConfig(root=tmp_path / "cluster"), settings, spark_factory=lambda: spark)
@@ -191,6 +211,298 @@ def test_worker_binds_its_query_server_to_bind_host(zk_config: ZooKeeperConfig, 
         assert conn.getresponse().status == 200
         conn.close()
         assert _refused("127.0.0.1", settings.port)
+        # No ZooKeeper credentials, no token: said once, at start.
+        assert caplog.text.count("state queries are unauthenticated") == 1
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+# --- authentication --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def secured() -> Iterator[QueryServer]:
+    srv = QueryServer("127.0.0.1", 0, _lookup, token=TOKEN)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _worker_of(srv: QueryServer) -> str:
+    host, port = srv.server_address[:2]
+    return f"{host}:{port}"
+
+
+@pytest.mark.parametrize(
+    ("authorization", "why"),
+    [
+        (None, "no header"),
+        ("Bearer query-token-of-the-tests-9876543210", "a wrong token"),
+        (f"Bearer {TOKEN[:-1]}", "a prefix of the token"),
+        (f"Bearer {TOKEN}x", "the token and more"),
+        (f"Basic {TOKEN}", "another scheme"),
+        (TOKEN, "no scheme"),
+    ],
+)
+def test_a_query_without_the_right_token_gets_401_and_no_values(
+    secured: QueryServer, authorization: str | None, why: str
+) -> None:
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    status, body = _get(secured, _query(), headers)
+    assert status == 401, why
+    assert "values" not in body and "query token" in body["error"] and "--query-token-file" in body["error"]
+    # Refused before it is parsed: a malformed query learns nothing either.
+    assert _get(secured, "/query", headers)[0] == 401
+
+
+def test_the_right_token_gets_values_and_health_stays_open(secured: QueryServer) -> None:
+    assert _get(secured, _query(), {"Authorization": f"Bearer {TOKEN}"}) == (200, {"values": [1, 1]})
+    assert _get(secured, _query(), {"Authorization": f"bearer {TOKEN}"})[0] == 200
+    assert _get(secured, "/health") == (200, {"status": "ok"})
+
+
+def test_the_token_is_compared_in_constant_time(secured: QueryServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    assert _get(secured, _query(), {"Authorization": "Bearer nope"})[0] == 401
+    assert _get(secured, _query(), {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    assert compared == [(b"nope", TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
+
+
+def test_the_client_sends_the_token_and_explains_a_refusal(secured: QueryServer) -> None:
+    worker = _worker_of(secured)
+    assert _ask(worker, "wc-1-1700000000", 2, [["the"], ["cow"]], QueryAccess(token=TOKEN), 5) == [1, 1]
+    with pytest.raises(QueryAuthError, match="no query token was sent; pass --query-token-file or --zk-auth"):
+        _ask(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(), 5)
+    with pytest.raises(QueryAuthError, match="not the one it serves with"):
+        _ask(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(token="query-token-of-the-tests-9876543210"), 5)
+
+
+# --- TLS -------------------------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _issue(pki: Path, name: str, san: str) -> tuple[Path, Path]:
+    """A server certificate for ``san`` signed by the test CA in ``pki``: (cert, key)."""
+    (pki / f"{name}.ext").write_text(
+        f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=pki)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext", cwd=pki)
+    return pki / f"{name}.pem", pki / f"{name}.key"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A test CA, a worker certificate naming 127.0.0.1 and one naming another host."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl binary is needed to make the test certificates")
+    root = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=stream-ops test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=root)
+    cert, key = _issue(root, "worker", "IP:127.0.0.1,DNS:localhost")
+    other_cert, other_key = _issue(root, "elsewhere", "DNS:worker9.example.internal")
+    return {"ca": root / "ca.pem", "cert": cert, "key": key, "other_cert": other_cert, "other_key": other_key}
+
+
+@pytest.fixture
+def tls_server(pki: dict[str, Path]) -> Iterator[QueryServer]:
+    srv = QueryServer("127.0.0.1", 0, _lookup, token=TOKEN, tls=server_tls_context(pki["cert"], pki["key"]))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_client_with_the_ca_gets_values_over_https(tls_server: QueryServer, pki: dict[str, Path]) -> None:
+    access = QueryAccess.resolve(ZooKeeperConfig(), QueryConfig(token=TOKEN, tls_ca=pki["ca"]))
+    assert access.scheme == "https"
+    assert _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"], ["cow"]], access, 5) == [1, 1]
+    # TLS does not replace the token.
+    with pytest.raises(QueryAuthError):
+        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=access.tls), 5)
+
+
+def test_a_plain_http_client_gets_nothing_from_a_tls_server(tls_server: QueryServer) -> None:
+    with pytest.raises(QueryError, match="pass --query-tls-ca") as caught:
+        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(token=TOKEN), 5)
+    assert not isinstance(caught.value, QueryAuthError)
+    try:
+        reply = _raw(tls_server, f"GET {_query()} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    except OSError:
+        reply = b""  # reset or not connected: the server drops a connection that does not start with a TLS hello
+    assert b"values" not in reply and not reply.startswith(b"HTTP/")
+    with pytest.raises((OSError, http.client.HTTPException)):
+        _get(tls_server, "/health")
+
+
+def test_the_worker_certificate_must_name_its_host(pki: dict[str, Path]) -> None:
+    srv = QueryServer("127.0.0.1", 0, _lookup, token=TOKEN, tls=server_tls_context(pki["other_cert"], pki["other_key"]))
+    srv.start()
+    try:
+        access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
+        with pytest.raises(QueryTLSError, match="must name host 127.0.0.1"):
+            _ask(_worker_of(srv), "wc-1-1700000000", 2, [["the"]], access, 5)
+    finally:
+        srv.stop()
+
+
+def test_a_certificate_from_another_ca_is_refused(tls_server: QueryServer, tmp_path: Path) -> None:
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", "rogue.key", "-out", "rogue.pem", "-days", "2", "-subj", "/CN=rogue CA", cwd=tmp_path)
+    access = QueryAccess(token=TOKEN, tls=client_tls_context(tmp_path / "rogue.pem"))
+    with pytest.raises(QueryTLSError, match="pass --query-tls-ca with the CA that signed"):
+        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5)
+
+
+def test_an_https_client_of_a_plain_server_is_told_why(secured: QueryServer, pki: dict[str, Path]) -> None:
+    access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
+    with pytest.raises(QueryTLSError, match="does it serve TLS"):
+        _ask(_worker_of(secured), "wc-1-1700000000", 2, [["the"]], access, 5)
+
+
+def test_a_stalled_tls_handshake_does_not_block_other_clients(tls_server: QueryServer, pki: dict[str, Path]) -> None:
+    host, port = tls_server.server_address[:2]
+    idle = socket.create_connection((str(host), int(port)), timeout=5)  # connects, never says hello
+    try:
+        access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
+        started = time.monotonic()
+        assert _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5) == [1]
+        assert time.monotonic() - started < 3
+    finally:
+        idle.close()
+
+
+def test_unreadable_tls_files_are_explained(tmp_path: Path, pki: dict[str, Path]) -> None:
+    with pytest.raises(QueryTLSError, match="--query-tls-cert and --query-tls-key"):
+        server_tls_context(tmp_path / "missing.pem", tmp_path / "missing.key")
+    with pytest.raises(QueryTLSError, match="--query-tls-cert and --query-tls-key"):
+        server_tls_context(pki["cert"], pki["other_key"])  # not its key
+    with pytest.raises(QueryTLSError, match="--query-tls-ca"):
+        client_tls_context(tmp_path / "missing-ca.pem")
+
+
+# --- workers ---------------------------------------------------------------------------------
+
+
+def _run_worker(zk: ZooKeeperConfig, settings: WorkerSettings, root: Path, spark: Any) -> tuple[threading.Event, threading.Thread]:
+    worker = Worker(zk, ClusterConfig(root=root), settings, spark_factory=lambda: spark)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_a_worker_with_zookeeper_credentials_requires_the_derived_token_over_tls(
+    zk_config: ZooKeeperConfig, tmp_path: Path, spark: Any, wait_until: Any, pki: dict[str, Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    zk = zk_config.model_copy(update={"auth_digest": "stream-ops:worker-test-password"})
+    query = QueryConfig(tls_cert=pki["cert"], tls_key=pki["key"], tls_ca=pki["ca"])
+    settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5, query=query)
+    caplog.set_level(logging.WARNING, logger="stream_ops.runtime.worker")
+    stop, thread = _run_worker(zk, settings, tmp_path / "cluster", spark)
+    try:
+        with ZkStore.connect(zk) as store:
+            wait_until(lambda: settings.worker_id in live_workers(store), 60, "the worker to register")
+        derived = QueryAccess.resolve(zk, QueryConfig(tls_ca=pki["ca"]))
+        assert derived.token == query_token(QueryConfig(), zk)
+        # Authenticated: the lookup runs, and this task simply does not run here.
+        with pytest.raises(QueryError, match="404 .*does not run on this worker"):
+            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], derived, 5)
+        with pytest.raises(QueryAuthError):
+            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=derived.tls), 5)
+        with pytest.raises(QueryError, match="pass --query-tls-ca"):
+            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(token=derived.token), 5)
+        assert "unauthenticated" not in caplog.text
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+def _ask_topology(root: Path) -> Topology:
+    """Word counts, and questions answered from them by a state_query on the map state."""
+    topology = Topology("wc-ask")
+    counts = (
+        topology.source("sentences", FileTopic(root / "sentences", 2), schema={"sentence": "string"})
+        .each(split, out="word", fields=["sentence"])
+        .group_by("word")
+        .persistent_aggregate(Count(), out="count", state=OpaqueMapState, name="counts")
+    )
+    answers = topology.source("questions", FileTopic(root / "questions", 1), schema={"word": "string"}).state_query(
+        counts, ["word"], MapGet(), out={"count": "long"}
+    )
+    kept = answers.group_by("word").persistent_aggregate(Max("count"), out="count", state=OpaqueMapState, name="answers")
+    topology.query("words", counts)
+    topology.query("answers", kept)
+    return topology
+
+
+def test_state_query_between_workers_and_clients_carry_the_derived_token(
+    zk_config: ZooKeeperConfig, tmp_path: Path, spark: Any, wait_until: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    zk = zk_config.model_copy(update={"auth_digest": "stream-ops:state-query-password", "open_reads": True})
+    settings = WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5)
+    cluster_root = tmp_path / "cluster"
+    stop, thread = _run_worker(zk, settings, cluster_root, spark)
+    try:
+        with ZkStore.connect(zk) as store:
+            wait_until(lambda: settings.worker_id in live_workers(store), 60, "the worker to register")
+            topology = _ask_topology(tmp_path / "in")
+            submit(store, ClusterConfig(root=cluster_root), topology, workers=1)
+            sources = {c.source.name: c.source.topic for c in topology.chains}
+            text = ["how are you", "how do you do"]
+            produce(sources["sentences"], [{"sentence": s} for s in text])
+            truth = Counter(w for s in text for w in s.split())
+            wait_for_counts(store, topology.name, "words", dict(truth), timeout_s=60)
+
+            def answered() -> bool:
+                # The state_query task asks the worker's query server, with the worker's token.
+                produce(sources["questions"], [{"word": w} for w in ("how", "you")])
+                time.sleep(1.0)
+                found = query_state(store, topology.name, "answers", [["how"], ["you"]])
+                return found == {"how": truth["how"], "you": truth["you"]}
+
+            wait_until(answered, 60, "state_query answers equal the counts")
+        # open_reads: anyone may route a query, but without the token the worker answers nothing.
+        with ZkStore.connect(zk.model_copy(update={"auth_digest": None, "open_reads": False})) as anonymous:
+            with pytest.raises(QueryAuthError, match="pass --query-token-file or --zk-auth"):
+                query_state(anonymous, topology.name, "words", [["how"]])
+            explicit = QueryConfig(token=query_token(QueryConfig(), zk))
+            assert query_state(anonymous, topology.name, "words", [["how"]], query_config=explicit) == {"how": 2}
+
+        # The CLI: the same, with the token derived from --zk-auth or read from --query-token-file.
+        for name in ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_OPEN_READS", "STREAM_OPS_QUERY_TOKEN",
+                     "STREAM_OPS_QUERY_TOKEN_FILE", "STREAM_OPS_QUERY_TLS_CA"):
+            monkeypatch.setenv(name, "")  # empty = unset for click; the CLI exports them, undone after the test
+        token_file = tmp_path / "query-token"
+        token_file.write_text(f"{explicit.token.get_secret_value()}\n")  # type: ignore[union-attr]
+
+        def cli(*args: str) -> Any:
+            base = ["--zookeeper", zk.hosts, "--chroot", zk.chroot, "--home", str(cluster_root)]
+            return CliRunner().invoke(main, [*base, *args, "query", topology.name, "words", "how"])
+
+        refused = cli()
+        assert refused.exit_code == 1 and "no query token was sent; pass --query-token-file" in refused.output
+        assert json.loads(cli("--zk-auth", zk.auth_digest or "").output) == {"how": 2}
+        assert json.loads(cli("--query-token-file", str(token_file)).output) == {"how": 2}
     finally:
         stop.set()
         thread.join(60)
