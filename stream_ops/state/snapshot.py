@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stream_ops.durable_files import fsync_dir, fsync_file
+from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_file, make_dirs
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.changelog import (
     EncodedChanges,
@@ -600,12 +600,13 @@ def _merged_table(base: SnapshotInfo | None, changes: ReplayedChanges, queue: St
 
 def _write_atomically(target: Path, table: pa.Table, meta: dict[str, Any]) -> None:
     """Write ``table`` to ``target`` via a hidden temp file, fsync and rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     schema = _SCHEMA.with_metadata({_META_KEY: json.dumps(meta, separators=(",", ":")).encode("utf-8")})
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             writer.write_table(table.cast(schema), row_group_size=_ROW_GROUP_ROWS)
+        os.chmod(tmp, FILE_MODE)
         fsync_file(tmp)
         os.replace(tmp, target)
         fsync_dir(target.parent)
@@ -630,8 +631,9 @@ def _write_marker(queue: StateTopicQueue, txid: int, snapshot_dir: Path) -> None
     }
     tmp = queue.path / f".{COMPACTED_MARKER}.{uuid.uuid4().hex}.tmp"
     try:
-        queue.path.mkdir(parents=True, exist_ok=True)
+        make_dirs(queue.path)
         tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
+        os.chmod(tmp, FILE_MODE)
         fsync_file(tmp)
         os.replace(tmp, target)
         fsync_dir(queue.path)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream_ops.durable_files import fsync_dir, fsync_dirs
+from stream_ops.durable_files import create_private_file, fsync_dir, fsync_dirs, make_dirs
 from stream_ops.errors import CommittedBatchLostError, TopicError
 
 _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.jsonl$")
@@ -60,11 +60,11 @@ def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable
 
     Returns the number of records written.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     count = 0
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with create_private_file(tmp) as out:
             for record in records:
                 out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
                 out.write("\n")
@@ -117,7 +117,7 @@ class FileTopic:
     def create(self) -> None:
         """Create the queue directories (idempotent)."""
         for q in range(self.queues):
-            self.queue_path(q).mkdir(parents=True, exist_ok=True)
+            make_dirs(self.queue_path(q))
 
     def write_file(self, queue: int, name: str, records: Iterable[Any], *, overwrite: bool = True) -> Path:
         """Atomically write one file of JSON lines into a queue.
@@ -186,7 +186,7 @@ class FileTopic:
             if not target.exists():
                 try:
                     os.utime(staged)
-                    target.parent.mkdir(parents=True, exist_ok=True)
+                    make_dirs(target.parent)
                     os.replace(staged, target)
                     moved += 1
                     touched += [target.parent, staged.parent]

@@ -416,3 +416,17 @@ def test_a_corrupt_counted_file_is_reported_like_the_line_reader_does(queue: Sta
     (queue.path / batch_file_name(4, 2, 1)).write_text('{"key":["a"],"value":null,"txid":3,"epoch":1}\n')
     with pytest.raises(ReplayError, match="file is corrupt"):
         replay_changes(queue, after_txid=1, committed_txid=2)
+
+
+def test_a_snapshot_and_the_compaction_marker_are_private_files(queue: StateTopicQueue, snaps: Path) -> None:
+    import os
+
+    queue.append(3, 0, 1, [(("a",), 1)])
+    old = os.umask(0o022)
+    try:
+        result = compact_queue(queue, snaps, committed_txid=0, committed_epoch=1)
+    finally:
+        os.umask(old)
+    assert result.snapshot.path.stat().st_mode & 0o777 == 0o640
+    assert (queue.path / "_compacted.json").stat().st_mode & 0o777 == 0o640
+    assert snaps.stat().st_mode & 0o777 == 0o750

@@ -123,3 +123,17 @@ def test_stale_tick_temp_files_are_removed(topic: FileTopic) -> None:
     os.utime(old, (time.time() - 120, time.time() - 120))
     assert topic.discard_stale_temp_files(0, "tick-t00003-", older_than_s=60, now=time.time()) == 1
     assert not old.exists() and fresh.exists()
+
+
+def test_files_and_directories_are_private_under_a_permissive_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        topic = FileTopic(tmp_path / "topics" / "dead-letters", queues=1)
+        staged = topic.stage_batch(0, 3, 7, 2, [{"a": 1}])
+        topic.publish_batch(3, 7, 2, topic.staged_sizes(3, 7, 2))
+        published = topic.queue_path(0) / staged.name
+    finally:
+        os.umask(old)
+    assert published.stat().st_mode & 0o777 == 0o640
+    for directory in (topic.queue_path(0), topic.pending_path(0), topic.root, topic.root.parent):
+        assert directory.stat().st_mode & 0o777 == 0o750, directory
