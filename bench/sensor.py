@@ -143,7 +143,7 @@ def main() -> None:
 
 
 def run(zookeeper: EmbeddedZooKeeper, home: Path, args: Any) -> None:
-    zk_config = ZooKeeperConfig(hosts=zookeeper.hosts, chroot="/bench", session_timeout_s=10.0)
+    zk_config = ZooKeeperConfig(hosts=zookeeper.hosts, chroot="/bench", session_timeout_s=10.0, insecure=True)
     cluster = ClusterConfig(root=home / "cluster")
     names = [f"wordcount_{i:02d}" for i in range(args.topologies)]
     with ZkStore.connect(zk_config) as store:

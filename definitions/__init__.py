@@ -9,6 +9,8 @@ Wiring only. Environment:
 * ``STREAM_OPS_CHROOT``: root znode, default ``/stream_ops``.
 * ``STREAM_OPS_ZK_AUTH`` / ``STREAM_OPS_ZK_OPEN_READS``: optional digest credentials
   ``user:password`` and whether anyone may read (cluster deployments).
+* ``STREAM_OPS_ZK_INSECURE``: ``true`` lets worker runs start without credentials (the local
+  stack, ``stream-ops dev``, sets it); otherwise a worker run without ``STREAM_OPS_ZK_AUTH`` fails.
 * ``STREAM_OPS_HOME``: cluster directory, default ``var/stream_ops`` (resolved against the
   working directory when the code location loads).
 * ``STREAM_OPS_QUERY_TOKEN``: optional state-query token of the workers Dagster launches; by
@@ -39,6 +41,7 @@ defs = build_definitions(
         chroot=os.environ.get("STREAM_OPS_CHROOT", DEFAULT_CHROOT),
         auth_digest=dg.EnvVar("STREAM_OPS_ZK_AUTH") if os.environ.get("STREAM_OPS_ZK_AUTH") else None,
         open_reads=os.environ.get("STREAM_OPS_ZK_OPEN_READS", "false").lower() in ("1", "true", "yes"),
+        insecure=os.environ.get("STREAM_OPS_ZK_INSECURE", "false").lower() in ("1", "true", "yes"),
     ),
     stream_cluster=StreamClusterResource(
         root=str(Path(os.environ.get("STREAM_OPS_HOME", "var/stream_ops")).resolve()),

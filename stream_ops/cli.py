@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
+from stream_ops.durable_files import apply_umask
 from stream_ops.errors import StreamOpsError
 
 logger = logging.getLogger("stream_ops.cli")
@@ -46,7 +47,8 @@ class _Context:
         self.query_token_file = query_token_file
         self.query_tls_ca = query_tls_ca
 
-    def zk_config(self) -> ZooKeeperConfig:
+    def zk_config(self, *, insecure: bool = False) -> ZooKeeperConfig:
+        """The ZooKeeper settings; ``insecure`` for a worker, nimbus or supervisor given ``--insecure``."""
         from pydantic import ValidationError
 
         try:
@@ -56,10 +58,19 @@ class _Context:
                 session_timeout_s=self.session_timeout,
                 auth_digest=self.zk_auth,
                 open_reads=self.zk_open_reads,
+                insecure=insecure,
             )
         except ValidationError as e:
-            messages = "; ".join(str(err["msg"]) for err in e.errors())
+            messages = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
             raise click.UsageError(f"invalid ZooKeeper options: {messages}") from e
+
+    def secured_zk_config(self, process: str, insecure: bool) -> ZooKeeperConfig:
+        """The settings of a process that runs or moves tasks: refused without credentials unless ``insecure``."""
+        from stream_ops.coordination.acl import require_auth
+
+        config = self.zk_config(insecure=insecure)
+        require_auth(config, process)
+        return config
 
     def query_config(self, tls_cert: Path | None = None, tls_key: Path | None = None) -> QueryConfig:
         """The state-query token and TLS settings (a worker adds its certificate and key)."""
@@ -94,6 +105,46 @@ class _Context:
 pass_ctx = click.make_pass_decorator(_Context)
 
 
+class _UnderCwd:
+    """A default path under the working directory, made absolute when the command line is parsed.
+
+    ``--help`` shows the absolute path it stands for (click shows ``str()`` of a default that is
+    not a plain function).
+    """
+
+    def __init__(self, relative: str) -> None:
+        self.relative = relative
+
+    def __call__(self) -> Path:
+        return Path.cwd() / self.relative
+
+    def __str__(self) -> str:
+        return str(self())
+
+
+def _absolute_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Option callback: resolve a path against the working directory now, not when it is used."""
+    return None if value is None else Path(value).expanduser().resolve()
+
+
+def _read_secret_file(path: Path, option: str) -> str:
+    """The first line of a file holding a secret (trailing newline stripped).
+
+    Raises:
+        click.BadParameter: The file cannot be read or its first line is empty.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {path}: {e}", param_hint=option) from e
+    secret = text.splitlines()[0].strip() if text.strip() else ""
+    if not secret:
+        raise click.BadParameter(f"{path} is empty: write the secret on its first line", param_hint=option)
+    if path.stat().st_mode & 0o077:
+        logger.warning("%s (%s) is readable by other users: chmod 600 %s", path, option, path)
+    return secret
+
+
 def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
 
@@ -122,13 +173,19 @@ class _Group(click.Group):
               help="ZooKeeper hosts (host:port,...); env STREAM_OPS_ZOOKEEPER.")
 @click.option("--chroot", envvar="STREAM_OPS_CHROOT", default=DEFAULT_CHROOT, show_default=True,
               help="Root znode of this cluster; env STREAM_OPS_CHROOT.")
-@click.option("--home", envvar="STREAM_OPS_HOME", default="var/stream_ops", show_default=True, type=click.Path(path_type=Path),
-              help="Shared directory for dist store, topics, checkpoints; env STREAM_OPS_HOME.")
+@click.option("--home", envvar="STREAM_OPS_HOME", default=_UnderCwd("var/stream_ops"), show_default=True,
+              type=click.Path(path_type=Path), callback=_absolute_path,
+              help="Shared directory for dist store, topics, checkpoints (made absolute at start); env STREAM_OPS_HOME.")
 @click.option("--session-timeout", envvar="STREAM_OPS_SESSION_TIMEOUT", default=10.0, show_default=True,
               help="ZooKeeper session timeout (s); env STREAM_OPS_SESSION_TIMEOUT.")
 @click.option("--zk-auth", envvar="STREAM_OPS_ZK_AUTH", default=None, metavar="USER:PASSWORD",
               help="The cluster's ZooKeeper digest credentials: every znode stream_ops creates is then "
-                   "writable only by them. Prefer env STREAM_OPS_ZK_AUTH (a flag shows in ps).")
+                   "writable only by them, and the chroot must be the cluster's own. Prefer --zk-auth-file "
+                   "(a flag shows in ps; env STREAM_OPS_ZK_AUTH is inherited by child processes).")
+@click.option("--zk-auth-file", envvar="STREAM_OPS_ZK_AUTH_FILE", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=_absolute_path,
+              help="File whose first line is the ZooKeeper credentials USER:PASSWORD (chmod 600); preferred "
+                   "over --zk-auth; env STREAM_OPS_ZK_AUTH_FILE.")
 @click.option("--zk-open-reads/--no-zk-open-reads", envvar="STREAM_OPS_ZK_OPEN_READS", default=False, show_default=True,
               help="With --zk-auth, let anyone read the znodes (writes stay the cluster's); env STREAM_OPS_ZK_OPEN_READS.")
 @click.option("--local-dir", envvar="STREAM_OPS_LOCAL_DIR", default=None, type=click.Path(path_type=Path),
@@ -146,18 +203,28 @@ class _Group(click.Group):
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
 def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, zk_auth: str | None,
-         zk_open_reads: bool, local_dir: Path | None, query_token: str | None, query_token_file: Path | None,
-         query_tls_ca: Path | None, log_level: str) -> None:
+         zk_auth_file: Path | None, zk_open_reads: bool, local_dir: Path | None, query_token: str | None,
+         query_token_file: Path | None, query_tls_ca: Path | None, log_level: str) -> None:
     """Run Storm/Trident-style topologies on Spark Structured Streaming."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if query_token and query_token_file:
         raise click.UsageError("give the query token once: --query-token (env STREAM_OPS_QUERY_TOKEN) or --query-token-file")
+    if zk_auth and zk_auth_file:
+        raise click.UsageError(
+            "give the ZooKeeper credentials once: --zk-auth-file (env STREAM_OPS_ZK_AUTH_FILE) or --zk-auth "
+            "(env STREAM_OPS_ZK_AUTH)"
+        )
     # Worker processes this one spawns (supervisor, demo, dev) inherit the credentials through
-    # the environment, never on their command lines.
-    if zk_auth:
+    # the environment (the file's path when one was given), never on their command lines.
+    if zk_auth_file is not None:
+        zk_auth = _read_secret_file(zk_auth_file, "--zk-auth-file")
+        os.environ.pop("STREAM_OPS_ZK_AUTH", None)
+        os.environ["STREAM_OPS_ZK_AUTH_FILE"] = str(zk_auth_file)
+    elif zk_auth:
         os.environ["STREAM_OPS_ZK_AUTH"] = zk_auth
+    if zk_auth:
         os.environ["STREAM_OPS_ZK_OPEN_READS"] = "true" if zk_open_reads else "false"
     if query_token:
         os.environ["STREAM_OPS_QUERY_TOKEN"] = query_token
@@ -166,6 +233,8 @@ def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_ti
             os.environ[name] = str(path.resolve())
     ctx.obj = _Context(zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir,
                        query_token, query_token_file, query_tls_ca)
+    # Files this process and its children create (dist store, topics, checkpoints) stay private.
+    apply_umask(ctx.obj.cluster().umask)
 
 
 # --- zookeeper ---------------------------------------------------------------------------------
@@ -179,12 +248,13 @@ def zookeeper() -> None:
 @zookeeper.command("start")
 @click.option("--port", default=2181, show_default=True, type=int)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--data-dir", default="var/zookeeper", show_default=True, type=click.Path(path_type=Path))
+@click.option("--data-dir", default=_UnderCwd("var/zookeeper"), show_default=True, type=click.Path(path_type=Path),
+              callback=_absolute_path, help="Snapshots and transaction logs (made absolute at start).")
 def zookeeper_start(port: int, host: str, data_dir: Path) -> None:
     """Run a ZooKeeper server until SIGTERM / Ctrl-C."""
     from stream_ops.coordination.embedded import EmbeddedZooKeeper, serve_forever
 
-    server = EmbeddedZooKeeper(data_dir=data_dir.resolve(), port=port, host=host)
+    server = EmbeddedZooKeeper(data_dir=data_dir, port=port, host=host)
     stop = _stop_on_signals()
     server.start()
     click.echo(f"ZooKeeper serving on {server.hosts}")
@@ -210,6 +280,13 @@ def produce(topic_path: Path, queues: int, key: str | None, input_file: Any) -> 
 
 
 # --- nimbus verbs ------------------------------------------------------------------------------
+
+#: ``--insecure`` of the processes that run or move tasks (worker, nimbus, supervisor).
+_INSECURE_OPTION = click.option(
+    "--insecure", is_flag=True, default=False,
+    help="Run without ZooKeeper credentials, on a tree any client reaching ZooKeeper can rewrite (and so "
+         "choose what workers run). Only for a local single-user stack or tests; refused with --zk-auth.",
+)
 
 
 def _parse_conf(items: tuple[str, ...]) -> dict[str, Any]:
@@ -348,18 +425,43 @@ def compact(obj: _Context, name: str, stages: tuple[str, ...], queues: tuple[int
     ]))
 
 
+@main.command("secure-tree")
+@click.option("--dry-run", is_flag=True, help="Only list the znodes whose ACL is not the cluster's.")
+@pass_ctx
+def secure_tree_cmd(obj: _Context, dry_run: bool) -> None:
+    """Give every znode under the chroot the cluster's ACL (a tree this cluster created before --zk-auth).
+
+    Only for a tree that is this cluster's own: what others wrote into it while it was open stays
+    (check `stream-ops list` and the dist store). Prints each mismatch, then a JSON summary.
+    """
+    from stream_ops.coordination.acl import audit_acls, secure_tree
+    from stream_ops.coordination.store import ZkStore
+
+    config = obj.zk_config()
+    if not config.auth_digest:
+        raise click.UsageError("secure-tree applies the cluster's ACL: give its credentials with --zk-auth-file (or --zk-auth)")
+    with ZkStore.connect(config, verify_tree=False) as store:
+        mismatches = audit_acls(store)
+        for mismatch in mismatches:
+            click.echo(str(mismatch))
+        changed = 0 if dry_run else secure_tree(store)
+    click.echo(json.dumps({"chroot": config.chroot, "mismatched": len(mismatches), "changed": changed}))
+
+
 @main.command()
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between monitor ticks.")
 @click.option("--task-timeout", default=10.0, show_default=True, help="Heartbeat unchanged this long = dead task.")
 @click.option("--launch-grace", default=60.0, show_default=True, help="Grace for newly (re)assigned tasks.")
+@_INSECURE_OPTION
 @pass_ctx
-def nimbus(obj: _Context, interval: float, task_timeout: float, launch_grace: float) -> None:
+def nimbus(obj: _Context, interval: float, task_timeout: float, launch_grace: float, insecure: bool) -> None:
     """Run the heartbeat monitor (leader-elected) that reassigns the tasks of dead workers."""
     from stream_ops.nimbus.leader import run_nimbus
 
+    zk_config = obj.secured_zk_config("nimbus", insecure)
     stop = _stop_on_signals()
     run_nimbus(
-        obj.zk_config(), stop, interval_s=interval, task_timeout_s=task_timeout, launch_grace_s=launch_grace,
+        zk_config, stop, interval_s=interval, task_timeout_s=task_timeout, launch_grace_s=launch_grace,
         on_action=lambda ident, action: click.echo(json.dumps(action.to_json_obj())),
     )
 
@@ -406,12 +508,19 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--query-tls-key", envvar="STREAM_OPS_QUERY_TLS_KEY", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="PEM private key of --query-tls-cert; env STREAM_OPS_QUERY_TLS_KEY.")
+@_INSECURE_OPTION
 @pass_ctx
 def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_master: str, trigger_seconds: float,
            max_files_per_trigger: int, heartbeat_interval: float, launched_by: str, spark_conf: tuple[str, ...],
-           query_tls_cert: Path | None, query_tls_key: Path | None) -> None:
+           query_tls_cert: Path | None, query_tls_key: Path | None, insecure: bool) -> None:
     """Run a worker slot until SIGTERM / Ctrl-C."""
     from stream_ops.runtime.worker import Worker, WorkerSettings
+
+    zk_config = obj.secured_zk_config("worker", insecure)
+    # The worker spawns no stream_ops process: keep the credentials out of what its Spark JVM and
+    # Python workers (which run topology code) inherit.
+    for name in ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE"):
+        os.environ.pop(name, None)
 
     conf: dict[str, str] = {}
     for item in spark_conf:
@@ -426,7 +535,17 @@ def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_mas
         query=obj.query_config(tls_cert=query_tls_cert, tls_key=query_tls_key),
     )
     stop = _stop_on_signals()
-    Worker(obj.zk_config(), obj.cluster(), settings).run(stop)
+    Worker(zk_config, obj.cluster(), settings).run(stop)
+
+
+def _say_local_stack_is_insecure() -> None:
+    """One line on stderr (stdout stays the result): the local stack runs without ZooKeeper credentials."""
+    click.echo(
+        "note: the local stack's ZooKeeper has no credentials; its workers and nimbus run with --insecure, so any "
+        "process on this machine can change what they run. Use it for development only (deployments/cluster "
+        "for a shared one).",
+        err=True,
+    )
 
 
 EXAMPLE_TOPOLOGY = "stream_ops.examples.wordcount:topology"
@@ -451,14 +570,19 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
 @click.option("--host", default="127.0.0.1", show_default=True, help="Host name the workers register under.")
 @click.option("--base-port", default=6700, show_default=True, type=int, help="Slots use ports base, base+1, ...")
 @click.option("--worker-arg", "worker_args", multiple=True, help="Extra option passed to every worker (repeatable).")
+@_INSECURE_OPTION
 @pass_ctx
-def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worker_args: tuple[str, ...]) -> None:
+def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worker_args: tuple[str, ...],
+               insecure: bool) -> None:
     """Keep N worker processes alive on this host, restarting any that dies."""
     from stream_ops.runtime.supervisor import Supervisor
 
+    zk_config = obj.secured_zk_config("supervisor", insecure)
+    if insecure and "--insecure" not in worker_args:
+        worker_args = (*worker_args, "--insecure")  # its workers run on the same open tree
     stop = _stop_on_signals()
     ports = [base_port + i for i in range(num_workers)]
-    Supervisor(obj.zk_config(), obj.home.resolve(), host=host, ports=ports, worker_args=worker_args).run(stop)
+    Supervisor(zk_config, obj.home, host=host, ports=ports, worker_args=worker_args).run(stop)
 
 
 @main.command()
@@ -472,8 +596,9 @@ def demo(obj: _Context, workers: int, zookeeper_port: int, topology_ref: str, re
     """Headless word count: ZooKeeper, workers, submit, feed, query; then stop everything."""
     from stream_ops.local_stack import LocalStack, run_demo
 
-    home = obj.home.resolve()
+    home = obj.home
     topology, topic, sentences = _example(home, topology_ref, repeat)
+    _say_local_stack_is_insecure()
     with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port or None, query=obj.query_config()) as stack:
         results = run_demo(stack, topology, topic, sentences, timeout_s=timeout)
     click.echo(json.dumps(results))
@@ -490,8 +615,9 @@ def dev(obj: _Context, workers: int, zookeeper_port: int, dagster_port: int, top
     """The local stack with the Dagster UI; Ctrl-C stops everything it started."""
     from stream_ops.local_stack import LocalStack, run_demo
 
-    home = obj.home.resolve()
+    home = obj.home
     topology, topic, sentences = _example(home, topology_ref, repeat)
+    _say_local_stack_is_insecure()
     stop = _stop_on_signals()
     with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port, query=obj.query_config()) as stack:
         url = stack.start_dagster(port=dagster_port)

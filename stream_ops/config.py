@@ -20,20 +20,39 @@ MIN_QUERY_TOKEN_LENGTH = 16
 
 
 class ZooKeeperConfig(BaseModel):
-    """How to reach ZooKeeper."""
+    """How to reach ZooKeeper, and as whom.
 
-    model_config = ConfigDict(frozen=True)
+    ``auth_digest`` is a :class:`~pydantic.SecretStr`: its ``repr``, ``str`` and every validation
+    error show ``**********``, never the password. Code that needs the clear text (the ZooKeeper
+    session, derived tokens) calls :meth:`auth_credentials`.
+
+    Example:
+        >>> cfg = ZooKeeperConfig(auth_digest="stream-ops:s3cret")
+        >>> "s3cret" in repr(cfg), cfg.auth_credentials()
+        (False, 'stream-ops:s3cret')
+        >>> ZooKeeperConfig(insecure=True).insecure
+        True
+    """
+
+    # A validation error never repeats the input: it may hold the password.
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     hosts: str = Field(DEFAULT_ZOOKEEPER, description="Comma-separated host:port list.")
-    chroot: str = Field(DEFAULT_CHROOT, description="Root znode for all stream_ops data.")
+    chroot: str = Field(
+        DEFAULT_CHROOT,
+        description=(
+            "Root znode for all stream_ops data. With auth_digest the cluster creates and owns it (it must not be '/')."
+        ),
+    )
     session_timeout_s: float = Field(10.0, gt=0, description="ZooKeeper session timeout.")
     connect_timeout_s: float = Field(10.0, gt=0, description="How long to wait for a first connection.")
-    auth_digest: str | None = Field(
+    auth_digest: SecretStr | None = Field(
         None,
         description=(
             "Optional 'user:password' digest credentials: the cluster's identity. When set, every "
             "znode stream_ops creates gets an ACL giving this identity all permissions and nobody "
-            "else any (see stream_ops.coordination.acl)."
+            "else any (see stream_ops.coordination.acl), and every connect checks that the chroot and "
+            "its top-level znodes carry exactly that ACL."
         ),
     )
     open_reads: bool = Field(
@@ -41,6 +60,14 @@ class ZooKeeperConfig(BaseModel):
         description=(
             "With auth_digest: also let anyone (world) READ the znodes stream_ops creates, e.g. for "
             "dashboards; writes stay limited to the cluster's identity."
+        ),
+    )
+    insecure: bool = Field(
+        False,
+        description=(
+            "Let workers, the nimbus and the supervisor run without auth_digest, on a tree any client that "
+            "reaches ZooKeeper can rewrite (and so choose the code workers run). Only for a local, single-user "
+            "stack (stream-ops dev / demo) or tests; a cluster deployment leaves it off."
         ),
     )
 
@@ -65,10 +92,10 @@ class ZooKeeperConfig(BaseModel):
 
     @field_validator("auth_digest")
     @classmethod
-    def _digest_is_user_password(cls, value: str | None) -> str | None:
+    def _digest_is_user_password(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None:
             return None
-        user, sep, password = value.partition(":")
+        user, sep, password = value.get_secret_value().partition(":")
         if not sep or not user or not password:
             raise ValueError("auth_digest must be written user:password, both non-empty (e.g. stream-ops:<secret>)")
         return value
@@ -82,10 +109,41 @@ class ZooKeeperConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _owned_tree_needs_a_chroot(self) -> ZooKeeperConfig:
+        if self.auth_digest and self.chroot == "/":
+            raise ValueError(
+                "with auth_digest the cluster must own its tree, and ZooKeeper's root '/' is world-writable and "
+                "shared (anyone may delete and recreate top-level nodes under it): give the cluster its own "
+                "chroot, e.g. --chroot /stream_ops"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _insecure_means_no_auth(self) -> ZooKeeperConfig:
+        if self.insecure and self.auth_digest:
+            raise ValueError(
+                "insecure (--insecure) only allows running without auth_digest; with digest credentials it means "
+                "nothing: drop one of them"
+            )
+        return self
+
     def __repr_args__(self) -> Any:
-        # Never print the password (logs, tracebacks, Dagster run config).
+        # Never print the password (logs, tracebacks, Dagster run config), even when a model_copy(update=...)
+        # put a plain string there.
         for name, value in super().__repr_args__():
-            yield name, ("***" if name == "auth_digest" and value else value)
+            yield name, ("**********" if name == "auth_digest" and value else value)
+
+    def auth_credentials(self) -> str | None:
+        """The clear-text ``user:password`` of :attr:`auth_digest`, or None.
+
+        Only for the ZooKeeper session and values derived from it (the query token); never log it.
+        """
+        value: Any = self.auth_digest
+        if value is None:
+            return None
+        # model_copy(update=...) skips validation and may leave a plain str here.
+        return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
 
     @property
     def connection_string(self) -> str:
@@ -160,8 +218,9 @@ def query_token(query: QueryConfig, zookeeper: ZooKeeperConfig) -> str | None:
     """
     if query.token is not None:
         return query.token.get_secret_value()
-    if zookeeper.auth_digest:
-        return hmac.new(zookeeper.auth_digest.encode("utf-8"), QUERY_TOKEN_LABEL, hashlib.sha256).hexdigest()
+    credentials = zookeeper.auth_credentials()
+    if credentials:
+        return hmac.new(credentials.encode("utf-8"), QUERY_TOKEN_LABEL, hashlib.sha256).hexdigest()
     return None
 
 
@@ -179,6 +238,15 @@ class ClusterConfig(BaseModel):
     topics_root: Path | None = Field(None, description="Internal topics (shuffle, state, dead letters).")
     checkpoints_root: Path | None = Field(None, description="Spark checkpoints, one per task.")
     local_state_dir: Path | None = Field(None, description="Local RocksDB stores of this machine's workers.")
+    umask: int = Field(
+        0o027,
+        ge=0,
+        le=0o777,
+        description=(
+            "umask of stream_ops processes (workers, nimbus, supervisor, CLI): data files are created 0640 and "
+            "directories 0750 at most, and this can only take more away; 0o027 keeps others out"
+        ),
+    )
     fsync: bool = Field(
         True,
         description=(

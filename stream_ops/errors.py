@@ -82,6 +82,27 @@ class ZnodeNotFoundError(CoordinationError):
     """A znode to read, update or delete does not exist."""
 
 
+class ZooKeeperTreeNotOwnedError(CoordinationError):
+    """With digest credentials, the chroot or a top-level znode does not carry exactly the
+    cluster's ACL: another client created it (or it predates ``auth_digest``), so whoever that
+    ACL lets in could replace topologies, workers or assignments. Nothing was started.
+
+    Attributes:
+        mismatches: ``(path, actual ACL, expected ACL)`` of every offending node, paths absolute
+            (chroot included).
+    """
+
+    def __init__(self, message: str, *, mismatches: list[tuple[str, str, str]]) -> None:
+        super().__init__(message)
+        self.mismatches = mismatches
+
+
+class ZooKeeperAuthRequiredError(CoordinationError):
+    """A worker, nimbus or supervisor was asked to run on a ZooKeeper tree without digest
+    credentials (anyone who can reach ZooKeeper could then choose the code it runs) and was not
+    started with an explicit ``--insecure`` / ``ZooKeeperConfig.insecure``."""
+
+
 class TransactionFailedError(CoordinationError):
     """A multi-operation ZooKeeper transaction was rolled back; nothing was applied.
 
@@ -126,6 +147,12 @@ class JavaNotFoundError(ZooKeeperServerError):
 
 class SubmissionError(StreamOpsError):
     """A topology could not be submitted."""
+
+
+class SubmissionIntegrityError(StreamOpsError):
+    """A dist store entry is not what was submitted: a file differs from the integrity root
+    recorded in ``/storms/{id}``, the record names another dist store than the reader's own, or
+    no root was recorded. Nothing of the entry was parsed or imported."""
 
 
 class TopologyNotFoundError(StreamOpsError):

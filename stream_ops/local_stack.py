@@ -2,6 +2,11 @@
 
 ``stream-ops demo`` and ``stream-ops dev`` use it, and so do the end-to-end tests, so what the
 README's main command shows is what the tests prove.
+
+The stack is for one developer on one machine: its embedded ZooKeeper has no credentials, so its
+workers run with ``--insecure``, its nimbus with ``ZooKeeperConfig.insecure`` and its Dagster
+code location with ``STREAM_OPS_ZK_INSECURE=true`` (see
+:func:`~stream_ops.coordination.acl.require_auth`); it logs a warning saying so.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ _QUERY_ENV = (
     "STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_QUERY_TOKEN_FILE",
     "STREAM_OPS_QUERY_TLS_CERT", "STREAM_OPS_QUERY_TLS_KEY", "STREAM_OPS_QUERY_TLS_CA",
 )
+#: Environment variables of ZooKeeper credentials, never passed to the stack's processes.
+_ZK_AUTH_ENV = ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_ZK_OPEN_READS")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,6 +74,9 @@ class WorkerProcess:
 @dataclass
 class LocalStack:
     """ZooKeeper plus worker processes under ``home``; a context manager that stops them all.
+
+    Development only: nothing authenticates to its ZooKeeper, so workers, the nimbus and Dagster
+    run explicitly insecure (see the module docstring).
 
     Args:
         home: shared directory (dist store, topics, checkpoints, logs).
@@ -100,7 +110,10 @@ class LocalStack:
     @property
     def zk_config(self) -> ZooKeeperConfig:
         assert self.zookeeper is not None
-        return ZooKeeperConfig(hosts=self.zookeeper.hosts, chroot=self.chroot, session_timeout_s=self.session_timeout_s)
+        # The embedded ZooKeeper has no credentials: say so explicitly (require_auth).
+        return ZooKeeperConfig(
+            hosts=self.zookeeper.hosts, chroot=self.chroot, session_timeout_s=self.session_timeout_s, insecure=True
+        )
 
     @property
     def cluster(self) -> ClusterConfig:
@@ -109,6 +122,11 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "logs").mkdir(exist_ok=True)
+        logger.warning(
+            "local stack under %s: ZooKeeper without credentials, workers and nimbus started --insecure; any process "
+            "on this machine can change what they run (development only)",
+            self.home,
+        )
         try:
             self.zookeeper = EmbeddedZooKeeper(data_dir=self.home / "zookeeper", port=self.zookeeper_port)
             self.zookeeper.start()
@@ -145,13 +163,17 @@ class LocalStack:
         for name in _QUERY_ENV:  # the stack's own query settings, not the caller's environment
             env.pop(name, None)
         env.update(_query_env(self.query))
+        for name in _ZK_AUTH_ENV:  # the embedded ZooKeeper has no credentials
+            env.pop(name, None)
+        env["STREAM_OPS_ZK_INSECURE"] = "true"  # the Dagster code location's ZooKeeperResource.insecure
         return env
 
     def start_worker(self, port: int | None = None) -> WorkerProcess:
         """Start one ``stream-ops worker`` process (on ``port``, or a free one)."""
         port = port or free_port()
         log = self.home / "logs" / f"worker-{port}.log"
-        cmd = worker_command(self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=self.worker_args)
+        extra_args = [*self.worker_args, *(() if "--insecure" in self.worker_args else ("--insecure",))]
+        cmd = worker_command(self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=extra_args)
         worker = WorkerProcess(port, log, spawn(cmd, log, self.env()))
         self.worker_processes.append(worker)
         logger.info("started worker %s (pid %d), log %s", worker.worker_id, worker.proc.pid, log)

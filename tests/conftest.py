@@ -67,12 +67,17 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooK
 
 @pytest.fixture
 def zk_config(zookeeper: EmbeddedZooKeeper) -> ZooKeeperConfig:
-    """Config pointing at the session server, with a fresh ``/test-<uuid>`` chroot per test."""
+    """Config pointing at the session server, with a fresh ``/test-<uuid>`` chroot per test.
+
+    Without credentials, so ``insecure`` (workers and the nimbus refuse an open tree otherwise);
+    tests of the secured cluster add ``auth_digest``.
+    """
     return ZooKeeperConfig(
         hosts=zookeeper.hosts,
         chroot=f"/test-{uuid.uuid4().hex}",
         session_timeout_s=ZK_SESSION_TIMEOUT_S,
         connect_timeout_s=ZK_CONNECT_TIMEOUT_S,
+        insecure=True,
     )
 
 

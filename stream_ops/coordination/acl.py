@@ -15,6 +15,25 @@ So a client without the cluster's credentials cannot move an assignment, take an
 or write a commit: ZooKeeper answers ``NoAuth`` and :class:`~stream_ops.coordination.store.ZkStore`
 raises :class:`~stream_ops.errors.CoordinationError` saying which credentials to use.
 
+That only holds on a tree the cluster created itself. ZooKeeper checks CREATE and DELETE on the
+*parent* of a node, and its root ``/`` is world-writable: a client without credentials could
+create the chroot and its top-level nodes first, with ``world:anyone`` ACLs, then delete and
+recreate ``/storms/<id>`` under them. So, with credentials:
+
+* :meth:`ZkStore.connect <stream_ops.coordination.store.ZkStore.connect>` creates a missing
+  chroot together with every top-level node (:func:`cluster_roots`) in one transaction, all with
+  the cluster ACL, so the chroot is never empty (an empty node could be deleted by whoever may
+  delete in its parent);
+* every connect checks that the chroot and each top-level node carry exactly the cluster ACL and
+  refuses otherwise with :class:`~stream_ops.errors.ZooKeeperTreeNotOwnedError` naming them;
+* :meth:`ZkStore.ensure_path <stream_ops.coordination.store.ZkStore.ensure_path>` checks the ACL
+  of every node of the path that exists already;
+* the chroot cannot be ``/`` (config validation).
+
+Workers, the nimbus and the supervisor refuse to run without credentials at all unless told
+``insecure`` explicitly (:func:`require_auth`): on an open tree any client that reaches
+ZooKeeper chooses what they run.
+
 The ACL names the digest identity explicitly (not ZooKeeper's ``auth`` scheme, which means
 "whoever created it"), so every process of the cluster, whatever other identities its session
 carries, produces the same ACL, and :func:`audit_acls` can check it.
@@ -40,7 +59,8 @@ from typing import TYPE_CHECKING
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from stream_ops.config import ZooKeeperConfig
-from stream_ops.errors import ZnodeNotFoundError
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.errors import ZnodeNotFoundError, ZooKeeperAuthRequiredError, ZooKeeperTreeNotOwnedError
 
 if TYPE_CHECKING:  # the store imports this module
     from stream_ops.coordination.store import ZkStore
@@ -49,16 +69,22 @@ __all__ = [
     "AclMismatch",
     "audit_acls",
     "cluster_acl",
+    "cluster_roots",
     "digest_identity",
     "format_acl",
+    "require_auth",
+    "same_acl",
     "secure_tree",
     "super_digest_jvm_option",
+    "tree_not_owned",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: ZooKeeper's own subtree; never touched (exists only when the chroot is ``/``).
 _ZOOKEEPER_INTERNAL = "/zookeeper"
+#: Offending nodes named in a :class:`ZooKeeperTreeNotOwnedError` message (all are in its attribute).
+_SHOWN_MISMATCHES = 3
 
 
 def _split(credentials: str) -> tuple[str, str]:
@@ -101,9 +127,10 @@ def cluster_acl(config: ZooKeeperConfig) -> list[ACL] | None:
     Returns:
         ``[digest:<identity> ALL]`` plus ``[world:anyone READ]`` when ``open_reads`` is set.
     """
-    if not config.auth_digest:
+    credentials = config.auth_credentials()
+    if not credentials:
         return None
-    acl = [ACL(Permissions.ALL, Id("digest", digest_identity(config.auth_digest)))]
+    acl = [ACL(Permissions.ALL, Id("digest", digest_identity(credentials)))]
     if config.open_reads:
         acl.append(ACL(Permissions.READ, Id("world", "anyone")))
     return acl
@@ -129,6 +156,118 @@ def format_acl(acl: list[ACL] | None) -> str:
 
 def _as_set(acl: list[ACL] | None) -> frozenset[tuple[int, str, str]]:
     return frozenset((a.perms, a.id.scheme, a.id.id) for a in acl or [])
+
+
+def same_acl(actual: list[ACL] | None, expected: list[ACL] | None) -> bool:
+    """Whether two ACLs grant the same permissions to the same ids (order does not matter)."""
+    return _as_set(actual) == _as_set(expected)
+
+
+def cluster_roots() -> tuple[str, ...]:
+    """Every top-level znode of the cluster's tree: the one-level paths of :class:`ZkPaths`.
+
+    Derived from :class:`ZkPaths`, so a new top-level constant there is created and checked at
+    connect without touching this module.
+
+    Example:
+        >>> "/storms" in cluster_roots() and "/nimbus" in cluster_roots()
+        True
+        >>> "/nimbus/id-counter" in cluster_roots()
+        False
+    """
+    return tuple(
+        sorted(
+            value
+            for name, value in vars(ZkPaths).items()
+            if name.isupper() and isinstance(value, str) and value.startswith("/") and value.count("/") == 1
+        )
+    )
+
+
+def _owner_hint(config: ZooKeeperConfig, acl: list[ACL] | None) -> str:
+    """Why a node's ACL differs, when it can be told: another password of the same user."""
+    credentials = config.auth_credentials() or ""
+    user = credentials.partition(":")[0]
+    ours = digest_identity(credentials) if credentials else ""
+    for entry in acl or []:
+        if entry.id.scheme == "digest" and entry.id.id.partition(":")[0] == user and entry.id.id != ours:
+            return (
+                f"it belongs to digest user {user!r} with another password: check the credentials "
+                "(--zk-auth-file / STREAM_OPS_ZK_AUTH) against the ones the cluster was created with"
+            )
+    return ""
+
+
+def _what_to_do(chroot: str) -> str:
+    """The part of a :class:`ZooKeeperTreeNotOwnedError` message that says what to do."""
+    return (
+        "A node whose ACL lets others create or delete in it lets them replace topologies, workers and "
+        "assignments below it (ZooKeeper checks CREATE and DELETE on the parent). If the tree is this cluster's "
+        "own, created before --zk-auth was turned on or with another --zk-open-reads, give it the cluster ACL once: "
+        f"`stream-ops --zk-auth-file <file> --chroot {chroot} secure-tree`. Otherwise someone else created it: "
+        f"delete it (zkCli `deleteall {chroot}`, as its owner or ZooKeeper's super user) and start again, or use "
+        "another --chroot."
+    )
+
+
+def tree_not_owned(config: ZooKeeperConfig, mismatches: list[tuple[str, list[ACL] | None]]) -> ZooKeeperTreeNotOwnedError:
+    """The error refusing to start on a tree whose chroot or top-level nodes are not the cluster's.
+
+    Args:
+        config: The cluster's configuration (its chroot and credentials).
+        mismatches: ``(absolute path, actual ACL)`` of each offending node; ``None`` when even
+            reading the ACL was refused.
+    """
+    expected = format_acl(cluster_acl(config))
+    rows = [(path, "<unreadable: NoAuth>" if acl is None else format_acl(acl), expected) for path, acl in mismatches]
+    shown = "; ".join(f"{path} has {actual}" for path, actual, _ in rows[:_SHOWN_MISMATCHES])
+    if len(rows) > _SHOWN_MISMATCHES:
+        shown += f" (and {len(rows) - _SHOWN_MISMATCHES} more of its top-level nodes)"
+    hints = sorted({hint for _path, acl in mismatches if (hint := _owner_hint(config, acl))})
+    message = (
+        f"refusing to use the ZooKeeper tree {config.chroot}: {shown}; the cluster's ACL is {expected}. "
+        + "".join(f"{hint}. " for hint in hints)
+        + _what_to_do(config.chroot)
+    )
+    return ZooKeeperTreeNotOwnedError(message, mismatches=rows)
+
+
+def require_auth(config: ZooKeeperConfig, process: str) -> None:
+    """Refuse to run ``process`` (a worker, the nimbus, a supervisor) on an unauthenticated tree.
+
+    Without ``auth_digest`` every znode is open: any client that reaches ZooKeeper can rewrite
+    ``/storms/<id>`` and the assignments, so it chooses the code the workers run and where tasks
+    go. That is acceptable only when said explicitly, for a local single-user stack
+    (``stream-ops dev`` / ``demo``) or tests: ``insecure`` (``--insecure``).
+
+    Args:
+        config: The process's ZooKeeper configuration.
+        process: What is starting, for the messages (``worker``, ``nimbus``, ``supervisor``).
+
+    Raises:
+        ZooKeeperAuthRequiredError: No credentials and not ``insecure``.
+
+    Example:
+        >>> require_auth(ZooKeeperConfig(insecure=True), "worker")
+        >>> require_auth(ZooKeeperConfig(), "worker")
+        Traceback (most recent call last):
+        ...
+        stream_ops.errors.ZooKeeperAuthRequiredError: refusing to start the worker without ZooKeeper ...
+    """
+    if config.auth_credentials():
+        return
+    if not config.insecure:
+        raise ZooKeeperAuthRequiredError(
+            f"refusing to start the {process} without ZooKeeper credentials: on an open tree any client that reaches "
+            f"{config.hosts} can rewrite what it runs. Give the cluster's digest credentials (--zk-auth-file <file> "
+            "or env STREAM_OPS_ZK_AUTH; ZooKeeperResource.auth_digest in Dagster), or, for a local single-user stack "
+            f"only, say so explicitly: `stream-ops {process} --insecure` (ZooKeeperConfig.insecure=True)"
+        )
+    logger.warning(
+        "%s runs INSECURE: ZooKeeper %s%s has no credentials, so any client that reaches it can change what this "
+        "%s runs",
+        process, config.hosts, config.chroot, process,
+    )
 
 
 @dataclass(frozen=True)

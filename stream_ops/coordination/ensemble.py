@@ -21,7 +21,11 @@ The deployment scripts in ``deployments/cluster/bin`` call this module::
     python -m stream_ops.coordination.ensemble wait --servers "$ZK_SERVERS" --timeout 60
     python -m stream_ops.coordination.ensemble status --servers "$ZK_SERVERS"
     python -m stream_ops.coordination.ensemble connect-string --servers "$ZK_SERVERS"
-    python -m stream_ops.coordination.ensemble digest super:<admin password>
+    python -m stream_ops.coordination.ensemble digest super --password-file /root/zk-super.pw
+    python -m stream_ops.coordination.ensemble digest super < /root/zk-super.pw   # or type it
+
+(passwords are read from a file or stdin, never from the command line, where ``ps`` and the
+shell history would show them).
 
 Example:
     >>> servers = parse_servers("1=127.0.0.1:2888:3888:2181,2=127.0.0.1:2889:3889:2182")
@@ -32,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
@@ -40,6 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from stream_ops.coordination.embedded import (
     _LOG4J2_PROPERTIES,
@@ -324,6 +330,41 @@ def wait_for_quorum(
 # --- command line (used by deployments/cluster/bin) -----------------------------------------
 
 
+def read_password(password_file: str | None, stdin: TextIO | None = None) -> str:
+    """A password from the first line of ``password_file``, else from ``stdin`` (prompted on a terminal).
+
+    Raises:
+        ValueError: The file cannot be read, or the password is empty.
+    """
+    stdin = stdin if stdin is not None else sys.stdin
+    if password_file:
+        try:
+            text = Path(password_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the password file {password_file}: {e}") from e
+        line = text.splitlines()[0] if text else ""
+    elif stdin.isatty():
+        line = getpass.getpass("password: ", stream=sys.stderr)
+    else:
+        line = stdin.readline()
+    password = line.rstrip("\r\n")
+    if not password:
+        raise ValueError("the password is empty: write it on the first line of --password-file or of stdin")
+    return password
+
+
+def _digest(user: str, password_file: str | None) -> str:
+    """The ``digest`` command: ``user:base64(sha1(user:password))`` with the password read safely."""
+    from stream_ops.coordination.acl import digest_identity
+
+    if ":" in user:
+        raise ValueError(
+            "give only the user name (e.g. `digest super`): the password is read from stdin or --password-file, "
+            "never from the command line, where ps and the shell history would show it"
+        )
+    return digest_identity(f"{user}:{read_password(password_file)}")
+
+
 def _run(args: argparse.Namespace) -> int:
     servers = parse_servers(args.servers)
     extra_jvm = list(args.jvm_option or [])
@@ -379,8 +420,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     connect = sub.add_parser("connect-string", help="print the clients' host:port list")
     servers_arg(connect)
 
-    digest = sub.add_parser("digest", help="print the digest id of user:password (for --super-digest)")
-    digest.add_argument("credentials", help="user:password")
+    digest = sub.add_parser(
+        "digest", help="print the digest id of USER and a password read from stdin or --password-file (for --super-digest)"
+    )
+    digest.add_argument("user", help="user name, e.g. super (never user:password: the password stays off the command line)")
+    digest.add_argument("--password-file", default=None, help="file whose first line is the password (default: stdin)")
 
     args = parser.parse_args(argv)
     try:
@@ -398,9 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(connect_string(parse_servers(args.servers)))
             return 0
         if args.command == "digest":
-            from stream_ops.coordination.acl import digest_identity
-
-            print(digest_identity(args.credentials))
+            print(_digest(args.user, args.password_file))
             return 0
     except (ValueError, ZooKeeperServerError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,7 +17,15 @@ class _Record(BaseModel):
 
 
 class StormRecord(_Record):
-    """``/storms/{id}``: one submitted topology."""
+    """``/storms/{id}``: one submitted topology.
+
+    ``submission_sha256`` is the integrity root of the submission: the sha256 of its
+    ``manifest.json``, which lists the sha256 of ``plan.json``, ``conf.json`` and ``code.zip``
+    (see :mod:`stream_ops.nimbus.dist_store`); readers verify every file against it before
+    parsing any. ``dist_dir`` says where the submitter wrote them; workers and the nimbus load
+    from their own dist store and refuse a record naming another place. ``code_sha256`` is
+    informational (shown in Dagster); nothing trusts it.
+    """
 
     topology_id: str
     name: str
@@ -28,6 +36,7 @@ class StormRecord(_Record):
     submitted_at: float
     num_tasks: int
     code_sha256: str | None = None
+    submission_sha256: str | None = None
 
 
 class TaskRecord(_Record):
@@ -115,7 +124,32 @@ class HeartbeatRecord(_Record):
     batches: int = 0
 
 
-class ErrorRecord(_Record):
-    """``/errors/{id}/{task}``: the most recent errors of a task (bounded)."""
+class TaskError(_Record):
+    """One failure of a task: when, where, and why (the error's type and message)."""
 
-    errors: list[dict[str, Any]] = Field(default_factory=list)
+    time: float
+    worker_id: str
+    reason: str
+    attempt: int = 1
+    """Consecutive failure number on that worker (1 for the first)."""
+
+
+class ErrorRecord(_Record):
+    """``/errors/{id}/{task}``: the most recent errors of a task (bounded), written by its worker.
+
+    ``consecutive_failures`` counts the failures since the task last ran long enough to be
+    healthy; at the worker's limit it sets ``quarantined`` and stops starting the task until it
+    is reassigned or an operator deletes this node (see :mod:`stream_ops.runtime.task_failures`).
+    """
+
+    errors: list[TaskError] = Field(default_factory=list)
+    consecutive_failures: int = 0
+    quarantined: bool = False
+    worker_id: str | None = None
+    retry_at: float | None = None
+    """Wall-clock time of the worker's next attempt (None when quarantined or recovered)."""
+
+    @property
+    def last(self) -> TaskError | None:
+        """The most recent error, if any."""
+        return self.errors[-1] if self.errors else None

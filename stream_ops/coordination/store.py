@@ -73,7 +73,7 @@ from kazoo.retry import KazooRetry
 from kazoo.security import ACL
 
 from stream_ops.config import ZooKeeperConfig
-from stream_ops.coordination.acl import cluster_acl
+from stream_ops.coordination.acl import cluster_acl, cluster_roots, format_acl, same_acl, tree_not_owned
 from stream_ops.errors import (
     ConcurrentUpdateError,
     CoordinationError,
@@ -169,9 +169,98 @@ def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
         return CoordinationError(
             f"cannot {action} {path}: ZooKeeper answered NoAuthError: this session is not allowed to. "
             "The znode is protected by the cluster's ACL; connect with the cluster's digest credentials "
-            "(ZooKeeperConfig.auth_digest, CLI --zk-auth / STREAM_OPS_ZK_AUTH)"
+            "(ZooKeeperConfig.auth_digest, CLI --zk-auth-file / STREAM_OPS_ZK_AUTH)"
         )
     return CoordinationError(f"cannot {action} {path}: ZooKeeper answered {type(e).__name__}: {e}")
+
+
+def _absolute(chroot: str, path: str) -> str:
+    """``path`` under ``chroot`` as ZooKeeper names it (for messages)."""
+    return path if chroot == "/" else f"{chroot}{'' if path == '/' else path}"
+
+
+def _foreign_nodes(
+    client: KazooClient, paths: list[str], acl: list[ACL], timeout: float
+) -> list[tuple[str, list[ACL] | None]]:
+    """``(path, its ACL)`` of each existing node in ``paths`` whose ACL is not ``acl``.
+
+    The ACL is None when this session may not even read it. Missing nodes are skipped. The
+    reads are sent together and then awaited, one round trip in all.
+    """
+    pending = [(path, client.get_acls_async(path)) for path in paths]
+    foreign: list[tuple[str, list[ACL] | None]] = []
+    for path, result in pending:
+        try:
+            actual, _stat = result.get(timeout=timeout)
+        except NoNodeError:
+            continue
+        except NoAuthError:
+            foreign.append((path, None))
+            continue
+        if not same_acl(list(actual), acl):
+            foreign.append((path, list(actual)))
+    return foreign
+
+
+def _create_missing(client: KazooClient, paths: list[str], acl: list[ACL], timeout: float) -> None:
+    """Create each of ``paths`` that does not exist yet, with ``acl`` (sent together, then awaited)."""
+    pending = [client.create_async(path, b"", acl=acl) for path in paths]
+    for result in pending:
+        try:
+            result.get(timeout=timeout)
+        except NodeExistsError:
+            pass
+
+
+def _create_tree(client: KazooClient, config: ZooKeeperConfig, acl: list[ACL]) -> None:
+    """Create the chroot and every top-level node in one transaction, all with ``acl``.
+
+    A concurrent creator winning the race is fine (the caller checks what it made).
+    """
+    timeout = config.connect_timeout_s
+    parent = config.chroot.rpartition("/")[0]
+    if parent:
+        client.ensure_path_async(parent).get(timeout=timeout)  # default_acl: the cluster's
+    tx = client.transaction()
+    tx.create(config.chroot, b"", acl=acl)
+    for node in cluster_roots():
+        tx.create(f"{config.chroot}{node}", b"", acl=acl)
+    results = tx.commit_async().get(timeout=timeout)
+    failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, RolledBackError | RuntimeInconsistency)]
+    if not failures:
+        logger.info("created ZooKeeper chroot %s and its top-level nodes with ACL %s", config.chroot, format_acl(acl))
+    elif not isinstance(failures[0], NodeExistsError):
+        raise failures[0]
+
+
+def _prepare_chroot(client: KazooClient, config: ZooKeeperConfig, *, verify_tree: bool) -> None:
+    """Make the chroot exist; with credentials, own it (see :meth:`ZkStore.connect`).
+
+    Args:
+        client: A started client without chroot, authenticated as the cluster.
+        config: The cluster's configuration.
+        verify_tree: Check the ACLs of the chroot and its top-level nodes.
+
+    Raises:
+        ZooKeeperTreeNotOwnedError: A node does not carry exactly the cluster ACL.
+        KazooException: Any ZooKeeper failure (the caller translates it).
+    """
+    timeout = config.connect_timeout_s
+    acl = cluster_acl(config)
+    if acl is None:
+        client.ensure_path_async(config.chroot).get(timeout=timeout)
+        return
+    if client.exists_async(config.chroot).get(timeout=timeout) is None:
+        _create_tree(client, config, acl)
+    if not verify_tree:
+        return
+    roots = [f"{config.chroot}{node}" for node in cluster_roots()]
+    chroot_is_ours = not _foreign_nodes(client, [config.chroot], acl, timeout)
+    if chroot_is_ours:  # create nothing under a chroot that is not the cluster's
+        _create_missing(client, roots, acl, timeout)
+    foreign = _foreign_nodes(client, [config.chroot, *roots], acl, timeout)
+    if foreign:
+        raise tree_not_owned(config, foreign)
 
 
 class ZkStore:
@@ -229,25 +318,38 @@ class ZkStore:
         *,
         sleep: Callable[[float], None] = time.sleep,
         operation_timeout_s: float | None = None,
+        verify_tree: bool = True,
     ) -> ZkStore:
         """Connect to ZooKeeper, creating the chroot node if it is missing.
 
         kazoo requires a chroot to exist before use, so a short-lived client without chroot
         creates it first. With ``auth_digest`` the session authenticates with digest
-        credentials and every znode it creates, the chroot included, gets
+        credentials and every znode it creates gets
         :func:`~stream_ops.coordination.acl.cluster_acl`: all permissions for that identity,
-        plus READ for anyone when ``open_reads`` is set, nothing for anybody else.
+        plus READ for anyone when ``open_reads`` is set, nothing for anybody else. The cluster
+        then owns its tree (see :mod:`stream_ops.coordination.acl`):
+
+        1. a missing chroot is created together with every top-level node
+           (:func:`~stream_ops.coordination.acl.cluster_roots`) in one transaction, all with
+           the cluster ACL, so it is never an empty node others could delete;
+        2. the chroot must carry exactly the cluster ACL;
+        3. missing top-level nodes are created, and each must carry exactly the cluster ACL.
 
         Args:
             config: Hosts, chroot, timeouts and optional digest credentials.
             sleep: Sleeper used between retries (injectable for tests).
             operation_timeout_s: Longest wait for one ZooKeeper call (default: session timeout).
+            verify_tree: With credentials, run steps 2 and 3. Only
+                :func:`~stream_ops.coordination.acl.secure_tree` and audits of a tree that is
+                not (yet) owned pass False.
 
         Returns:
             A connected store.
 
         Raises:
             ZooKeeperUnavailableError: No server answered within ``connect_timeout_s``.
+            ZooKeeperTreeNotOwnedError: With credentials, the chroot or a top-level node does
+                not carry exactly the cluster ACL (the error names each, with its ACL).
             CoordinationError: The chroot could not be created (e.g. not authorised).
 
         Example:
@@ -256,9 +358,9 @@ class ZkStore:
         if config.chroot != "/":
             bootstrap = cls._start_client(config, config.hosts)
             try:
-                bootstrap.ensure_path_async(config.chroot).get(timeout=config.connect_timeout_s)
+                _prepare_chroot(bootstrap, config, verify_tree=verify_tree)
             except _KAZOO_ERRORS as e:
-                raise _translate(e, "create the chroot", config.chroot) from e
+                raise _translate(e, "open or create the chroot", config.chroot) from e
             finally:
                 bootstrap.stop()
                 bootstrap.close()
@@ -273,7 +375,8 @@ class ZkStore:
 
     @staticmethod
     def _start_client(config: ZooKeeperConfig, hosts: str) -> KazooClient:
-        auth = [("digest", config.auth_digest)] if config.auth_digest else None
+        credentials = config.auth_credentials()
+        auth = [("digest", credentials)] if credentials else None
         client = KazooClient(
             hosts=hosts,
             timeout=config.session_timeout_s,
@@ -607,8 +710,40 @@ class ZkStore:
         return int(self.update_json(path, _increment, default=0, retries=retries))
 
     def ensure_path(self, path: str) -> None:
-        """Create ``path`` and its parents as empty persistent nodes if missing."""
-        self._write("create", path, lambda: self._client.ensure_path_async(path))
+        """Create ``path`` and its parents as empty persistent nodes if missing.
+
+        With ``auth_digest``, every node of ``path`` that exists already must carry exactly the
+        cluster ACL: a node someone else created would let them delete and recreate what the
+        cluster puts under it.
+
+        Raises:
+            ZooKeeperTreeNotOwnedError: An existing node of ``path`` has another ACL (nothing is
+                created below it).
+        """
+        acl = cluster_acl(self._config)
+        if acl is None:
+            self._write("create", path, lambda: self._client.ensure_path_async(path))
+            return
+        node = ""
+        for part in (p for p in path.split("/") if p):
+            node = f"{node}/{part}"
+            try:
+                self._write("create", node, lambda n=node: self._client.create_async(n, b"", acl=acl))
+            except ZnodeExistsError:
+                self._check_owned(node)
+
+    def _check_owned(self, path: str) -> None:
+        """Raise :class:`ZooKeeperTreeNotOwnedError` unless ``path`` carries exactly the cluster ACL."""
+        try:
+            actual: list[ACL] | None = self.get_acl(path)
+        except ZnodeNotFoundError:
+            return  # deleted meanwhile (by the cluster: nobody else may)
+        except ZooKeeperUnavailableError:
+            raise
+        except CoordinationError:
+            actual = None  # NoAuth: not even allowed to read its ACL
+        if actual is None or not same_acl(actual, cluster_acl(self._config)):
+            raise tree_not_owned(self._config, [(_absolute(self._config.chroot, path), actual)])
 
     def delete(self, path: str, *, version: int = -1) -> None:
         """Delete one znode (compare-and-set on ``version`` unless ``-1``).
@@ -689,7 +824,7 @@ class ZkStore:
         if isinstance(error, NoAuthError):
             hint = (
                 ": the znode is protected by the cluster's ACL; connect with the cluster's digest "
-                "credentials (ZooKeeperConfig.auth_digest, CLI --zk-auth / STREAM_OPS_ZK_AUTH)"
+                "credentials (ZooKeeperConfig.auth_digest, CLI --zk-auth-file / STREAM_OPS_ZK_AUTH)"
             )
         raise TransactionFailedError(
             f"transaction rolled back, nothing applied: operation {index} ({kind} {path}) failed "

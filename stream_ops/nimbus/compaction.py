@@ -11,7 +11,6 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
@@ -19,7 +18,7 @@ from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.snapshot import CompactionResult, compact_queue
@@ -100,7 +99,7 @@ def compact_state(
     """
     topology_id = find_topology_id(store, name_or_id)
     assert topology_id is not None
-    plan = read_plan(Path(read_storm(store, topology_id).dist_dir))
+    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
     layout = TopologyLayout(cluster, topology_id)
     done: list[QueueCompaction] = []
     for stage in plan.stages:

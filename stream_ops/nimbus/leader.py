@@ -40,6 +40,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.recipe.election import Election
 
 from stream_ops.config import ZooKeeperConfig
+from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError, TransientError
@@ -277,6 +278,7 @@ def run_nimbus(
 
     Raises:
         ValueError: A non-positive interval or timeout.
+        ZooKeeperAuthRequiredError: No ZooKeeper credentials and not ``insecure``.
         ZooKeeperUnavailableError: ZooKeeper could not be reached at start.
 
     Example:
@@ -291,6 +293,7 @@ def run_nimbus(
         raise ValueError(f"task_timeout_s must be positive, got {task_timeout_s}")
     if launch_grace_s < 0:
         raise ValueError(f"launch_grace_s must not be negative, got {launch_grace_s}")
+    require_auth(zk_config, "nimbus")
     ident = identifier or default_identifier()
     store = ZkStore.connect(zk_config)
     nimbus = _Nimbus(

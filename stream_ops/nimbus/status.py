@@ -1,6 +1,8 @@
-"""What a topology is doing right now: tasks, owners, heartbeat ages, committed txids.
+"""What a topology is doing right now: tasks, owners, heartbeat ages, committed txids, errors.
 
 Used by ``stream-ops status`` and by the Dagster heartbeat sensor, so both report the same.
+A task that failed to start or whose query failed carries its last error and whether its
+worker quarantined it (from ``/errors/{id}/{task}``, see :mod:`stream_ops.runtime.task_failures`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from stream_ops.coordination.records import (
 from stream_ops.coordination.store import ZkStore
 from stream_ops.nimbus.assignment import live_workers, read_assignment
 from stream_ops.nimbus.submission import read_storm
+from stream_ops.runtime.task_failures import read_task_errors
 
 Health = Literal["healthy", "degraded", "down", "inactive"]
 
@@ -44,6 +47,19 @@ class TaskStatus:
     lag_files: int
     state_keys: int
     dead_letters: int
+    failures: int = 0
+    """Consecutive failures of the task on its worker (0 once it ran long enough to be healthy)."""
+    last_error: str | None = None
+    """The most recent failure's reason (kept after a recovery, as history)."""
+    last_error_at: float | None = None
+    last_error_worker: str | None = None
+    quarantined: bool = False
+    """Its worker stopped trying it; delete ``/errors/{id}/{task}`` (or resubmit) to try again."""
+
+    @property
+    def failing(self) -> bool:
+        """Whether the task's last tries failed (backing off or quarantined)."""
+        return self.failures > 0 or self.quarantined
 
     def alive(self, timeout_s: float) -> bool:
         """Owned, and its heartbeat is younger than ``timeout_s``."""
@@ -71,6 +87,21 @@ class TopologyStatus:
             return "healthy"
         return "down" if alive == 0 else "degraded"
 
+    def problems(self) -> list[str]:
+        """One line per failing task, e.g. for ``stream-ops status`` (empty when none fails).
+
+        Example:
+            >>> status.problems()  # doctest: +SKIP
+            ['task 4 (word_counts) quarantined after 5 failures on 127.0.0.1:6700: OperationalError: ...']
+        """
+        lines = []
+        for t in self.tasks:
+            if not t.failing:
+                continue
+            state = f"quarantined after {t.failures} failures" if t.quarantined else f"failing ({t.failures} in a row)"
+            lines.append(f"task {t.task_id} ({t.stage_name}) {state} on {t.last_error_worker or '?'}: {t.last_error}")
+        return lines
+
     def to_json_obj(self, timeout_s: float = 10.0) -> dict[str, Any]:
         data = asdict(self)
         data["health"] = self.health(timeout_s)
@@ -88,6 +119,7 @@ def describe_topology(store: ZkStore, topology_id: str, *, clock: Callable[[], f
     assignment = read_assignment(store, topology_id)
     assigned = assignment[0].tasks if assignment else {}
     workers = live_workers(store)
+    errors = read_task_errors(store, topology_id)
     now = clock()
     tasks: list[TaskStatus] = []
     for name in sorted(store.children(ZkPaths.tasks(topology_id)), key=int):
@@ -102,6 +134,8 @@ def describe_topology(store: ZkStore, topology_id: str, *, clock: Callable[[], f
         tx = TransactionalRecord.model_validate(tx_data) if tx_data else TransactionalRecord()
         hb_data = _get(store, ZkPaths.heartbeat(topology_id, task_id))
         hb = HeartbeatRecord.model_validate(hb_data) if hb_data else None
+        error = errors.get(task_id)
+        last = error.last if error else None
         tasks.append(
             TaskStatus(
                 task_id=task_id,
@@ -119,6 +153,11 @@ def describe_topology(store: ZkStore, topology_id: str, *, clock: Callable[[], f
                 lag_files=hb.lag_files if hb else 0,
                 state_keys=hb.state_keys if hb else 0,
                 dead_letters=hb.dead_letters if hb else 0,
+                failures=error.consecutive_failures if error else 0,
+                last_error=last.reason if last else None,
+                last_error_at=last.time if last else None,
+                last_error_worker=last.worker_id if last else None,
+                quarantined=error.quarantined if error else False,
             )
         )
     return TopologyStatus(

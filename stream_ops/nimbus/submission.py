@@ -14,7 +14,8 @@ from stream_ops.coordination.store import ZkStore, encode_json
 from stream_ops.errors import SubmissionError, TopologyNotFoundError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import reassign
-from stream_ops.nimbus.dist_store import build_code_archive, write_submission
+from stream_ops.nimbus.code_archive import build_code_archive
+from stream_ops.nimbus.dist_store import write_submission
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.plan import Plan, build_plan
 
@@ -43,11 +44,12 @@ def submit(
     if find_topology_id(store, topology.name, missing_ok=True) is not None:
         raise SubmissionError(f"a topology named {topology.name!r} is already running; kill it first")
     plan = build_plan(topology)
+    code = build_code_archive(plan)  # refused (symlink out of a package, ...) before anything is written
     counter = store.next_counter(ZkPaths.ID_COUNTER)
     topology_id = f"{topology.name}-{counter}-{int(clock())}"
     layout = TopologyLayout(cluster, topology_id)
     conf_dict = dict(conf or {})
-    sha = write_submission(layout.dist_dir, plan, conf_dict, build_code_archive(plan))
+    written = write_submission(layout.dist_dir, plan, conf_dict, code, topology_id=topology_id)
     for stage in plan.stages:
         layout.input_topic(plan, stage).create()
         if stage.keeps_state:
@@ -63,7 +65,8 @@ def submit(
         dist_dir=str(layout.dist_dir.resolve()),
         submitted_at=clock(),
         num_tasks=len(plan.tasks),
-        code_sha256=sha,
+        code_sha256=written.code_sha256,
+        submission_sha256=written.submission_sha256,
     )
     _create_nodes(store, plan, layout, storm)
     reassign(store, topology_id, clock=clock)

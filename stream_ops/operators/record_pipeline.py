@@ -55,7 +55,9 @@ class RecordPipeline:
 
     def __init__(self, operations: Sequence[OperationSpec]) -> None:
         self._steps: list[tuple[OperationSpec, Callable[..., Any]]] = [
-            (op, resolve_function(op.function)) for op in operations
+            # A worker's plan binds each operation to its verified archive (op.code): in a Spark
+            # Python worker too, the function is imported from that archive only.
+            (op, resolve_function(op.function, scope=op.code)) for op in operations
         ]
 
     def run(self, record: Record) -> tuple[list[Record], DeadLetter | None]:

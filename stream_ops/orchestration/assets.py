@@ -24,15 +24,15 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from stream_ops.config import ClusterConfig
 from stream_ops.coordination.records import StormRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError, TopologyDefinitionError
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.status import TopologyStatus, describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
 from stream_ops.orchestration.checks import build_stream_checks
@@ -110,10 +110,10 @@ def _plan_code_version(plan: Plan) -> str:
     return hashlib.sha256(plan.to_json().encode("utf-8")).hexdigest()[:16]
 
 
-def _submitted_plan(storm: StormRecord) -> Plan | None:
-    """The plan a live submission runs, or None if its dist store entry is not readable here."""
+def _submitted_plan(storm: StormRecord, cluster: ClusterConfig) -> Plan | None:
+    """The plan a live submission runs (verified), or None if its dist store entry is not readable here."""
     try:
-        return read_plan(Path(storm.dist_dir))
+        return load_submission(cluster.resolved_dist_dir(), storm).plan
     except (StreamOpsError, ValueError) as e:
         logger.warning("cannot read the plan of %s from %s: %s", storm.topology_id, storm.dist_dir, e)
         return None
@@ -140,6 +140,8 @@ def _submission_metadata(
     }
     if storm.code_sha256:
         metadata["code_sha256"] = dg.MetadataValue.text(storm.code_sha256)
+    if storm.submission_sha256:
+        metadata["submission_sha256"] = dg.MetadataValue.text(storm.submission_sha256)
     if plan_matches is not None:
         metadata["plan_matches_definition"] = dg.MetadataValue.bool(plan_matches)
     return metadata
@@ -253,7 +255,7 @@ def topology_assets(
                     metadata=_submission_metadata(store, storm, plan, action="submitted", plan_matches=True)
                 )
             storm = read_storm(store, existing)
-            running = _submitted_plan(storm)
+            running = _submitted_plan(storm, cluster)
             plan_matches = None if running is None else running == plan
             if plan_matches is False:
                 context.log.warning(

@@ -46,6 +46,7 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.embedded import free_port
 from stream_ops.nimbus.assignment import read_assignment, reassign
 from stream_ops.nimbus.rebalance import rebalance
@@ -320,10 +321,12 @@ def _worker_op(
     pyspark: PySparkResource,
 ) -> dict[str, Any]:
     """Run one worker slot until the run is terminated; its tasks are released when it stops."""
+    zk_config = zookeeper.config()
+    require_auth(zk_config, "worker")  # ZooKeeperResource.insecure for a local development stack only
     port = config.port or free_port(stream_cluster.worker_bind_host)
     settings = stream_cluster.worker_settings(port=port, launched_by=f"dagster:{context.run_id}")
     spark = pyspark.spark_session
-    worker = Worker(zookeeper.config(), stream_cluster.config(), settings, spark_factory=lambda: spark)
+    worker = Worker(zk_config, stream_cluster.config(), settings, spark_factory=lambda: spark)
     stop = threading.Event()
     done = threading.Event()
     failure: list[BaseException] = []

@@ -54,7 +54,19 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     "lag_files": ("int", "Input files not yet processed by this stage's tasks (sum)."),
     "dead_letters": ("int", "Records of this stage sent to the dead-letter topic (sum)."),
     "state_keys": ("int", "Keys in this stage's local state stores (sum; 0 for source stages)."),
-    "tasks": ("md", "Per-task table: queue, owner, epoch, heartbeat age, committed and in-flight txid, rows/s."),
+    "failing_tasks": (
+        "json",
+        "This stage's tasks whose last starts or queries failed: task id -> {error, failures, quarantined, worker}.",
+    ),
+    "quarantined_tasks": (
+        "json",
+        "Ids of this stage's tasks their worker stopped trying after repeated failures (list); delete "
+        "/errors/<topology id>/<task> in ZooKeeper or resubmit to try again.",
+    ),
+    "tasks": (
+        "md",
+        "Per-task table: queue, owner, epoch, heartbeat age, committed and in-flight txid, rows/s, last error.",
+    ),
 }
 
 
@@ -90,16 +102,40 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _error_cell(task: TaskStatus) -> str:
+    """The table's error column: the failing task's last error, escaped for a markdown cell."""
+    if not task.failing or not task.last_error:
+        return "-"
+    state = "**quarantined**" if task.quarantined else f"{task.failures}x"
+    text = " ".join(task.last_error.split()).replace("|", "\\|")
+    return f"{state} {text[:200]}"
+
+
+def _failing(tasks: Sequence[TaskStatus]) -> dict[str, dict[str, Any]]:
+    """Task id -> what failed, for the tasks of ``tasks`` that are failing."""
+    return {
+        str(t.task_id): {
+            "error": t.last_error,
+            "failures": t.failures,
+            "quarantined": t.quarantined,
+            "worker": t.last_error_worker,
+        }
+        for t in tasks
+        if t.failing
+    }
+
+
 def _tasks_table(tasks: Sequence[TaskStatus], heartbeat_timeout_s: float) -> str:
     lines = [
-        "| task | queue | alive | owner | epoch | heartbeat age (s) | committed txid | in flight | rows/s in | rows/s out |",
-        "|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|",
+        "| task | queue | alive | owner | epoch | heartbeat age (s) | committed txid | in flight | rows/s in | rows/s out "
+        "| error |",
+        "|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for t in tasks:
         lines.append(
             f"| {t.task_id} | {t.queue} | {'yes' if t.alive(heartbeat_timeout_s) else '**no**'} | {t.owner or '-'} "
             f"| {_fmt(t.owner_epoch)} | {_fmt(t.heartbeat_age_s)} | {t.committed_txid} | {_fmt(t.txid_in_flight)} "
-            f"| {t.rows_per_s:.1f} | {t.rows_out_per_s:.1f} |"
+            f"| {t.rows_per_s:.1f} | {t.rows_out_per_s:.1f} | {_error_cell(t)} |"
         )
     return "\n".join(lines)
 
@@ -153,6 +189,8 @@ def observe_topology(
             "lag_files": dg.MetadataValue.int(sum(t.lag_files for t in tasks)),
             "dead_letters": dg.MetadataValue.int(sum(t.dead_letters for t in tasks)),
             "state_keys": dg.MetadataValue.int(sum(t.state_keys for t in tasks)),
+            "failing_tasks": dg.MetadataValue.json(_failing(tasks)),
+            "quarantined_tasks": dg.MetadataValue.json([t.task_id for t in tasks if t.quarantined]),
             "tasks": dg.MetadataValue.md(_tasks_table(tasks, heartbeat_timeout_s)),
         }
         if previous_txids is not None:

@@ -115,11 +115,20 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     )
     auth_digest: str | None = Field(
         default=None,
+        repr=False,
         description="Optional digest credentials 'user:password'; use an EnvVar, never a literal secret.",
     )
     open_reads: bool = Field(
         default=False,
         description="With auth_digest: let anyone read the znodes stream_ops creates (writes stay the cluster's).",
+    )
+    insecure: bool = Field(
+        default=False,
+        description=(
+            "Let worker runs start without auth_digest, on a ZooKeeper tree anyone who reaches it can rewrite. "
+            "Only for a local development stack (stream-ops dev sets it); a cluster deployment leaves it off, "
+            "so a worker run without credentials fails."
+        ),
     )
 
     @model_validator(mode="before")
@@ -128,7 +137,7 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Fail fast with the core config's message; EnvVar fields are checked once resolved."""
         literal = _literal_values(data, tuple(ZooKeeperConfig.model_fields))
         if literal is not None and "auth_digest" not in literal:
-            # open_reads needs auth_digest; when that comes from an EnvVar it is checked later.
+            # open_reads needs auth_digest, insecure excludes it; when it is an EnvVar they are checked later.
             literal.pop("open_reads", None)
         if literal:
             try:
@@ -146,6 +155,7 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             connect_timeout_s=self.connect_timeout_s,
             auth_digest=self.auth_digest,
             open_reads=self.open_reads,
+            insecure=self.insecure,
         )
 
     @contextlib.contextmanager

@@ -39,7 +39,7 @@ from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.jobs import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
@@ -92,11 +92,11 @@ class StateQueue:
     snapshot_dir: Path
 
 
-def _running_plan(store: ZkStore, topology_name: str) -> tuple[str, Plan]:
+def _running_plan(store: ZkStore, cluster: ClusterConfig, topology_name: str) -> tuple[str, Plan]:
     topology_id = find_topology_id(store, topology_name)
     assert topology_id is not None
     storm = read_storm(store, topology_id)
-    return topology_id, read_plan(Path(storm.dist_dir))
+    return topology_id, load_submission(cluster.resolved_dist_dir(), storm).plan
 
 
 def _keyed_stage(plan: Plan, topology_id: str, stage_name: str) -> StageSpec:
@@ -226,8 +226,9 @@ def _state_asset(plan: Plan, stage: StageSpec, translator: StreamOpsTranslator) 
     ) -> dg.MaterializeResult:
         queue_number = int(context.partition_key)
         with zookeeper.store() as store:
-            topology_id, running = _running_plan(store, topology_name)
-            target = resolve_state_queue(store, stream_cluster.config(), topology_id, running, stage_name, queue_number)
+            cluster = stream_cluster.config()
+            topology_id, running = _running_plan(store, cluster, topology_name)
+            target = resolve_state_queue(store, cluster, topology_id, running, stage_name, queue_number)
             if target.committed_txid < 0:
                 context.log.info(f"{topology_id} queue {queue_number} of {stage_name!r} committed no batch yet; no snapshot")
                 return dg.MaterializeResult(metadata=snapshot_metadata(target, None))
@@ -270,7 +271,7 @@ def build_compact_op(
         cluster = stream_cluster.config()
         targets: list[StateQueue] = []
         with zookeeper.store() as store:
-            topology_id, running = _running_plan(store, config.topology)
+            topology_id, running = _running_plan(store, cluster, config.topology)
             storm = read_storm(store, topology_id)
             stateful = [s for s in running.stages if s.keeps_state]
             stages = [s for s in stateful if not config.stages or s.name in config.stages]

@@ -26,7 +26,7 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.assignment import read_assignment
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.topology.plan import Plan
 
@@ -94,7 +94,8 @@ def query_state(
     topology_id = find_topology_id(store, topology)
     assert topology_id is not None
     storm = read_storm(store, topology_id)
-    plan = read_plan(Path(storm.dist_dir))
+    # Verified against the record's integrity root; a client has no dist store of its own to check the place.
+    plan = load_submission(None, storm).plan
     spec = plan.queries.get(query)
     if spec is None:
         raise QueryError(f"topology {topology!r} has no query {query!r}; it has {sorted(plan.queries)}")

@@ -78,7 +78,7 @@ class ProcessElementProcessor:
     def __init__(self, stage: StageSpec, store: RocksDBBackingMap) -> None:
         assert stage.process is not None
         spec = stage.process
-        pe_class = resolve_function(spec.pe_class)
+        pe_class = resolve_function(spec.pe_class, scope=spec.code)
         trigger = Trigger.from_spec(spec.trigger) if spec.trigger else None
         self.store = store
         saved = store.multi_get([self.STATE_KEY])[0]

@@ -9,6 +9,12 @@ State machine of the worker's ZooKeeper session (kazoo listener):
 
 Reconciliation runs on the worker's main thread whenever a watch fires (and at least every
 ``poll_interval_s``): tasks assigned here in ACTIVE topologies are started, others stopped.
+
+Fault containment: a task that cannot be started (its plan does not load, its State factory
+raises, ...) or whose query fails costs the worker nothing but that task. The error is logged
+once, written to ``/errors/{id}/{task}``, and the task is tried again after a backoff and
+quarantined after ``failures.quarantine_after`` failures in a row
+(:mod:`stream_ops.runtime.task_failures`); other tasks and topologies keep running.
 """
 
 from __future__ import annotations
@@ -18,36 +24,54 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
 
 from kazoo.protocol.states import KazooState
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query_token
+from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import (
     CoordinationError,
+    OwnershipLostError,
     StreamOpsError,
+    TransientError,
     WorkerError,
     ZnodeExistsError,
     ZooKeeperUnavailableError,
 )
+from stream_ops.durable_files import apply_umask
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import read_assignment
-from stream_ops.nimbus.dist_store import install_code, read_plan
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.ownership import TaskBusyError
-from stream_ops.runtime.query_server import QueryServer, server_tls_context
+from stream_ops.runtime.process_limits import raise_open_files_limit
+from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
+from stream_ops.runtime.task_failures import (
+    FailurePolicy,
+    FailureTracker,
+    TaskFailure,
+    describe_error,
+    mark_task_recovered,
+    quarantine_cleared,
+    record_task_failure,
+)
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
+from stream_ops.runtime.user_code import load_user_code
 from stream_ops.spark.session import create_spark_session
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between two reads of a quarantined task's ``/errors`` record (has an operator cleared it?).
+QUARANTINE_CHECK_S = 2.0
+#: Seconds between two log lines about the same task waiting (busy owner, ZooKeeper trouble).
+WAIT_LOG_EVERY_S = 5.0
 
 
 class WorkerSettings(BaseModel):
@@ -71,10 +95,26 @@ class WorkerSettings(BaseModel):
         default_factory=QueryConfig,
         description="Token and TLS of the state-query server, also used for this worker's queries of the others.",
     )
+    query_limits: QueryLimits = Field(
+        default_factory=QueryLimits,
+        description="Connection cap and per-request deadline of the state-query server.",
+    )
+    failures: FailurePolicy = Field(
+        default_factory=FailurePolicy,
+        description="Backoff and quarantine of tasks that fail to start or whose query fails.",
+    )
 
     @property
     def worker_id(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+class _Desired(NamedTuple):
+    """A task assigned to this worker in an ACTIVE topology."""
+
+    storm: StormRecord
+    assigned_at: float | None
+    """The task's start time in the assignment: another value means it was assigned anew."""
 
 
 class Worker:
@@ -112,7 +152,12 @@ class Worker:
         self._runners: dict[tuple[str, int], TaskRunner] = {}
         self._plans: dict[str, Plan] = {}
         self._watched: set[str] = set()
-        self._busy_logged: dict[tuple[str, int], float] = {}
+        # When something was last logged about a task or topology that waits (see _may_log).
+        self._busy_logged: dict[Hashable, float] = {}
+        self._failures = FailureTracker(settings.failures)
+        self._quarantine_checked: dict[tuple[str, int], float] = {}
+        # Quarantines whose /errors record could not be written yet (written again until it is).
+        self._unrecorded: dict[tuple[str, int], tuple[TaskFailure, float]] = {}
         self.store: ZkStore | None = None
         self.spark: SparkSession | None = None
         self._server: QueryServer | None = None
@@ -136,6 +181,11 @@ class Worker:
 
     def run(self, stop: threading.Event) -> None:
         """Register, run assigned tasks and heartbeat until ``stop`` is set; then clean up."""
+        # Before the ZooKeeper socket and the JVM (which inherits it): every state-query
+        # connection, task file and py4j socket counts against this limit.
+        raise_open_files_limit()
+        require_auth(self.zookeeper, "worker")
+        apply_umask(self.cluster.umask)
         self.store = ZkStore.connect(self.zookeeper)
         self.store.add_listener(self._on_state)
         self._connected.set()
@@ -159,24 +209,37 @@ class Worker:
                     continue
                 try:
                     self._reconcile()
-                    now = self.clock()
-                    for runner in list(self._runners.values()):
-                        runner.maybe_tick(now)
-                except CoordinationError as e:
+                    self._tick(self.clock())
+                except StreamOpsError as e:
                     logger.warning("worker %s: %s", self.worker_id, e)
         finally:
             self._shutdown()
 
+    def _tick(self, now: float) -> None:
+        """Write the time-based ticks of the running tasks; one task's failing write stops no other."""
+        for key, runner in list(self._runners.items()):
+            try:
+                runner.maybe_tick(now)
+            except (OSError, StreamOpsError) as e:
+                logger.warning("task %s/%d: tick not written: %s", key[0], key[1], e)
+
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         """Write every running task's heartbeat each ``heartbeat_interval_s`` while connected."""
-        assert self.store is not None
         while not stop.wait(self.settings.heartbeat_interval_s):
             if not self._connected.is_set() or self._lost.is_set():
                 continue
-            try:
-                beat(self.store, [r for r in list(self._runners.values()) if r.is_running()], clock=self.clock)
-            except StreamOpsError as e:
-                logger.warning("worker %s: heartbeats not written: %s", self.worker_id, e)
+            for runner in list(self._runners.values()):
+                self._beat(runner)
+
+    def _beat(self, runner: TaskRunner) -> None:
+        """Write one task's heartbeat; a task whose stats cannot be read stops no other's."""
+        assert self.store is not None
+        try:
+            if runner.is_running():
+                beat(self.store, [runner], clock=self.clock)
+        except Exception as e:  # noqa: BLE001 - one task's state or query; the others keep beating
+            if self._may_log(("heartbeat", runner.key)):
+                logger.warning("task %s/%d: heartbeat not written: %s", *runner.key, describe_error(e))
 
     def _register(self, stop: threading.Event) -> None:
         """Create ``/workers/{id}``; waits while a dead predecessor's node is still there."""
@@ -237,50 +300,153 @@ class Worker:
 
     # --- reconciliation ----------------------------------------------------------------------
 
-    def _desired(self) -> dict[tuple[str, int], StormRecord]:
+    def _desired(self) -> dict[tuple[str, int], _Desired]:
+        """Every task assigned to this worker in an ACTIVE topology."""
         assert self.store is not None
-        desired: dict[tuple[str, int], StormRecord] = {}
+        desired: dict[tuple[str, int], _Desired] = {}
         for topology_id in self.store.children(ZkPaths.ASSIGNMENTS):
-            found = self.store.get_json(ZkPaths.storm(topology_id))
-            if found is None:
-                continue
-            storm = StormRecord.model_validate(found[0])
-            if storm.status != "ACTIVE":
-                continue
-            assignment = read_assignment(self.store, topology_id)
-            if assignment is None:
-                continue
-            for task_id, worker_id in assignment[0].tasks.items():
-                if worker_id == self.worker_id:
-                    desired[(topology_id, int(task_id))] = storm
+            try:
+                desired.update(self._desired_of(topology_id))
+            except ValidationError as e:
+                if self._may_log(("records", topology_id)):
+                    logger.error("topology %s: its records in ZooKeeper do not validate, none of its tasks runs here: %s",
+                                 topology_id, e.errors()[0]["msg"])
         return desired
+
+    def _desired_of(self, topology_id: str) -> dict[tuple[str, int], _Desired]:
+        """The tasks of ``topology_id`` assigned to this worker, if it is ACTIVE."""
+        assert self.store is not None
+        found = self.store.get_json(ZkPaths.storm(topology_id))
+        if found is None:
+            return {}
+        storm = StormRecord.model_validate(found[0])
+        if storm.status != "ACTIVE":
+            return {}
+        assignment = read_assignment(self.store, topology_id)
+        if assignment is None:
+            return {}
+        record = assignment[0]
+        return {
+            (topology_id, int(task_id)): _Desired(storm, record.start_times.get(int(task_id)))
+            for task_id, worker_id in record.tasks.items()
+            if worker_id == self.worker_id
+        }
 
     def _reconcile(self) -> None:
         desired = self._desired()
+        now = time.monotonic()
         for key, runner in list(self._runners.items()):
             if key not in desired:
                 self._stop_runner(key)
             elif not runner.is_running():
-                logger.error("task %s/%d failed: %s; restarting it", key[0], key[1], runner.failure())
+                reason = runner.failure() or "the streaming query stopped without an error"
+                self._task_failed(key, desired[key].assigned_at, f"query failed: {reason}")
                 self._stop_runner(key)
-        for key, storm in sorted(desired.items()):
+            elif self._failures.recovered(key, now=now):
+                self._task_recovered(key)
+        self._forget_unassigned(desired)
+        for key, want in sorted(desired.items()):
             if key in self._runners or len(self._runners) >= self.settings.capacity:
                 continue
-            self._start_runner(key, storm)
+            if self._may_start(key, want.assigned_at, now):
+                self._start_runner(key, want.storm, want.assigned_at)
+
+    def _forget_unassigned(self, desired: dict[tuple[str, int], _Desired]) -> None:
+        """Drop the failure state of tasks no longer assigned here (a new assignment starts clean)."""
+        self._failures.retain(desired.keys())
+        for bookkeeping in (self._quarantine_checked, self._unrecorded):
+            for key in [k for k in bookkeeping if k not in desired]:
+                del bookkeeping[key]
+
+    # --- failed tasks ------------------------------------------------------------------------
+
+    def _may_start(self, key: tuple[str, int], assigned_at: float | None, now: float) -> bool:
+        """Whether ``key`` may be started now: not backing off, not quarantined (or cleared)."""
+        if self._failures.may_start(key, now=now, assigned_at=assigned_at):
+            return True
+        failure = self._failures.get(key)
+        return failure is not None and failure.quarantined and self._quarantine_lifted(key, now)
+
+    def _quarantine_lifted(self, key: tuple[str, int], now: float) -> bool:
+        """Whether an operator cleared ``key``'s ``/errors`` record (read at most every few seconds)."""
+        assert self.store is not None
+        if now - self._quarantine_checked.get(key, float("-inf")) < QUARANTINE_CHECK_S:
+            return False
+        self._quarantine_checked[key] = now
+        if key in self._unrecorded:
+            self._record_failure(key, *self._unrecorded[key])
+            return False
+        if not quarantine_cleared(self.store, key):
+            return False
+        self._failures.clear(key)
+        del self._quarantine_checked[key]
+        logger.info("task %s/%d: quarantine lifted (its /errors record was cleared); starting it again", *key)
+        return True
+
+    def _task_failed(self, key: tuple[str, int], assigned_at: float | None, reason: str) -> None:
+        """Count a failure of ``key``: log it once, back off or quarantine, record it in ZooKeeper."""
+        failure = self._failures.failed(key, reason, now=time.monotonic(), assigned_at=assigned_at)
+        policy = self.settings.failures
+        if failure.quarantined:
+            wait_s = 0.0
+            logger.error(
+                "task %s/%d failed %d times in a row, quarantined: %s. This worker no longer starts it; once the "
+                "cause is fixed, delete /errors/%s/%d in ZooKeeper or resubmit the topology",
+                key[0], key[1], failure.failures, reason, key[0], key[1],
+            )
+        else:
+            wait_s = policy.backoff_s(failure.failures)
+            logger.error(
+                "task %s/%d failed (%d of %d before quarantine): %s; next try in %g s",
+                key[0], key[1], failure.failures, policy.quarantine_after, reason, wait_s,
+            )
+        self._record_failure(key, failure, wait_s)
+
+    def _record_failure(self, key: tuple[str, int], failure: TaskFailure, wait_s: float) -> None:
+        """Write ``failure`` to ``/errors/{id}/{task}``; a quarantine not written is written again later."""
+        assert self.store is not None
+        try:
+            record_task_failure(
+                self.store, key, failure, worker_id=self.worker_id, policy=self.settings.failures, wait_s=wait_s,
+                clock=self.clock,
+            )
+        except StreamOpsError as e:
+            logger.warning("task %s/%d: failure not recorded in ZooKeeper: %s", key[0], key[1], e)
+            if failure.quarantined:
+                self._unrecorded[key] = (failure, wait_s)
+            return
+        self._unrecorded.pop(key, None)
+
+    def _task_recovered(self, key: tuple[str, int]) -> None:
+        """``key`` has run long enough after failures: reset its count in ZooKeeper too."""
+        assert self.store is not None
+        logger.info("task %s/%d has run %g s without failing; its failure count is reset",
+                    key[0], key[1], self.settings.failures.healthy_after_s)
+        try:
+            mark_task_recovered(self.store, key)
+        except StreamOpsError as e:
+            logger.warning("task %s/%d: recovery not recorded in ZooKeeper: %s", key[0], key[1], e)
+
+    def _may_log(self, topic: Hashable) -> bool:
+        """Whether to log about ``topic`` now (at most every ``WAIT_LOG_EVERY_S``)."""
+        now = time.monotonic()
+        if now - self._busy_logged.get(topic, float("-inf")) < WAIT_LOG_EVERY_S:
+            return False
+        self._busy_logged[topic] = now
+        return True
 
     def _plan(self, storm: StormRecord) -> Plan:
         plan = self._plans.get(storm.topology_id)
         if plan is None:
-            dist = Path(storm.dist_dir)
-            plan = read_plan(dist)
-            code_dir = self.cluster.resolved_local_state_dir() / "code" / storm.topology_id
-            verified = install_code(dist, code_dir, storm.code_sha256)
+            # Read from this worker's own dist store and verified against the record's integrity
+            # root; the plan's code is bound to a private copy of the verified archive.
             assert self.spark is not None
-            self.spark.sparkContext.addPyFile(str(verified))
+            plan = load_user_code(self.cluster, storm, self.spark)
             self._plans[storm.topology_id] = plan
         return plan
 
-    def _start_runner(self, key: tuple[str, int], storm: StormRecord) -> None:
+    def _start_runner(self, key: tuple[str, int], storm: StormRecord, assigned_at: float | None = None) -> None:
+        """Start ``key``; any error of its plan, code or state marks it failed, never the worker."""
         assert self.store is not None and self.spark is not None
         topology_id, task_id = key
         try:
@@ -303,15 +469,20 @@ class Worker:
             )
             runner.start()
         except TaskBusyError as e:
-            now = time.monotonic()
-            if now - self._busy_logged.get(key, 0.0) > 5:
+            if self._may_log(key):
                 logger.info("%s; waiting for its owner to go", e)
-                self._busy_logged[key] = now
             return
-        except StreamOpsError as e:
-            logger.error("task %s/%d could not start: %s", topology_id, task_id, e)
+        except (TransientError, OwnershipLostError) as e:
+            # ZooKeeper trouble or a takeover, not the task's fault: tried again on the next loop.
+            if self._may_log(key):
+                logger.warning("task %s/%d could not start: %s; trying again", topology_id, task_id, e)
+            return
+        except Exception as e:  # noqa: BLE001 - one task's plan, code or data; KeyboardInterrupt/SystemExit propagate
+            logger.debug("task %s/%d: start failure", topology_id, task_id, exc_info=True)
+            self._task_failed(key, assigned_at, f"start failed: {describe_error(e)}")
             return
         self._busy_logged.pop(key, None)
+        self._failures.started(key, now=time.monotonic())
         self._runners[key] = runner
         logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, runner.ownership.epoch)  # type: ignore[union-attr]
 
@@ -319,7 +490,10 @@ class Worker:
         runner = self._runners.pop(key, None)
         if runner is None:
             return
-        runner.stop(release_ownership=release_ownership)
+        try:
+            runner.stop(release_ownership=release_ownership)
+        except Exception as e:  # noqa: BLE001 - e.g. a user State's close(); the worker goes on
+            logger.warning("task %s/%d: stopping it failed: %s", key[0], key[1], describe_error(e))
         if self.store is not None and release_ownership:
             try:
                 self.store.delete(ZkPaths.heartbeat(*key))
@@ -336,7 +510,10 @@ class Worker:
                 "(run with --zk-auth or --query-token-file to require a token)", self.worker_id, self.settings.port,
             )
         tls = server_tls_context(query.tls_cert, query.tls_key) if query.tls_cert and query.tls_key else None
-        return QueryServer(self.settings.bind_host, self.settings.port, self._lookup, token=token, tls=tls)
+        return QueryServer(
+            self.settings.bind_host, self.settings.port, self._lookup, token=token, tls=tls,
+            limits=self.settings.query_limits,
+        )
 
     def _lookup(self, topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
         runner = self._runners.get((topology_id, task_id))

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
 
 
@@ -31,6 +32,8 @@ class OperationSpec(_Frozen):
     fields: tuple[str, ...] | None
     out: dict[str, str]
     query: dict[str, Any] | None = None
+    code: CodeScope | None = Field(None, exclude=True)
+    """The verified archive ``function`` resolves in (set by a worker, never in plan.json)."""
 
 
 class ShuffleSpec(_Frozen):
@@ -68,6 +71,8 @@ class ProcessSpec(_Frozen):
     key_field: str
     trigger: dict[str, Any] | None
     ttl_seconds: float | None
+    code: CodeScope | None = Field(None, exclude=True)
+    """The verified archive ``pe_class`` resolves in (set by a worker, never in plan.json)."""
 
 
 class StateSpec(_Frozen):
@@ -144,6 +149,9 @@ class Plan(_Frozen):
     queries: dict[str, QuerySpec]
     states: dict[str, int] = {}
     """State name -> index of the stage that keeps it (for state_query)."""
+    code: CodeScope | None = Field(None, exclude=True)
+    """The verified code archive every reference of this plan is bound to (see
+    :func:`stream_ops.topology.plan_code.bind_plan`); None for a plan as submitted."""
 
     def stage(self, index: int) -> StageSpec:
         return self.stages[index]

@@ -17,7 +17,7 @@ def test_supervisor_restarts_a_killed_worker_on_its_slot(tmp_path):
     home = tmp_path / "home"
     with LocalStack(home=home, workers=0, nimbus=False, session_timeout_s=4.0) as stack:
         port = free_port()
-        supervisor = Supervisor(stack.zk_config, home, host="127.0.0.1", ports=[port])
+        supervisor = Supervisor(stack.zk_config, home, host="127.0.0.1", ports=[port], worker_args=["--insecure"])
         stop = threading.Event()
         thread = threading.Thread(target=supervisor.run, args=(stop,), kwargs={"poll_interval_s": 0.2})
         thread.start()

@@ -21,21 +21,35 @@ need() {
     [[ -n "${!name:-}" ]] || die "$name is not set: $2 (set it in $CLUSTER_ENV or the environment)"
 }
 
-# load_secrets: the ZooKeeper credentials and the PostgreSQL password, for stream_ops and Dagster only.
+# load_secrets NAME...: export only the named secrets from the secrets file into this script's
+# process (and so into the one it execs), never the whole file: a stream_ops worker gets the
+# ZooKeeper credentials and the query token, not the PostgreSQL password, which any topology's
+# code could otherwise read from its environment. The file is sourced in a subshell that prints
+# only the requested values; the rest of it never reaches this process.
 load_secrets() {
-    local file="${STREAM_OPS_SECRETS_FILE:-$DEPLOY_DIR/secrets.env}"
+    local file="${STREAM_OPS_SECRETS_FILE:-$DEPLOY_DIR/secrets.env}" name value
     if [[ ! -f "$file" ]]; then
-        echo "warning: no secrets file $file: ZooKeeper znodes will be created without ACLs" >&2
+        echo "warning: no secrets file $file: without STREAM_OPS_ZK_AUTH, stream_ops workers, the nimbus and the" \
+             "supervisor refuse to start (copy $DEPLOY_DIR/secrets.env.example to it and chmod 600)" >&2
         return 0
     fi
     if [[ -n "$(find "$file" -perm /077 2>/dev/null)" ]]; then
         die "$file is readable by other users: chmod 600 $file"
     fi
-    set -a
-    # shellcheck disable=SC1090
-    source "$file"
-    set +a
+    for name in "$@"; do
+        [[ "$name" =~ ^[A-Z_][A-Z0-9_]*$ ]] || die "load_secrets: bad variable name $name"
+        # shellcheck disable=SC1090
+        value="$(set +u; source "$file" >/dev/null 2>&1; printf '%s' "${!name-}")" || die "cannot read $file"
+        if [[ -n "$value" ]]; then
+            export "$name=$value"
+        fi
+    done
 }
+
+# The secrets each kind of process needs (see secrets.env.example): stream_ops workers and the CLI
+# the ZooKeeper credentials and the query token; Dagster those and the PostgreSQL password.
+STREAM_OPS_SECRETS=(STREAM_OPS_ZK_AUTH STREAM_OPS_QUERY_TOKEN)
+DAGSTER_SECRETS=(STREAM_OPS_ZK_AUTH STREAM_OPS_QUERY_TOKEN DAGSTER_PG_PASSWORD)
 
 PY="${STREAM_OPS_PYTHON:-python3}"
 command -v "$PY" >/dev/null 2>&1 || die "STREAM_OPS_PYTHON=$PY is not an executable Python; install stream-ops and point it at that interpreter"

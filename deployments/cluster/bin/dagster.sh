@@ -5,7 +5,7 @@
 # workers it launches read the state-query token (derived from STREAM_OPS_ZK_AUTH, or
 # STREAM_OPS_QUERY_TOKEN) and TLS files (STREAM_OPS_QUERY_TLS_*) from this environment.
 source "$(dirname "$0")/_common.sh"
-load_secrets
+load_secrets "${DAGSTER_SECRETS[@]}"
 
 MODE="${1:-}"
 need DAGSTER_HOME "the Dagster instance directory (dagster.yaml goes there)"

@@ -6,7 +6,7 @@
 #          $DAGSTER_PG_HOST:$DAGSTER_PG_PORT, create database $DAGSTER_PG_DB if missing.
 # For a production cluster use your managed PostgreSQL instead and set DAGSTER_PG_* to it.
 source "$(dirname "$0")/_common.sh"
-load_secrets
+load_secrets DAGSTER_PG_PASSWORD
 
 need POSTGRES_LOCAL_DIR "the directory of the local PostgreSQL (data, socket, log)"
 need DAGSTER_PG_HOST "the address PostgreSQL listens on"

@@ -5,7 +5,7 @@
 # Queries need the bearer token derived from STREAM_OPS_ZK_AUTH (or STREAM_OPS_QUERY_TOKEN, both
 # from secrets.env); with STREAM_OPS_QUERY_TLS_CERT/_KEY/_CA (cluster.env) the port serves https.
 source "$(dirname "$0")/_common.sh"
-load_secrets
+load_secrets "${STREAM_OPS_SECRETS[@]}"
 
 PORT="${1:-}"
 [[ "$PORT" =~ ^[0-9]+$ ]] || die "usage: $0 <slot port> [stream-ops worker options]"

@@ -4,5 +4,5 @@
 #   stream-ops.sh status wordcount
 #   stream-ops.sh query wordcount words the cow
 source "$(dirname "$0")/_common.sh"
-load_secrets
+load_secrets "${STREAM_OPS_SECRETS[@]}"
 stream_ops_cli "$@"

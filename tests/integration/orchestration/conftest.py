@@ -51,6 +51,7 @@ def zookeeper_resource(zk_config: ZooKeeperConfig) -> ZooKeeperResource:
         chroot=zk_config.chroot,
         session_timeout_s=zk_config.session_timeout_s,
         connect_timeout_s=zk_config.connect_timeout_s,
+        insecure=True,  # the test ZooKeeper has no credentials; worker runs refuse that unless told
     )
 
 

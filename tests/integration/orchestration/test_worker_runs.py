@@ -182,7 +182,9 @@ def test_failed_worker_runs_are_relaunched_a_bounded_number_of_times(
     worker_resources: dict[str, Any],
 ) -> None:
     jobs = build_jobs(topology_names=["wordcount"])
-    unreachable = ZooKeeperResource(hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, session_timeout_s=1.0)
+    unreachable = ZooKeeperResource(
+        hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, session_timeout_s=1.0, insecure=True
+    )
     sensor = build_worker_relaunch_sensor(worker_job=jobs.worker, max_relaunches=2)
     with dg.DagsterInstance.ephemeral() as instance:
         failed = jobs.worker.execute_in_process(
@@ -213,6 +215,23 @@ def test_failed_worker_runs_are_relaunched_a_bounded_number_of_times(
         assert "not relaunching" in str(gave_up.skip_message)
 
 
+def test_worker_run_refuses_a_tree_without_credentials_unless_insecure(
+    worker_resources: dict[str, Any], zk_config: ZooKeeperConfig, zk_store: ZkStore
+) -> None:
+    # The resource's default is secure: without auth_digest a worker run needs insecure=True.
+    secure_default = ZooKeeperResource(
+        hosts=zk_config.hosts, chroot=zk_config.chroot,
+        session_timeout_s=zk_config.session_timeout_s, connect_timeout_s=zk_config.connect_timeout_s,
+    )
+    jobs = build_jobs(topology_names=["wordcount"])
+    result = jobs.worker.execute_in_process(
+        run_config=SHARED_SPARK, resources={**worker_resources, "zookeeper": secure_default}, raise_on_error=False
+    )
+    assert not result.success
+    assert "refusing to start the worker without ZooKeeper credentials" in str(result.all_events)
+    assert live_workers(zk_store) == {}
+
+
 # --- the heartbeat sensor with a worker killed for real ------------------------------------------
 
 
@@ -224,7 +243,7 @@ def worker_process(zk_config: ZooKeeperConfig, fast_cluster: StreamClusterResour
         Path(fast_cluster.root),
         host="127.0.0.1",
         port=free_port(),
-        extra_args=["--trigger-seconds", "0.2", "--heartbeat-interval", "0.5"],
+        extra_args=["--trigger-seconds", "0.2", "--heartbeat-interval", "0.5", "--insecure"],
     )
     process = spawn(command, tmp_path / "worker.log")
     yield process

@@ -24,7 +24,7 @@ from stream_ops.errors import CommittedBatchLostError, OwnershipLostError, Repla
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.runtime.ownership import acquire
@@ -35,7 +35,7 @@ SOURCE_SCHEMA = "sentence string, _corrupt_record string"
 
 
 def _runner(store, spark, cluster, topology_id, worker_id, stage, **settings):
-    plan = read_plan(Path(read_storm(store, topology_id).dist_dir))
+    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
     task = next(t for t in plan.tasks if t.stage == stage)
     connected = threading.Event()
     connected.set()

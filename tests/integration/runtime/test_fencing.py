@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
@@ -38,7 +37,7 @@ def _shuffle_df(spark, words):
 
 def _runner(store, spark, cluster, topology_id, worker_id):
     storm = read_storm(store, topology_id)
-    plan = read_plan(Path(storm.dist_dir))
+    plan = load_submission(cluster.resolved_dist_dir(), storm).plan
     keyed_task = next(t for t in plan.tasks if t.stage == 1)
     connected = threading.Event()
     connected.set()
@@ -119,7 +118,7 @@ def test_source_stage_zombie_publishes_nothing(spark, zk_config: ZooKeeperConfig
     with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
         topology_id = submit(admin, cluster, topology, workers=1)
         storm = read_storm(admin, topology_id)
-        plan = read_plan(Path(storm.dist_dir))
+        plan = load_submission(cluster.resolved_dist_dir(), storm).plan
         source_task = next(t for t in plan.tasks if t.stage == 0)
         connected = threading.Event()
         connected.set()

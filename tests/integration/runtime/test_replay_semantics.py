@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,7 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.examples.wordcount_db import WordCountDB, build_wordcount_db
 from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import read_plan
+from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
@@ -34,7 +33,7 @@ WORDS = ["how", "are", "you", "how"]
 
 
 def _runner(store, spark, cluster, topology_id, worker_id, stage_name="words"):
-    plan = read_plan(Path(read_storm(store, topology_id).dist_dir))
+    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
     stage = next(s for s in plan.stages if s.name == stage_name)
     task = plan.task_for(stage.index, 0)
     connected = threading.Event()

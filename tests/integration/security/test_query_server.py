@@ -91,6 +91,12 @@ def _raw(srv: QueryServer, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
+def _json_error(reply: bytes) -> str:
+    """The ``error`` of a raw reply's JSON body (with or without a status line and headers)."""
+    body = reply.partition(b"\r\n\r\n")[2] if reply.startswith(b"HTTP/") else reply
+    return str(json.loads(body)["error"])
+
+
 def _query(topology: str = "wc-1-1700000000", task: str = "2", keys: str = '[["the"],["cow"]]') -> str:
     return "/query?" + urllib.parse.urlencode({"topology": topology, "task": task, "keys": keys})
 
@@ -165,10 +171,10 @@ def test_oversized_requests_are_refused(server: QueryServer) -> None:
 
 
 def test_garbage_other_methods_and_failing_lookups(server: QueryServer) -> None:
-    # A TLS hello, say: no request line at all, so the answer is an HTTP/0.9-style error page.
-    assert b"Error code: 400" in _raw(server, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n")
-    assert b"Error code: 400" in _raw(server, b"GET /health HTTP/1.1 extra\r\n\r\n")
-    assert b"Error code: 505" in _raw(server, b"GET /health HTTP/9.9\r\n\r\n")
+    # A TLS hello, say: no request line at all, so the answer is an HTTP/0.9-style body alone (JSON).
+    assert "Bad request" in _json_error(_raw(server, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n"))
+    assert "Bad request syntax" in _json_error(_raw(server, b"GET /health HTTP/1.1 extra\r\n\r\n"))
+    assert "Invalid HTTP version" in _json_error(_raw(server, b"GET /health HTTP/9.9\r\n\r\n"))
     assert _raw(server, b"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}").startswith(b"HTTP/1.0 501")
     assert _raw(server, b"DELETE /query HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.0 501")
     assert _get(server, "/../../etc/passwd")[0] == 404
@@ -501,7 +507,7 @@ def test_state_query_between_workers_and_clients_carry_the_derived_token(
 
         refused = cli()
         assert refused.exit_code == 1 and "no query token was sent; pass --query-token-file" in refused.output
-        assert json.loads(cli("--zk-auth", zk.auth_digest or "").output) == {"how": 2}
+        assert json.loads(cli("--zk-auth", zk.auth_credentials() or "", "--zk-open-reads").output) == {"how": 2}
         assert json.loads(cli("--query-token-file", str(token_file)).output) == {"how": 2}
     finally:
         stop.set()

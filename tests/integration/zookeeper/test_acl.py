@@ -23,7 +23,7 @@ from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import WorkerRecord
 from stream_ops.coordination.store import ZkStore, encode_json
-from stream_ops.errors import CoordinationError, StreamOpsError, TransactionFailedError
+from stream_ops.errors import CoordinationError, StreamOpsError, TransactionFailedError, ZooKeeperTreeNotOwnedError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus import current_leader, reassign, run_nimbus, submit
 from stream_ops.runtime.ownership import acquire, commit
@@ -147,7 +147,12 @@ def test_unauthenticated_client_cannot_write_assignments_owners_or_commits(
 def test_another_identity_cannot_write_either(zookeeper: EmbeddedZooKeeper, chroot: str, tmp_path: Path) -> None:
     with ZkStore.connect(_config(zookeeper, chroot, CLUSTER_AUTH, open_reads=True)) as cluster:
         topology_id = _submitted(cluster, tmp_path)
-        with ZkStore.connect(_config(zookeeper, chroot, "stream-ops:wrong-password")) as impostor:
+        impostor_config = _config(zookeeper, chroot, "stream-ops:wrong-password")
+        # The tree is not the impostor's: connecting refuses, naming the likely cause.
+        with pytest.raises(ZooKeeperTreeNotOwnedError, match="with another password"):
+            ZkStore.connect(impostor_config)
+        # Skipping that check does not help it write.
+        with ZkStore.connect(impostor_config, verify_tree=False) as impostor:
             assert impostor.get_json(ZkPaths.assignment(topology_id)) is not None
             with pytest.raises(CoordinationError, match=NOAUTH):
                 impostor.update_json(ZkPaths.assignment(topology_id), lambda a: {**a, "tasks": {}})
@@ -173,7 +178,9 @@ def test_secure_tree_protects_a_cluster_created_without_credentials(
         topology_id = _submitted(store, tmp_path)
         assert audit_acls(store) == []  # open is what an open cluster expects
     secured = _config(zookeeper, chroot, CLUSTER_AUTH, open_reads=True)
-    with ZkStore.connect(secured) as cluster:
+    with pytest.raises(ZooKeeperTreeNotOwnedError, match="secure-tree"):
+        ZkStore.connect(secured)  # an open tree is not the cluster's until secure_tree adopts it
+    with ZkStore.connect(secured, verify_tree=False) as cluster:
         mismatches = audit_acls(cluster)
         assert {m.path for m in mismatches} >= {"/", ZkPaths.assignment(topology_id)}
         assert all("world:anyone=cdrwa" in m.actual for m in mismatches)
@@ -183,6 +190,8 @@ def test_secure_tree_protects_a_cluster_created_without_credentials(
         with ZkStore.connect(open_config) as stranger:
             with pytest.raises(CoordinationError, match=NOAUTH):
                 stranger.set_json(ZkPaths.assignment(topology_id), {})
+        with ZkStore.connect(secured):  # adopted: the checked connect accepts it now
+            pass
         cluster.delete_recursive("/")
 
 

@@ -1,0 +1,126 @@
+"""The code references of a plan: listing them, checking them, binding them to an archive.
+
+A plan names user code in five places: each/map/filter/state_query functions
+(``OperationSpec.function``), a state_query's query function (``query["function"]``), a
+partition_persist State factory and updater (``PersistSpec.factory`` / ``updater``) and a
+processing element class (``ProcessSpec.pe_class``). :func:`plan_references` is the one list
+of them: the code archive ships their modules, a worker checks them against the archive, and
+:func:`bind_plan` ties every one of them to the archive's :class:`CodeScope`, so that every
+place that resolves one (driver or Spark Python worker) imports from that archive only.
+
+Only workers bind plans; ``plan.json`` never carries a binding (:func:`bound_places`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from stream_ops.errors import TopologyLoadError
+from stream_ops.topology.code_scope import CODE_KEY, STREAM_OPS_PACKAGE, CodeScope
+from stream_ops.topology.plan import OperationSpec, PersistSpec, Plan, StageSpec
+
+
+@dataclass(frozen=True)
+class PlanReference:
+    """One ``module:qualname`` a plan names, and where."""
+
+    where: str
+    ref: str
+
+    @property
+    def module(self) -> str:
+        return self.ref.partition(":")[0]
+
+
+def plan_references(plan: Plan) -> list[PlanReference]:
+    """Every code reference of ``plan``, in stage order.
+
+    Example:
+        >>> [r.ref for r in plan_references(build_plan(build_wordcount("/in")))]
+        ['stream_ops.examples.wordcount:split']
+    """
+    found: list[PlanReference] = []
+    for stage in plan.stages:
+        where = f"stage {stage.name!r}"
+        for op in stage.operations:
+            found.append(PlanReference(f"{where} {op.kind}", op.function))
+            if op.query is not None:
+                found.append(PlanReference(f"{where} state_query function", _class_of(op.query.get("function"), where)))
+        if stage.persist is not None:
+            found.append(PlanReference(f"{where} state factory", _class_of(stage.persist.factory, where)))
+            found.append(PlanReference(f"{where} state updater", _class_of(stage.persist.updater, where)))
+        if stage.process is not None:
+            found.append(PlanReference(f"{where} processing element", stage.process.pe_class))
+    return found
+
+
+def check_references(plan: Plan, modules: Collection[str]) -> None:
+    """Refuse a plan that names code outside ``modules`` (the archive's) and stream_ops.
+
+    Raises:
+        TopologyLoadError: Naming the first such reference and where the plan names it.
+    """
+    allowed = set(modules) | {STREAM_OPS_PACKAGE}
+    for reference in plan_references(plan):
+        if reference.module.partition(".")[0] not in allowed:
+            raise TopologyLoadError(
+                f"{reference.where} of plan {plan.topology!r} references {reference.ref!r}, which is neither in the "
+                f"submitted code archive (modules {sorted(modules)}) nor in stream_ops; workers run only submitted "
+                "code: reference a function of your own package and resubmit"
+            )
+
+
+def bound_places(plan: Plan) -> list[str]:
+    """Where ``plan`` already carries a code binding (a plan read from ``plan.json`` has none)."""
+    places = ["the plan"] if plan.code is not None else []
+    for stage in plan.stages:
+        where = f"stage {stage.name!r}"
+        for op in stage.operations:
+            if op.code is not None or (op.query is not None and CODE_KEY in (op.query.get("function") or {})):
+                places.append(f"{where} {op.kind}")
+        if stage.persist is not None and (CODE_KEY in stage.persist.factory or CODE_KEY in stage.persist.updater):
+            places.append(f"{where} partition_persist")
+        if stage.process is not None and stage.process.code is not None:
+            places.append(f"{where} processing element")
+    return places
+
+
+def bind_plan(plan: Plan, scope: CodeScope) -> Plan:
+    """A copy of ``plan`` whose every code reference resolves inside ``scope`` only.
+
+    Example:
+        >>> bound = bind_plan(plan, scope)
+        >>> bound.stages[0].operations[0].code == scope
+        True
+    """
+    return plan.model_copy(update={"stages": tuple(_bind_stage(stage, scope) for stage in plan.stages), "code": scope})
+
+
+def _bind_stage(stage: StageSpec, scope: CodeScope) -> StageSpec:
+    update: dict[str, Any] = {"operations": tuple(_bind_operation(op, scope) for op in stage.operations)}
+    if stage.persist is not None:
+        update["persist"] = _bind_persist(stage.persist, scope)
+    if stage.process is not None:
+        update["process"] = stage.process.model_copy(update={"code": scope})
+    return stage.model_copy(update=update)
+
+
+def _bind_operation(op: OperationSpec, scope: CodeScope) -> OperationSpec:
+    update: dict[str, Any] = {"code": scope}
+    if op.query is not None:
+        update["query"] = {**op.query, "function": {**op.query["function"], CODE_KEY: scope}}
+    return op.model_copy(update=update)
+
+
+def _bind_persist(persist: PersistSpec, scope: CodeScope) -> PersistSpec:
+    return persist.model_copy(
+        update={"factory": {**persist.factory, CODE_KEY: scope}, "updater": {**persist.updater, CODE_KEY: scope}}
+    )
+
+
+def _class_of(ref: Any, where: str) -> str:
+    if not isinstance(ref, dict) or not isinstance(ref.get("class"), str):
+        raise TopologyLoadError(f"{where}: {ref!r} is not an object reference {{'class': 'module:qualname', 'args': ...}}")
+    return ref["class"]
