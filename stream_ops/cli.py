@@ -357,6 +357,43 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
         age = "-" if t.heartbeat_age_s is None else f"{t.heartbeat_age_s:.1f}"
         click.echo(f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
                    f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {t.lag_files:>5} {t.state_keys:>7} {t.dead_letters:>5}")
+    for line in result.problems():
+        click.echo(f"  ! {line}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", "timeout_s", default=2.0, show_default=True, help="Seconds per probe of a worker's query port.")
+@pass_ctx
+def doctor(obj: _Context, as_json: bool, timeout_s: float) -> None:
+    """Check the protections of a running cluster: ZooKeeper credentials and tree ACLs, query-port
+    authentication and TLS, file modes on the shared paths. Exits 1 if one is not in place."""
+    from stream_ops.doctor import security_report
+
+    findings = security_report(obj.zk_config(), obj.cluster(), obj.query_config(), timeout_s=timeout_s)
+    if as_json:
+        click.echo(json.dumps([f.to_json_obj() for f in findings], indent=2))
+    else:
+        for f in findings:
+            click.echo(f"{'ok  ' if f.ok else 'FAIL'}  {f.area:<10}  {f.check}: {f.detail}")
+    if not all(f.ok for f in findings):
+        sys.exit(1)
+
+
+@main.command("clear-errors")
+@click.argument("name")
+@click.argument("task", type=int)
+@pass_ctx
+def clear_errors(obj: _Context, name: str, task: int) -> None:
+    """Forget a task's recorded failures and end its quarantine (its worker tries it again)."""
+    from stream_ops.nimbus.submission import find_topology_id
+    from stream_ops.runtime.task_failures import clear_task_errors
+
+    with obj.store() as store:
+        topology_id = find_topology_id(store, name)
+        assert topology_id is not None
+        cleared = clear_task_errors(store, (topology_id, task))
+    click.echo(f"cleared the errors of task {topology_id}/{task}" if cleared else f"task {topology_id}/{task} has no errors")
 
 
 @main.command()

@@ -10,6 +10,7 @@ Session fixtures are lazy: a server starts only when the first test that needs i
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -110,3 +111,15 @@ def _wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.2)
 def wait_until():
     """``wait_until(predicate, timeout_s, what)``: poll until true, fail with ``what`` on timeout."""
     return _wait_until
+
+
+@pytest.fixture(autouse=True)
+def _restore_stream_ops_environment() -> Iterator[None]:
+    """Undo what a test's in-process CLI call exported (``--zk-auth`` and friends are passed to
+    the processes a CLI spawns through ``STREAM_OPS_*`` variables), so no test inherits another's."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("STREAM_OPS_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("STREAM_OPS_") and k not in saved]:
+        del os.environ[key]
+    os.environ.update(saved)
+
