@@ -2,13 +2,15 @@
 # The whole test suite on a fresh machine (Python 3.11, Java 17 and git installed).
 #
 # Installs what the tests need and nothing else: the Debian packages of the browser test
-# (chromium) and the cluster test (postgresql) when they are missing and we may install them,
+# (chromium), the query-port TLS tests (openssl, to make test certificates) and the cluster
+# test (postgresql) when they are missing and we may install them,
 # then a virtual environment with stream_ops and its test extra, then runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
