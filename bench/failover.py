@@ -51,19 +51,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyspark  # noqa: E402
+import pyspark
 
-from stream_ops.coordination.paths import ZkPaths  # noqa: E402
-from stream_ops.coordination.store import ZkStore  # noqa: E402
-from stream_ops.errors import QueryError, StreamOpsError  # noqa: E402
-from stream_ops.examples.wordcount import build_wordcount  # noqa: E402
-from stream_ops.layout import TopologyLayout  # noqa: E402
-from stream_ops.local_stack import LocalStack, WorkerProcess  # noqa: E402
-from stream_ops.nimbus import describe_topology, submit  # noqa: E402
-from stream_ops.runtime.query_client import query_state  # noqa: E402
-from stream_ops.topics.file_topic import FileTopic  # noqa: E402
-from stream_ops.topics.producer import produce  # noqa: E402
-from stream_ops.topology.plan import build_plan  # noqa: E402
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import QueryError, StreamOpsError
+from stream_ops.examples.wordcount import build_wordcount
+from stream_ops.layout import TopologyLayout
+from stream_ops.local_stack import LocalStack, WorkerProcess
+from stream_ops.nimbus import describe_topology, submit
+from stream_ops.runtime.query_client import query_state
+from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topics.producer import produce
+from stream_ops.topology.plan import build_plan
 
 REBUILT_RE = re.compile(r"task (\S+)/(\d+): state rebuilt from the state topic, (\d+) keys in ([\d.]+) s")
 RUNNING_RE = re.compile(r"task (\S+)/(\d+) running on (\S+) \(epoch (\d+)\)")
@@ -202,8 +202,10 @@ def wait_drained(
         status = describe_topology(store, topology_id)
         txids = tuple(t.committed_txid for t in status.tasks)
         now = time.monotonic()
-        settled = all(t.owner is not None and t.owner == t.assigned_to and t.lag_files == 0
-                      and t.txid_in_flight is None for t in status.tasks)
+        settled = all(
+            t.owner is not None and t.owner == t.assigned_to and t.lag_files == 0 and t.txid_in_flight is None
+            for t in status.tasks
+        )
         if txids != last_txids or not settled:
             last_txids, stable_since = txids, now
         if settled and now - stable_since >= quiet_s:
@@ -216,10 +218,14 @@ def wait_drained(
         if now > deadline:
             raise StreamOpsError(f"{label}: not drained after {timeout_s:.0f} s: {status}")
         if now >= next_report:
-            log(f"{label}: +{now - started:.0f}s " + "  ".join(
-                f"task {t.task_id}: txid {t.committed_txid} in flight {t.txid_in_flight} lag {t.lag_files} "
-                f"keys~{t.state_keys}"
-                for t in status.tasks))
+            log(
+                f"{label}: +{now - started:.0f}s "
+                + "  ".join(
+                    f"task {t.task_id}: txid {t.committed_txid} in flight {t.txid_in_flight} lag {t.lag_files} "
+                    f"keys~{t.state_keys}"
+                    for t in status.tasks
+                )
+            )
             next_report = now + 10
         time.sleep(0.25)
 
@@ -228,7 +234,7 @@ def check_counts(store: ZkStore, name: str, words: list[str], chunk: int = 200) 
     """Words whose count is not exactly 1 (queried in chunks: keys travel in a URL)."""
     wrong = []
     for i in range(0, len(words), chunk):
-        part = words[i:i + chunk]
+        part = words[i : i + chunk]
         got = query_state(store, name, "words", [[w] for w in part], timeout_s=30)
         wrong.extend(w for w in part if got.get(w) != 1)
     return wrong
@@ -370,18 +376,30 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
     result.load.append(loadavg())
     home = Path(tempfile.mkdtemp(prefix=f"failover-{keys}-", dir=args.tmp))
     worker_args = [
-        "--trigger-seconds", str(args.trigger_seconds),
-        "--max-files-per-trigger", str(args.max_files_per_trigger),
-        "--heartbeat-interval", str(args.heartbeat_interval),
-        "--spark-master", args.spark_master,
+        "--trigger-seconds",
+        str(args.trigger_seconds),
+        "--max-files-per-trigger",
+        str(args.max_files_per_trigger),
+        "--heartbeat-interval",
+        str(args.heartbeat_interval),
+        "--spark-master",
+        args.spark_master,
     ]
     name = f"fo{keys}"
     nimbus_log.records.clear()
     try:
         log(f"{keys} keys: starting ZooKeeper, 2 workers and the nimbus monitor under {home}")
-        with LocalStack(home=home, workers=2, worker_args=worker_args, session_timeout_s=args.session_timeout,
-                        task_timeout_s=args.task_timeout, launch_grace_s=args.launch_grace) as stack, \
-                ZkStore.connect(stack.zk_config) as store:
+        with (
+            LocalStack(
+                home=home,
+                workers=2,
+                worker_args=worker_args,
+                session_timeout_s=args.session_timeout,
+                task_timeout_s=args.task_timeout,
+                launch_grace_s=args.launch_grace,
+            ) as stack,
+            ZkStore.connect(stack.zk_config) as store,
+        ):
             topology = build_wordcount(home / "input" / "sentences", name=name, queues=1)
             plan = build_plan(topology)
             keyed_tasks = {t.task_id for t in plan.tasks if plan.stage(t.stage).kind == "keyed"}
@@ -399,8 +417,15 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
             first = min(args.words_per_line, keys)
             warm_started = time.time()
             produce(topic, [{"sentence": " ".join(word(i) for i in range(first))}])
-            wait_drained(store, topology_id, name, [word(first - 1)], quiet_s=args.quiet,
-                         timeout_s=args.build_timeout, label=f"{keys} keys warm-up")
+            wait_drained(
+                store,
+                topology_id,
+                name,
+                [word(first - 1)],
+                quiet_s=args.quiet,
+                timeout_s=args.build_timeout,
+                label=f"{keys} keys warm-up",
+            )
             result.warmup_s = time.time() - warm_started
             result.fed_keys = keys - first
 
@@ -411,12 +436,22 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
             log(f"{keys} keys: produced {result.files} files in {result.build_produce_s:.2f} s; waiting for the state")
             rng = random.Random(keys)
             sample = sorted({word(rng.randrange(keys)) for _ in range(args.sample)} | {word(0), word(keys - 1)})
-            drained = wait_drained(store, topology_id, name, [word(keys - 1), word(0)], quiet_s=args.quiet,
-                                   timeout_s=args.build_timeout, label=f"{keys} keys build")
+            drained = wait_drained(
+                store,
+                topology_id,
+                name,
+                [word(keys - 1), word(0)],
+                quiet_s=args.quiet,
+                timeout_s=args.build_timeout,
+                label=f"{keys} keys build",
+            )
             result.build_drained_s = time.time() - build_started
             for task_id in task_ids:
-                done = [c for c in commits(recorder, ZkPaths.transactional_task(topology_id, task_id), build_started)
-                        if c.get("rows", 0) > 0]
+                done = [
+                    c
+                    for c in commits(recorder, ZkPaths.transactional_task(topology_id, task_id), build_started)
+                    if c.get("rows", 0) > 0
+                ]
                 last = max((c["committed_at"] for c in done), default=None)
                 elapsed = None if last is None else last - build_started
                 if task_id in keyed_tasks:
@@ -450,23 +485,31 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
             for t in moved:
                 tx = store.get_json(ZkPaths.transactional_task(topology_id, t.task_id))
                 kill_txids[t.task_id] = tx[0]["committed_txid"] if tx else -1
-            log(f"{keys} keys: SIGKILL {victim.worker_id} (owns tasks {[t.task_id for t in moved]}); "
-                f"survivor {survivor.worker_id}")
+            log(
+                f"{keys} keys: SIGKILL {victim.worker_id} (owns tasks {[t.task_id for t in moved]}); "
+                f"survivor {survivor.worker_id}"
+            )
             t_kill = time.time()
             stack.kill_worker(victim)
             # a commit may have landed between our read and the kill
             for t in moved:
-                before = [c for c in commits(recorder, ZkPaths.transactional_task(topology_id, t.task_id))
-                          if c["committed_at"] <= t_kill]
+                before = [
+                    c
+                    for c in commits(recorder, ZkPaths.transactional_task(topology_id, t.task_id))
+                    if c["committed_at"] <= t_kill
+                ]
                 if before:
                     kill_txids[t.task_id] = max(kill_txids[t.task_id], before[-1]["committed_txid"])
 
-            rows = {t.task_id: TaskFailover(task_id=t.task_id, stage=t.stage_name, old_epoch=t.owner_epoch,
-                                            kill_txid=kill_txids[t.task_id]) for t in moved}
+            rows = {
+                t.task_id: TaskFailover(
+                    task_id=t.task_id, stage=t.stage_name, old_epoch=t.owner_epoch, kill_txid=kill_txids[t.task_id]
+                )
+                for t in moved
+            }
             deadline = time.monotonic() + args.failover_timeout
             while time.monotonic() < deadline:
-                gone = [ts for ts, children in recorder.history(ZkPaths.WORKERS, t_kill)
-                        if victim.worker_id not in children]
+                gone = [ts for ts, children in recorder.history(ZkPaths.WORKERS, t_kill) if victim.worker_id not in children]
                 for task_id, row in rows.items():
                     row.worker_gone = gone[0] - t_kill if gone else None
                     if row.reassigned is None:
@@ -485,8 +528,10 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
                                 break
                     if row.committed is None:
                         for c in commits(recorder, ZkPaths.transactional_task(topology_id, task_id), t_kill):
-                            if c["committed_txid"] > (row.kill_txid if row.kill_txid is not None else -1) \
-                                    and c.get("committed_epoch") == row.new_epoch:
+                            if (
+                                c["committed_txid"] > (row.kill_txid if row.kill_txid is not None else -1)
+                                and c.get("committed_epoch") == row.new_epoch
+                            ):
                                 row.committed = c["committed_at"] - t_kill
                                 row.first_txid = c["committed_txid"]
                                 break
@@ -515,21 +560,32 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
             # --- verify: the rebuilt state and the trickle words count exactly 1 ------------
             log(f"{keys} keys: failover measured; verifying {len(sample)} sample keys + {len(trickle.words)} trickle words")
             try:
-                wait_drained(store, topology_id, name, trickle.words[-1:] or [word(0)], quiet_s=args.quiet,
-                             timeout_s=args.build_timeout, label=f"{keys} keys after failover")
+                wait_drained(
+                    store,
+                    topology_id,
+                    name,
+                    trickle.words[-1:] or [word(0)],
+                    quiet_s=args.quiet,
+                    timeout_s=args.build_timeout,
+                    label=f"{keys} keys after failover",
+                )
                 wrong = check_counts(store, name, sample + trickle.words)
-                result.verify = ("ok" if not wrong else f"{len(wrong)} WRONG, e.g. {wrong[:5]}") + \
-                    f" ({len(sample)} sample keys, {len(trickle.words)} trickle words)"
+                result.verify = (
+                    "ok" if not wrong else f"{len(wrong)} WRONG, e.g. {wrong[:5]}"
+                ) + f" ({len(sample)} sample keys, {len(trickle.words)} trickle words)"
             except StreamOpsError as e:
                 result.verify = f"not verified: {e}"[:300]
             final = describe_topology(store, topology_id)
             keyed_final = [t for t in final.tasks if t.task_id in keyed_tasks]
             if keyed_final:
-                result.notes.append(f"keyed task after failover: owner {keyed_final[0].owner}, "
-                                    f"state_keys~{keyed_final[0].state_keys}")
+                result.notes.append(
+                    f"keyed task after failover: owner {keyed_final[0].owner}, state_keys~{keyed_final[0].state_keys}"
+                )
             events = [(ts, f"+{ts - t_kill:6.2f}s nimbus: {msg[:220]}") for ts, msg in nimbus_log.records if ts >= t_kill]
-            pattern = (r"owns task|opened state store|state-topic files|rebuilding state store|rebuilt state store|"
-                       r"state rebuilt|running on|WARNING|ERROR|waiting for its owner")
+            pattern = (
+                r"owns task|opened state store|state-topic files|rebuilding state store|rebuilt state store|"
+                r"state rebuilt|running on|WARNING|ERROR|waiting for its owner"
+            )
             for line in log_lines_after(survivor.log, t_kill, pattern, 20):
                 t = log_time(line)
                 text = line[24:].replace(str(home), "$HOME")
@@ -560,8 +616,9 @@ def machine_info() -> list[str]:
         java = "?"
     try:
         repo = Path(__file__).resolve().parent.parent
-        rev = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         rev = "?"
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
@@ -578,52 +635,72 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     print("== failover benchmark: SIGKILL of the worker owning the keyed task ==")
     for line in info:
         print(line)
-    print(f"settings   2 workers, word count queues=1 (1 source + 1 keyed task, opaque state); "
-          f"ZooKeeper session timeout {args.session_timeout} s (tickTime 500 ms); "
-          f"monitor interval 0.5 s, task_timeout {args.task_timeout} s, launch_grace {args.launch_grace} s; "
-          f"worker --trigger-seconds {args.trigger_seconds} --max-files-per-trigger {args.max_files_per_trigger} "
-          f"--heartbeat-interval {args.heartbeat_interval} --spark-master {args.spark_master}; "
-          f"input {args.words_per_line} words/line x {args.lines_per_file} lines/file; "
-          f"trickle {args.trickle_words} new words every {args.trickle_interval} s from {args.trickle_lead} s before the kill")
+    print(
+        f"settings   2 workers, word count queues=1 (1 source + 1 keyed task, opaque state); "
+        f"ZooKeeper session timeout {args.session_timeout} s (tickTime 500 ms); "
+        f"monitor interval 0.5 s, task_timeout {args.task_timeout} s, launch_grace {args.launch_grace} s; "
+        f"worker --trigger-seconds {args.trigger_seconds} --max-files-per-trigger {args.max_files_per_trigger} "
+        f"--heartbeat-interval {args.heartbeat_interval} --spark-master {args.spark_master}; "
+        f"input {args.words_per_line} words/line x {args.lines_per_file} lines/file; "
+        f"trickle {args.trickle_words} new words every {args.trickle_interval} s from {args.trickle_lead} s before the kill"
+    )
     print()
-    print("-- building the state: after a warm-up (the first line of words through both tasks, from submit: "
-          "Spark query start + first batches), the remaining words through the source stage, the shuffle "
-          "and the keyed stage; times from the first file written --")
-    print(f"{'keys':>9} {'warm-up s':>9} {'files':>5} {'produce s':>9} {'source done s':>13} {'keyed done s':>12} "
-          f"{'drained s':>9} {'src batches':>11} {'keyed batches':>13} {'keys/s':>8} {'state topic':>16}")
+    print(
+        "-- building the state: after a warm-up (the first line of words through both tasks, from submit: "
+        "Spark query start + first batches), the remaining words through the source stage, the shuffle "
+        "and the keyed stage; times from the first file written --"
+    )
+    print(
+        f"{'keys':>9} {'warm-up s':>9} {'files':>5} {'produce s':>9} {'source done s':>13} {'keyed done s':>12} "
+        f"{'drained s':>9} {'src batches':>11} {'keyed batches':>13} {'keys/s':>8} {'state topic':>16}"
+    )
     for r in results:
         rate = r.fed_keys / r.build_keyed_done_s if r.build_keyed_done_s else None
-        print(f"{r.keys:>9} {r.warmup_s:>9.1f} {r.files:>5} {r.build_produce_s:>9.2f} {fmt(r.build_source_done_s, 1):>13} "
-              f"{fmt(r.build_keyed_done_s, 1):>12} {r.build_drained_s:>9.1f} {r.source_batches:>11} "
-              f"{r.keyed_batches:>13} {fmt(rate, 0):>8} {r.state_files:>5} f {r.state_bytes / 1e6:>7.1f} MB")
+        print(
+            f"{r.keys:>9} {r.warmup_s:>9.1f} {r.files:>5} {r.build_produce_s:>9.2f} {fmt(r.build_source_done_s, 1):>13} "
+            f"{fmt(r.build_keyed_done_s, 1):>12} {r.build_drained_s:>9.1f} {r.source_batches:>11} "
+            f"{r.keyed_batches:>13} {fmt(rate, 0):>8} {r.state_files:>5} f {r.state_bytes / 1e6:>7.1f} MB"
+        )
     for r in results:
         for what, gaps in (("source", r.source_batch_s), ("keyed", r.keyed_batch_s)):
             if gaps:
-                print(f"  {r.keys} keys: {what} commits at intervals of "
-                      f"{', '.join(f'{s:.1f}' for s in gaps[:30])} s{' ...' if len(gaps) > 30 else ''}")
+                print(
+                    f"  {r.keys} keys: {what} commits at intervals of "
+                    f"{', '.join(f'{s:.1f}' for s in gaps[:30])} s{' ...' if len(gaps) > 30 else ''}"
+                )
         print(f"  {r.keys} keys: load average (1, 5, 15 min) before the run {r.load[0]}, after {r.load[-1]}")
     print()
-    print("-- failover, seconds (detect/owner/commit columns are offsets from the previous event; "
-          "'total' = SIGKILL -> first commit of the new owner) --")
-    header = (f"{'keys':>9} {'task':>4} {'stage':<10} {'from -> to':<33} {'epoch':>6} {'ws gone':>7} "
-              f"{'1 detect':>8} {'2 owner':>7} {'3 replay':>8} {'keys replayed':>13} {'query up':>8} "
-              f"{'4 commit':>8} {'total':>6}")
+    print(
+        "-- failover, seconds (detect/owner/commit columns are offsets from the previous event; "
+        "'total' = SIGKILL -> first commit of the new owner) --"
+    )
+    header = (
+        f"{'keys':>9} {'task':>4} {'stage':<10} {'from -> to':<33} {'epoch':>6} {'ws gone':>7} "
+        f"{'1 detect':>8} {'2 owner':>7} {'3 replay':>8} {'keys replayed':>13} {'query up':>8} "
+        f"{'4 commit':>8} {'total':>6}"
+    )
     print(header)
     for r in results:
         for t in r.tasks:
             total = t.committed
             query_up = None if t.running is None or t.acquired is None else t.running - t.acquired
-            print(f"{r.keys:>9} {t.task_id:>4} {t.stage:<10} {r.killed + ' -> ' + (t.new_worker or '?'):<33} "
-                  f"{str(t.old_epoch) + '->' + str(t.new_epoch):>6} {fmt(t.worker_gone):>7} {fmt(t.detection):>8} "
-                  f"{fmt(t.new_owner):>7} {fmt(t.rebuilt_s, 3):>8} {fmt(t.rebuilt_keys, 0) if t.rebuilt_keys is not None else '-':>13} "
-                  f"{fmt(query_up):>8} {fmt(t.first_commit):>8} {fmt(total):>6}")
+            print(
+                f"{r.keys:>9} {t.task_id:>4} {t.stage:<10} {r.killed + ' -> ' + (t.new_worker or '?'):<33} "
+                f"{str(t.old_epoch) + '->' + str(t.new_epoch):>6} {fmt(t.worker_gone):>7} {fmt(t.detection):>8} "
+                f"{fmt(t.new_owner):>7} {fmt(t.rebuilt_s, 3):>8} {fmt(t.rebuilt_keys, 0) if t.rebuilt_keys is not None else '-':>13} "
+                f"{fmt(query_up):>8} {fmt(t.first_commit):>8} {fmt(total):>6}"
+            )
             if t.read_s is not None:
-                print(f"{'':>9} {'':>4} replay split (new owner's log): state-topic files read and decoded "
-                      f"{t.read_s:.2f} s, then {fmt(t.rebuilt_keys, 0) if t.rebuilt_keys is not None else '?'} keys "
-                      f"written to RocksDB {fmt(t.restore_s)} s")
+                print(
+                    f"{'':>9} {'':>4} replay split (new owner's log): state-topic files read and decoded "
+                    f"{t.read_s:.2f} s, then {fmt(t.rebuilt_keys, 0) if t.rebuilt_keys is not None else '?'} keys "
+                    f"written to RocksDB {fmt(t.restore_s)} s"
+                )
         worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
-        print(f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the SIGKILL "
-              f"(max over tasks); verification: {r.verify}")
+        print(
+            f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the SIGKILL "
+            f"(max over tasks); verification: {r.verify}"
+        )
     print()
     print("columns: 'ws gone' = the dead worker's /workers node vanished (session expiry) after the kill;")
     print("  1 detect = SIGKILL -> assignment without the dead worker; 2 owner = reassignment -> new owner's /owners")
@@ -646,9 +723,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,1000000", help="state sizes in keys, comma-separated")
     parser.add_argument("--session-timeout", type=float, default=4.0)
-    parser.add_argument("--task-timeout", type=float, default=6.0,
-                        help="monitor heartbeat timeout; above the ~4.3-4.9 s session expiry so detection is by "
-                             "the /workers node vanishing, not by a stale heartbeat")
+    parser.add_argument(
+        "--task-timeout",
+        type=float,
+        default=6.0,
+        help="monitor heartbeat timeout; above the ~4.3-4.9 s session expiry so detection is by "
+        "the /workers node vanishing, not by a stale heartbeat",
+    )
     parser.add_argument("--launch-grace", type=float, default=60.0)
     parser.add_argument("--trigger-seconds", type=float, default=0.5)
     parser.add_argument("--max-files-per-trigger", type=int, default=4)

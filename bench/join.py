@@ -48,11 +48,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyspark  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.operators.join_bolt import JoinBolt, TumblingWindow  # noqa: E402
-from stream_ops.spark.session import create_spark_session  # noqa: E402
+from stream_ops.operators.join_bolt import JoinBolt, TumblingWindow
+from stream_ops.spark.session import create_spark_session
 
 SPARK_MASTER = "local[2]"
 SELECT = "order_id, user_id, amount, name, city"
@@ -86,10 +86,7 @@ def make_data(how: str, n_orders: int, n_users: int, unmatched: float, seed: int
     """Seeded orders/users; ``unmatched`` of the orders (left join only) have a user id no user has."""
     rng = random.Random(seed)
     user_ids = rng.sample(range(1, 10 * (n_users + n_orders) + 1), n_users)
-    users = [
-        {"user_id": uid, "name": f"user-{uid}", "city": rng.choice(CITIES)}
-        for uid in user_ids
-    ]
+    users = [{"user_id": uid, "name": f"user-{uid}", "city": rng.choice(CITIES)} for uid in user_ids]
     known = set(user_ids)
     n_missing = round(unmatched * n_orders) if how == "left" else 0
     missing_at = set(rng.sample(range(n_orders), n_missing))
@@ -226,8 +223,10 @@ def check(label: str, got: Sequence[Sequence[Any]], expected: list[Row], *, orde
         rows, expected = sorted(rows, key=repr), sorted(expected, key=repr)
     if rows != expected:
         diff = next((i for i, (a, b) in enumerate(zip(rows, expected)) if a != b), min(len(rows), len(expected)))
-        raise SystemExit(f"{label}: result differs from the reference join ({len(rows)} rows vs {len(expected)}); "
-                         f"first difference at {diff}: {rows[diff:diff + 1]} vs {expected[diff:diff + 1]}")
+        raise SystemExit(
+            f"{label}: result differs from the reference join ({len(rows)} rows vs {len(expected)}); "
+            f"first difference at {diff}: {rows[diff : diff + 1]} vs {expected[diff : diff + 1]}"
+        )
 
 
 # --- stream_ops --------------------------------------------------------------------------
@@ -253,7 +252,9 @@ def bench_tumbling(data: Data, reps: int, warmup: int) -> Timing:
                 rows.extend(bolt.execute(closed))
                 windows += 1
         if windows != 1 or buffer.pending:
-            raise SystemExit(f"TumblingWindow(count={count}) closed {windows} windows, {buffer.pending} pending; expected 1 and 0")
+            raise SystemExit(
+                f"TumblingWindow(count={count}) closed {windows} windows, {buffer.pending} pending; expected 1 and 0"
+            )
         return rows
 
     check(f"TumblingWindow + execute ({data.how})", run(), data.expected, ordered=True)
@@ -312,8 +313,12 @@ def bench_spark(
     seconds, cpu_s, out = timed(with_create, create_reps, 1, budget_s, cpu)
     cold = Timing("(c+) Spark createDataFrame x2 + join+select+collect", len(out), data.records, seconds, cpu_s)
     # createDataFrame alone, to split (c+) into its parts
-    create_s, _, _ = timed(lambda: (spark.createDataFrame(data.orders, ORDERS_SCHEMA), spark.createDataFrame(data.users, USERS_SCHEMA)),
-                        create_reps, 1, budget_s)
+    create_s, _, _ = timed(
+        lambda: (spark.createDataFrame(data.orders, ORDERS_SCHEMA), spark.createDataFrame(data.users, USERS_SCHEMA)),
+        create_reps,
+        1,
+        budget_s,
+    )
     info["create_median_s"] = statistics.median(create_s)
     return warm, cold, info
 
@@ -343,39 +348,53 @@ def print_machine(spark: SparkSession) -> None:
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"machine:  {platform.platform()}, {platform.machine()}, {cpu_model()}")
-    print(f"          cpu count {os.cpu_count()} (usable {usable}), Python {platform.python_version()} "
-          f"({platform.python_implementation()}), pyspark {pyspark.__version__}, Java {java}")
+    print(
+        f"          cpu count {os.cpu_count()} (usable {usable}), Python {platform.python_version()} "
+        f"({platform.python_implementation()}), pyspark {pyspark.__version__}, Java {java}"
+    )
     conf = spark.conf
-    print(f"spark:    {SPARK_MASTER}, shuffle partitions {conf.get('spark.sql.shuffle.partitions')}, "
-          f"AQE {conf.get('spark.sql.adaptive.enabled')}, "
-          f"autoBroadcastJoinThreshold {conf.get('spark.sql.autoBroadcastJoinThreshold')}, "
-          f"arrow {conf.get('spark.sql.execution.arrow.pyspark.enabled')}")
+    print(
+        f"spark:    {SPARK_MASTER}, shuffle partitions {conf.get('spark.sql.shuffle.partitions')}, "
+        f"AQE {conf.get('spark.sql.adaptive.enabled')}, "
+        f"autoBroadcastJoinThreshold {conf.get('spark.sql.autoBroadcastJoinThreshold')}, "
+        f"arrow {conf.get('spark.sql.execution.arrow.pyspark.enabled')}"
+    )
 
 
 def print_block(data: Data, results: list[Timing], info: dict[str, Any], n_missing: int) -> None:
     print()
     unmatched = f", {n_missing} orders unmatched" if data.how == "left" else ""
-    print(f"== {data.how} join: window of {data.records:,} records ({len(data.orders):,} orders + {len(data.users):,} users"
-          f"{unmatched}) -> {len(data.expected):,} joined rows; Spark plan: {info['strategy']}")
-    header = (f"{'method':<52} {'reps':>4} {'best ms':>8} {'median ms':>9} {'rows/s (median)':>16} {'rows/s (best)':>14} "
-              f"{'records/s (median)':>18} {'CPU ms/rep':>10} {'rows/CPU-s':>11}")
+    print(
+        f"== {data.how} join: window of {data.records:,} records ({len(data.orders):,} orders + {len(data.users):,} users"
+        f"{unmatched}) -> {len(data.expected):,} joined rows; Spark plan: {info['strategy']}"
+    )
+    header = (
+        f"{'method':<52} {'reps':>4} {'best ms':>8} {'median ms':>9} {'rows/s (median)':>16} {'rows/s (best)':>14} "
+        f"{'records/s (median)':>18} {'CPU ms/rep':>10} {'rows/CPU-s':>11}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r.label:<52} {len(r.seconds):>4} {r.best * 1e3:>8.1f} {r.median * 1e3:>9.1f} {r.rows_per_s:>16,.0f} "
-              f"{r.best_rows_per_s:>14,.0f} {r.records / r.median:>18,.0f} {r.cpu_per_rep * 1e3:>10.1f} {r.rows_per_cpu_s:>11,.0f}")
-    print(f"Spark extras: createDataFrame x2 once {info['create_once_s'] * 1e3:.0f} ms, first join+collect "
-          f"{info['first_collect_s'] * 1e3:.0f} ms (untimed above), createDataFrame x2 median "
-          f"{info['create_median_s'] * 1e3:.1f} ms")
+        print(
+            f"{r.label:<52} {len(r.seconds):>4} {r.best * 1e3:>8.1f} {r.median * 1e3:>9.1f} {r.rows_per_s:>16,.0f} "
+            f"{r.best_rows_per_s:>14,.0f} {r.records / r.median:>18,.0f} {r.cpu_per_rep * 1e3:>10.1f} {r.rows_per_cpu_s:>11,.0f}"
+        )
+    print(
+        f"Spark extras: createDataFrame x2 once {info['create_once_s'] * 1e3:.0f} ms, first join+collect "
+        f"{info['first_collect_s'] * 1e3:.0f} ms (untimed above), createDataFrame x2 median "
+        f"{info['create_median_s'] * 1e3:.1f} ms"
+    )
     a, b, c, cplus = results
     print("ratio stream_ops / Spark (>1 = stream_ops faster): rows/s median, best, per CPU-second")
     for s in (a, b):
         tag = s.label.split(" ", 1)[0]
         for spark_run in (c, cplus):
             other = spark_run.label.split(" ", 1)[0]
-            print(f"  {tag} vs {other:<5} {s.rows_per_s / spark_run.rows_per_s:7.1f}x median  "
-                  f"{s.best_rows_per_s / spark_run.best_rows_per_s:7.1f}x best  "
-                  f"{s.rows_per_cpu_s / spark_run.rows_per_cpu_s:7.1f}x per CPU-s")
+            print(
+                f"  {tag} vs {other:<5} {s.rows_per_s / spark_run.rows_per_s:7.1f}x median  "
+                f"{s.best_rows_per_s / spark_run.best_rows_per_s:7.1f}x best  "
+                f"{s.rows_per_cpu_s / spark_run.rows_per_cpu_s:7.1f}x per CPU-s"
+            )
 
 
 # --- main --------------------------------------------------------------------------------
@@ -390,8 +409,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30, help="timed repetitions of (a) and (b)")
     parser.add_argument("--spark-reps", type=int, default=20, help="timed repetitions of (c)")
     parser.add_argument("--spark-create-reps", type=int, default=10, help="timed repetitions of (c+)")
-    parser.add_argument("--spark-budget", type=float, default=8.0,
-                        help=f"seconds per timed Spark series; stops early after >= {MIN_REPS} reps once exceeded")
+    parser.add_argument(
+        "--spark-budget",
+        type=float,
+        default=8.0,
+        help=f"seconds per timed Spark series; stops early after >= {MIN_REPS} reps once exceeded",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each timed series")
     parser.add_argument("--joins", nargs="+", choices=["inner", "left"], default=["inner", "left"])
     args = parser.parse_args()
@@ -403,10 +426,14 @@ def main() -> None:
     session_s = time.perf_counter() - t
     try:
         print_machine(spark)
-        print(f"host:     {load_line()} at start (the Python join uses one core; >{os.cpu_count()} means other "
-              "processes compete for the CPUs and every number below is pessimistic)")
-        print(f"SparkSession ready in {session_s:.1f} s; seed {args.seed}; reps (a)/(b) {args.reps}, (c) {args.spark_reps}, "
-              f"(c+) {args.spark_create_reps}, {args.warmup} warm-up runs each")
+        print(
+            f"host:     {load_line()} at start (the Python join uses one core; >{os.cpu_count()} means other "
+            "processes compete for the CPUs and every number below is pessimistic)"
+        )
+        print(
+            f"SparkSession ready in {session_s:.1f} s; seed {args.seed}; reps (a)/(b) {args.reps}, (c) {args.spark_reps}, "
+            f"(c+) {args.spark_create_reps}, {args.warmup} warm-up runs each"
+        )
         for how in args.joins:
             data = make_data(how, args.orders, args.users, args.unmatched, args.seed)
             n_missing = sum(1 for r in data.expected if r[3] is None)
@@ -415,8 +442,7 @@ def main() -> None:
             results += [warm, cold]
             print_block(data, results, info, n_missing)
         print()
-        print(f"all results verified against a dict-lookup join; total {time.perf_counter() - started:.1f} s; "
-              f"{load_line()}")
+        print(f"all results verified against a dict-lookup join; total {time.perf_counter() - started:.1f} s; {load_line()}")
     finally:
         spark.sparkContext.setLogLevel("OFF")
         spark.stop()

@@ -40,12 +40,12 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from importlib.metadata import version  # noqa: E402
+from importlib.metadata import version
 
-import pyarrow  # noqa: E402
-from rocksdict import Options, Rdict  # noqa: E402
+import pyarrow
+from rocksdict import Options, Rdict
 
-from stream_ops.state import (  # noqa: E402
+from stream_ops.state import (
     OpaqueValue,
     RocksDBBackingMap,
     StateTopicQueue,
@@ -53,7 +53,7 @@ from stream_ops.state import (  # noqa: E402
     rebuild_store,
     write_snapshot,
 )
-from stream_ops.topics.file_topic import FileTopic  # noqa: E402
+from stream_ops.topics.file_topic import FileTopic
 
 T = TypeVar("T")
 
@@ -227,7 +227,7 @@ def check_same_bytes(others: list[Path], *paths: Path) -> None:
     stores = [Rdict(str(path), Options(raw_mode=True)) for path in [*others, *paths]]
     try:
         rows = 0
-        for rows, items in enumerate(zip_longest(*(store.items() for store in stores)), 1):
+        for rows, items in enumerate(zip_longest(*(store.items() for store in stores)), 1):  # noqa: B007 - the count is used after the loop
             if any(item != items[0] for item in items[1:]):
                 raise SystemExit(f"MISMATCH in the raw contents of {', '.join(str(p) for p in [*others, *paths])}")
     finally:

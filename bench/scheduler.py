@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream_ops.scheduler import Slot, assign, moved_tasks, sort_slots  # noqa: E402
+from stream_ops.scheduler import Slot, assign, moved_tasks, sort_slots
 
 
 def _best_of(repeat: int, fn):  # type: ignore[no-untyped-def]
@@ -47,10 +47,7 @@ def main() -> None:
     tasks = list(range(args.tasks))
     workers = args.workers or len(slots)
 
-    print(
-        f"machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, "
-        f"Python {platform.python_version()}"
-    )
+    print(f"machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
     print(
         f"input:   {len(tasks):,} tasks, {len(slots):,} slots "
         f"({args.hosts:,} hosts x {args.ports} ports), num_workers={workers:,}"
@@ -67,10 +64,7 @@ def main() -> None:
     )
 
     t_same, same = _best_of(args.repeat, lambda: assign(tasks, slots, workers, previous=fresh))
-    print(
-        f"assign again, nothing changed:      {t_same * 1000:8.1f} ms  "
-        f"({len(moved_tasks(fresh, same)):,} tasks moved)"
-    )
+    print(f"assign again, nothing changed:      {t_same * 1000:8.1f} ms  ({len(moved_tasks(fresh, same)):,} tasks moved)")
 
     rng = random.Random(42)
     dead = set(rng.sample(slots, int(len(slots) * args.dead)))

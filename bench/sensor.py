@@ -32,23 +32,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import dagster as dg  # noqa: E402
+import dagster as dg
 
-from stream_ops.config import ClusterConfig, ZooKeeperConfig  # noqa: E402
-from stream_ops.coordination.embedded import EmbeddedZooKeeper  # noqa: E402
-from stream_ops.coordination.paths import ZkPaths  # noqa: E402
-from stream_ops.coordination.records import (  # noqa: E402
+from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import (
     HeartbeatRecord,
     OwnerRecord,
     TransactionalRecord,
     WorkerRecord,
 )
-from stream_ops.coordination.store import ZkStore, encode_json  # noqa: E402
-from stream_ops.examples.wordcount import build_wordcount  # noqa: E402
-from stream_ops.nimbus.assignment import read_assignment  # noqa: E402
-from stream_ops.nimbus.status import describe_topology  # noqa: E402
-from stream_ops.nimbus.submission import submit  # noqa: E402
-from stream_ops.orchestration import ZooKeeperResource, build_heartbeat_sensor, build_jobs  # noqa: E402
+from stream_ops.coordination.store import ZkStore, encode_json
+from stream_ops.examples.wordcount import build_wordcount
+from stream_ops.nimbus.assignment import read_assignment
+from stream_ops.nimbus.status import describe_topology
+from stream_ops.nimbus.submission import submit
+from stream_ops.orchestration import ZooKeeperResource, build_heartbeat_sensor, build_jobs
 
 WORKERS = tuple(f"127.0.0.1:{6700 + i}" for i in range(10))
 
@@ -87,8 +87,16 @@ def write_task_nodes(store: ZkStore, topology_id: str, txid: int, *, create: boo
             continue
         owner = OwnerRecord(worker_id=worker_id, epoch=1, since=now)
         beat = HeartbeatRecord(
-            worker_id=worker_id, time=now, epoch=1, txid_in_flight=txid + 1, committed_txid=txid,
-            rows_per_s=120.0, rows_out_per_s=80.0, lag_files=1, state_keys=1000, dead_letters=0,
+            worker_id=worker_id,
+            time=now,
+            epoch=1,
+            txid_in_flight=txid + 1,
+            committed_txid=txid,
+            rows_per_s=120.0,
+            rows_out_per_s=80.0,
+            lag_files=1,
+            state_keys=1000,
+            dead_letters=0,
         )
         committed = TransactionalRecord(committed_txid=txid, committed_epoch=1, epoch=1)
         for path, record, persistent in (
@@ -182,8 +190,11 @@ def run(zookeeper: EmbeddedZooKeeper, home: Path, args: Any) -> None:
 
         jobs = build_jobs(topology_names=names)
         sensor = build_heartbeat_sensor(
-            topology_names=names, heartbeat_timeout_s=10.0, launch_grace_s=0.0,
-            rebalance_job=jobs.rebalance, worker_job=jobs.worker,
+            topology_names=names,
+            heartbeat_timeout_s=10.0,
+            launch_grace_s=0.0,
+            rebalance_job=jobs.rebalance,
+            worker_job=jobs.worker,
         )
         resource = ZooKeeperResource(hosts=zk_config.hosts, chroot=zk_config.chroot, session_timeout_s=10.0)
 

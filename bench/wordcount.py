@@ -44,24 +44,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyspark  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from stream_ops import OpaqueMapState, TransactionalMapState  # noqa: E402
-from stream_ops.config import ClusterConfig, ZooKeeperConfig  # noqa: E402
-from stream_ops.coordination.embedded import EmbeddedZooKeeper  # noqa: E402
-from stream_ops.coordination.paths import ZkPaths  # noqa: E402
-from stream_ops.coordination.store import ZkStore  # noqa: E402
-from stream_ops.errors import QueryError  # noqa: E402
-from stream_ops.examples.wordcount import build_wordcount  # noqa: E402
-from stream_ops.local_stack import free_port  # noqa: E402
-from stream_ops.nimbus import kill, submit  # noqa: E402
-from stream_ops.runtime.query_client import query_state  # noqa: E402
-from stream_ops.runtime.worker import Worker, WorkerSettings  # noqa: E402
-from stream_ops.spark.session import create_spark_session  # noqa: E402
-from stream_ops.topics.file_topic import FileTopic  # noqa: E402
-from stream_ops.topics.producer import produce  # noqa: E402
+from stream_ops import OpaqueMapState, TransactionalMapState
+from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import QueryError
+from stream_ops.examples.wordcount import build_wordcount
+from stream_ops.local_stack import free_port
+from stream_ops.nimbus import kill, submit
+from stream_ops.runtime.query_client import query_state
+from stream_ops.runtime.worker import Worker, WorkerSettings
+from stream_ops.spark.session import create_spark_session
+from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topics.producer import produce
 
 STATES = {"opaque": OpaqueMapState, "transactional": TransactionalMapState}
 QUEUES = 2
@@ -139,8 +139,15 @@ def _batch_progress(progress: Sequence[Any]) -> list[Any]:
 
 
 def run_plain(
-    spark: SparkSession, topic: FileTopic, work: Path, expected: dict[str, int], *, label: str, n_sentences: int,
-    trigger_s: float, max_files: int,
+    spark: SparkSession,
+    topic: FileTopic,
+    work: Path,
+    expected: dict[str, int],
+    *,
+    label: str,
+    n_sentences: int,
+    trigger_s: float,
+    max_files: int,
 ) -> RunResult:
     """Plain Structured Streaming word count on ``topic``'s queue directories."""
     counts: dict[str, int] = {}
@@ -153,9 +160,7 @@ def run_plain(
                 counts[row["word"]] = int(row["count"])
 
     sentences = (
-        spark.readStream.option("maxFilesPerTrigger", max_files)
-        .schema("sentence string")
-        .json(str(topic.root / "queue-*"))
+        spark.readStream.option("maxFilesPerTrigger", max_files).schema("sentence string").json(str(topic.root / "queue-*"))
     )
     words = sentences.select(F.explode(F.split("sentence", " ")).alias("word")).groupBy("word").count()
     started = time.perf_counter()
@@ -204,10 +209,17 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0
 class WorkerThread:
     """A stream_ops Worker running on a thread with the shared SparkSession."""
 
-    def __init__(self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int) -> None:
+    def __init__(
+        self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int
+    ) -> None:
         settings = WorkerSettings(
-            host="127.0.0.1", port=free_port(), trigger_seconds=trigger_s, max_files_per_trigger=max_files,
-            heartbeat_interval_s=1.0, spark_master=SPARK_MASTER, launched_by="bench",
+            host="127.0.0.1",
+            port=free_port(),
+            trigger_seconds=trigger_s,
+            max_files_per_trigger=max_files,
+            heartbeat_interval_s=1.0,
+            spark_master=SPARK_MASTER,
+            launched_by="bench",
         )
         self.worker = Worker(zk, cluster, settings, spark_factory=lambda: spark)
         self.stop_event = threading.Event()
@@ -224,8 +236,18 @@ class WorkerThread:
 
 
 def run_stream_ops(
-    store: ZkStore, cluster: ClusterConfig, worker: WorkerThread, input_root: Path, expected: dict[str, int], *,
-    name: str, state: str, n_sentences: int, poll_s: float, timeout_s: float, label: str,
+    store: ZkStore,
+    cluster: ClusterConfig,
+    worker: WorkerThread,
+    input_root: Path,
+    expected: dict[str, int],
+    *,
+    name: str,
+    state: str,
+    n_sentences: int,
+    poll_s: float,
+    timeout_s: float,
+    label: str,
 ) -> RunResult:
     """Submit the word count, wait for exact counts, read the runners' stats, kill it."""
     topology = build_wordcount(input_root, name=name, queues=QUEUES, state=STATES[state])
@@ -244,8 +266,10 @@ def run_stream_ops(
             break
         if time.monotonic() > deadline:
             wrong = {w: (last.get(w), n) for w, n in expected.items() if last.get(w) != n}
-            raise SystemExit(f"stream_ops ({state}) did not reach the ground truth in {timeout_s:.0f} s; "
-                             f"{len(wrong)} words differ, e.g. {list(wrong.items())[:5]}")
+            raise SystemExit(
+                f"stream_ops ({state}) did not reach the ground truth in {timeout_s:.0f} s; "
+                f"{len(wrong)} words differ, e.g. {list(wrong.items())[:5]}"
+            )
         time.sleep(poll_s)
     seconds = time.perf_counter() - started
 
@@ -340,59 +364,83 @@ def report(
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     plain = results[0]
     print()
-    print(f"machine:  {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, "
-          f"Python {platform.python_version()}, pyspark {pyspark.__version__}, Java {java}")
-    print(f"load:     1-min load average {load[0]:.2f} before the runs, {os.getloadavg()[0]:.2f} after "
-          f"(above ~0.5 other processes shared the {os.cpu_count()} cpus and the figures are low)")
-    print(f"input:    {args.sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
-          f"{n_files} files of <= {args.records_per_file:,} sentences in {QUEUES} queues")
-    print(f"settings: {SPARK_MASTER}, shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
-          f"trigger processingTime {args.trigger} s (both), maxFilesPerTrigger {args.max_files_per_trigger} "
-          f"(per query: plain Spark 1 query over both queues; stream_ops 1 query per task)")
-    print("timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
-          f"query matching the ground truth (polled every {args.poll} s)")
+    print(
+        f"machine:  {platform.platform()}, {platform.machine()}, {os.cpu_count()} cpus, "
+        f"Python {platform.python_version()}, pyspark {pyspark.__version__}, Java {java}"
+    )
+    print(
+        f"load:     1-min load average {load[0]:.2f} before the runs, {os.getloadavg()[0]:.2f} after "
+        f"(above ~0.5 other processes shared the {os.cpu_count()} cpus and the figures are low)"
+    )
+    print(
+        f"input:    {args.sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
+        f"{n_files} files of <= {args.records_per_file:,} sentences in {QUEUES} queues"
+    )
+    print(
+        f"settings: {SPARK_MASTER}, shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
+        f"trigger processingTime {args.trigger} s (both), maxFilesPerTrigger {args.max_files_per_trigger} "
+        f"(per query: plain Spark 1 query over both queues; stream_ops 1 query per task)"
+    )
+    print(
+        "timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
+        f"query matching the ground truth (polled every {args.poll} s)"
+    )
     print()
-    header = (f"{'run':<34} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
-              f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'stage ms/batch src':>18} "
-              f"{'commit ms/batch src/keyed':>26}")
+    header = (
+        f"{'run':<34} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
+        f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'stage ms/batch src':>18} "
+        f"{'commit ms/batch src/keyed':>26}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         ratio = r.words_per_s / plain.words_per_s
-        print(f"{r.label:<34} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
-              f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} "
-              f"{_fmt(r.stage_ms_per_batch.get('source'), '.1f'):>18} {_pair(r.commit_ms_per_batch, '.1f'):>26}")
-    print("columns: batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
-          "mean batch ms = Spark's triggerExecution per such batch; stage ms/batch = writing the shuffle files "
-          "(TaskStats.stage_ms_total / batches); commit ms/batch = TaskStats.commit_ms_total / batches "
-          "(source: ZooKeeper commit and publish; keyed: state topic, RocksDB write and ZooKeeper commit)")
+        print(
+            f"{r.label:<34} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
+            f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} "
+            f"{_fmt(r.stage_ms_per_batch.get('source'), '.1f'):>18} {_pair(r.commit_ms_per_batch, '.1f'):>26}"
+        )
+    print(
+        "columns: batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
+        "mean batch ms = Spark's triggerExecution per such batch; stage ms/batch = writing the shuffle files "
+        "(TaskStats.stage_ms_total / batches); commit ms/batch = TaskStats.commit_ms_total / batches "
+        "(source: ZooKeeper commit and publish; keyed: state topic, RocksDB write and ZooKeeper commit)"
+    )
     fsync_runs = {r.label: r for r in results[1:]}
     for r in results[1:]:
         if "fsync on" in r.label and (off := fsync_runs.get(r.label.replace("fsync on", "fsync off"))) is not None:
             cost = {k: r.commit_ms_per_batch.get(k, 0.0) - off.commit_ms_per_batch.get(k, 0.0) for k in ("source", "keyed")}
             staged = r.stage_ms_per_batch.get("source", 0.0) - off.stage_ms_per_batch.get("source", 0.0)
-            print(f"fsync cost ({r.label.split('(')[1].split(',')[0]}): source stage {staged + cost['source']:+.1f} ms/batch "
-                  f"(staging {staged:+.1f}, commit {cost['source']:+.1f}), keyed stage {cost['keyed']:+.1f} ms/batch; "
-                  f"throughput {r.words_per_s / off.words_per_s:.2f}x of the run without fsync")
+            print(
+                f"fsync cost ({r.label.split('(')[1].split(',')[0]}): source stage {staged + cost['source']:+.1f} ms/batch "
+                f"(staging {staged:+.1f}, commit {cost['source']:+.1f}), keyed stage {cost['keyed']:+.1f} ms/batch; "
+                f"throughput {r.words_per_s / off.words_per_s:.2f}x of the run without fsync"
+            )
     on, off = fsync_probe
-    print(f"one staged batch file of {args.vocabulary:,} lines (what a source task writes per keyed queue): "
-          f"{on:.2f} ms with fsync of file and directory, {off:.2f} ms without (+{on - off:.2f} ms per file; a source "
-          f"batch writes one per keyed queue, a keyed batch one state-topic file; median of {args.fsync_repeats})")
+    print(
+        f"one staged batch file of {args.vocabulary:,} lines (what a source task writes per keyed queue): "
+        f"{on:.2f} ms with fsync of file and directory, {off:.2f} ms without (+{on - off:.2f} ms per file; a source "
+        f"batch writes one per keyed queue, a keyed batch one state-topic file; median of {args.fsync_repeats})"
+    )
     for r in results[1:]:
         if r.startup_s is not None:
             print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
     print()
     print("README (Markdown):")
-    print("| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | stage + commit ms/batch (source / keyed) |")
+    print(
+        "| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | stage + commit ms/batch (source / keyed) |"
+    )
     print("|---|---|---|---|---|---|")
     machine = f"{os.cpu_count()} cpus, {SPARK_MASTER}, trigger {args.trigger} s"
     inp = f"{args.sentences:,} sentences / {n_words:,} words"
     for r in results[1:]:
-        print(f"| {machine} | {inp} | {_si(plain.words_per_s)} ({plain.seconds:.1f} s) | "
-              f"{_si(r.words_per_s)} ({r.seconds:.1f} s, {r.label.split('(')[1].rstrip(')')}) | "
-              f"{r.words_per_s / plain.words_per_s:.2f}x | "
-              f"{r.stage_ms_per_batch.get('source', 0) + r.commit_ms_per_batch.get('source', 0):.1f} / "
-              f"{r.commit_ms_per_batch.get('keyed', 0):.1f} |")
+        print(
+            f"| {machine} | {inp} | {_si(plain.words_per_s)} ({plain.seconds:.1f} s) | "
+            f"{_si(r.words_per_s)} ({r.seconds:.1f} s, {r.label.split('(')[1].rstrip(')')}) | "
+            f"{r.words_per_s / plain.words_per_s:.2f}x | "
+            f"{r.stage_ms_per_batch.get('source', 0) + r.commit_ms_per_batch.get('source', 0):.1f} / "
+            f"{r.commit_ms_per_batch.get('keyed', 0):.1f} |"
+        )
 
 
 # --- main --------------------------------------------------------------------------------
@@ -405,8 +453,13 @@ def main() -> None:
     parser.add_argument("--vocabulary", type=int, default=1_000, help="distinct words")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--state", nargs="+", choices=sorted(STATES), default=["opaque"], help="stream_ops state kinds to run")
-    parser.add_argument("--fsync", nargs="+", choices=["on", "off"], default=["on", "off"],
-                        help="run stream_ops with batch files fsynced (the default setting) and/or without, to measure the cost")
+    parser.add_argument(
+        "--fsync",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="run stream_ops with batch files fsynced (the default setting) and/or without, to measure the cost",
+    )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
@@ -436,8 +489,11 @@ def main() -> None:
         topic = write_input(work / "input", sentences, args.records_per_file)
         n_files = sum(len(topic.files(q)) for q in range(QUEUES))
         n_words = sum(expected.values())
-        print(f"input: {len(sentences):,} sentences, {n_words:,} words, {len(expected):,} distinct, {n_files} files "
-              f"written in {time.perf_counter() - t:.1f} s", flush=True)
+        print(
+            f"input: {len(sentences):,} sentences, {n_words:,} words, {len(expected):,} distinct, {n_files} files "
+            f"written in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         del sentences
 
         zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0, insecure=True)
@@ -455,19 +511,41 @@ def main() -> None:
                 warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
                 warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
                 run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-                run_stream_ops(store, cluster, worker, warm_topic.root, warm_expected, name="wc-warmup",
-                               state=args.state[0], n_sentences=len(warm), poll_s=args.poll, timeout_s=args.timeout,
-                               label="warmup")
-                print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s",
-                      flush=True)
+                run_stream_ops(
+                    store,
+                    cluster,
+                    worker,
+                    warm_topic.root,
+                    warm_expected,
+                    name="wc-warmup",
+                    state=args.state[0],
+                    n_sentences=len(warm),
+                    poll_s=args.poll,
+                    timeout_s=args.timeout,
+                    label="warmup",
+                )
+                print(
+                    f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s",
+                    flush=True,
+                )
                 load_before = os.getloadavg()
             if not results:
                 results.append(run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common))
                 print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
             for state in args.state:
-                result = run_stream_ops(store, cluster, worker, topic.root, expected, name=f"wc-{state}-fsync-{mode}",
-                                        state=state, n_sentences=args.sentences, poll_s=args.poll,
-                                        timeout_s=args.timeout, label=f"{state}, fsync {mode}")
+                result = run_stream_ops(
+                    store,
+                    cluster,
+                    worker,
+                    topic.root,
+                    expected,
+                    name=f"wc-{state}-fsync-{mode}",
+                    state=state,
+                    n_sentences=args.sentences,
+                    poll_s=args.poll,
+                    timeout_s=args.timeout,
+                    label=f"{state}, fsync {mode}",
+                )
                 print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
                 results.append(result)
             worker.stop()

@@ -169,42 +169,107 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
-@click.option("--zookeeper", envvar="STREAM_OPS_ZOOKEEPER", default=DEFAULT_ZOOKEEPER, show_default=True,
-              help="ZooKeeper hosts (host:port,...); env STREAM_OPS_ZOOKEEPER.")
-@click.option("--chroot", envvar="STREAM_OPS_CHROOT", default=DEFAULT_CHROOT, show_default=True,
-              help="Root znode of this cluster; env STREAM_OPS_CHROOT.")
-@click.option("--home", envvar="STREAM_OPS_HOME", default=_UnderCwd("var/stream_ops"), show_default=True,
-              type=click.Path(path_type=Path), callback=_absolute_path,
-              help="Shared directory for dist store, topics, checkpoints (made absolute at start); env STREAM_OPS_HOME.")
-@click.option("--session-timeout", envvar="STREAM_OPS_SESSION_TIMEOUT", default=10.0, show_default=True,
-              help="ZooKeeper session timeout (s); env STREAM_OPS_SESSION_TIMEOUT.")
-@click.option("--zk-auth", envvar="STREAM_OPS_ZK_AUTH", default=None, metavar="USER:PASSWORD",
-              help="The cluster's ZooKeeper digest credentials: every znode stream_ops creates is then "
-                   "writable only by them, and the chroot must be the cluster's own. Prefer --zk-auth-file "
-                   "(a flag shows in ps; env STREAM_OPS_ZK_AUTH is inherited by child processes).")
-@click.option("--zk-auth-file", envvar="STREAM_OPS_ZK_AUTH_FILE", default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=_absolute_path,
-              help="File whose first line is the ZooKeeper credentials USER:PASSWORD (chmod 600); preferred "
-                   "over --zk-auth; env STREAM_OPS_ZK_AUTH_FILE.")
-@click.option("--zk-open-reads/--no-zk-open-reads", envvar="STREAM_OPS_ZK_OPEN_READS", default=False, show_default=True,
-              help="With --zk-auth, let anyone read the znodes (writes stay the cluster's); env STREAM_OPS_ZK_OPEN_READS.")
-@click.option("--local-dir", envvar="STREAM_OPS_LOCAL_DIR", default=None, type=click.Path(path_type=Path),
-              help="This machine's RocksDB stores (default <home>/local); env STREAM_OPS_LOCAL_DIR.")
-@click.option("--query-token", envvar="STREAM_OPS_QUERY_TOKEN", default=None, metavar="TOKEN",
-              help="Bearer token of state queries, overriding the one derived from --zk-auth. Prefer env "
-                   "STREAM_OPS_QUERY_TOKEN or --query-token-file (a flag shows in ps).")
-@click.option("--query-token-file", envvar="STREAM_OPS_QUERY_TOKEN_FILE", default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="File holding the state-query token (instead of --query-token); env STREAM_OPS_QUERY_TOKEN_FILE.")
-@click.option("--query-tls-ca", envvar="STREAM_OPS_QUERY_TLS_CA", default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="PEM CA bundle of the workers' query certificates: state queries then use https; "
-                   "env STREAM_OPS_QUERY_TLS_CA.")
+@click.option(
+    "--zookeeper",
+    envvar="STREAM_OPS_ZOOKEEPER",
+    default=DEFAULT_ZOOKEEPER,
+    show_default=True,
+    help="ZooKeeper hosts (host:port,...); env STREAM_OPS_ZOOKEEPER.",
+)
+@click.option(
+    "--chroot",
+    envvar="STREAM_OPS_CHROOT",
+    default=DEFAULT_CHROOT,
+    show_default=True,
+    help="Root znode of this cluster; env STREAM_OPS_CHROOT.",
+)
+@click.option(
+    "--home",
+    envvar="STREAM_OPS_HOME",
+    default=_UnderCwd("var/stream_ops"),
+    show_default=True,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="Shared directory for dist store, topics, checkpoints (made absolute at start); env STREAM_OPS_HOME.",
+)
+@click.option(
+    "--session-timeout",
+    envvar="STREAM_OPS_SESSION_TIMEOUT",
+    default=10.0,
+    show_default=True,
+    help="ZooKeeper session timeout (s); env STREAM_OPS_SESSION_TIMEOUT.",
+)
+@click.option(
+    "--zk-auth",
+    envvar="STREAM_OPS_ZK_AUTH",
+    default=None,
+    metavar="USER:PASSWORD",
+    help="The cluster's ZooKeeper digest credentials: every znode stream_ops creates is then "
+    "writable only by them, and the chroot must be the cluster's own. Prefer --zk-auth-file "
+    "(a flag shows in ps; env STREAM_OPS_ZK_AUTH is inherited by child processes).",
+)
+@click.option(
+    "--zk-auth-file",
+    envvar="STREAM_OPS_ZK_AUTH_FILE",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_absolute_path,
+    help="File whose first line is the ZooKeeper credentials USER:PASSWORD (chmod 600); preferred "
+    "over --zk-auth; env STREAM_OPS_ZK_AUTH_FILE.",
+)
+@click.option(
+    "--zk-open-reads/--no-zk-open-reads",
+    envvar="STREAM_OPS_ZK_OPEN_READS",
+    default=False,
+    show_default=True,
+    help="With --zk-auth, let anyone read the znodes (writes stay the cluster's); env STREAM_OPS_ZK_OPEN_READS.",
+)
+@click.option(
+    "--local-dir",
+    envvar="STREAM_OPS_LOCAL_DIR",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="This machine's RocksDB stores (default <home>/local); env STREAM_OPS_LOCAL_DIR.",
+)
+@click.option(
+    "--query-token",
+    envvar="STREAM_OPS_QUERY_TOKEN",
+    default=None,
+    metavar="TOKEN",
+    help="Bearer token of state queries, overriding the one derived from --zk-auth. Prefer env "
+    "STREAM_OPS_QUERY_TOKEN or --query-token-file (a flag shows in ps).",
+)
+@click.option(
+    "--query-token-file",
+    envvar="STREAM_OPS_QUERY_TOKEN_FILE",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the state-query token (instead of --query-token); env STREAM_OPS_QUERY_TOKEN_FILE.",
+)
+@click.option(
+    "--query-tls-ca",
+    envvar="STREAM_OPS_QUERY_TLS_CA",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM CA bundle of the workers' query certificates: state queries then use https; env STREAM_OPS_QUERY_TLS_CA.",
+)
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
-def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_timeout: float, zk_auth: str | None,
-         zk_auth_file: Path | None, zk_open_reads: bool, local_dir: Path | None, query_token: str | None,
-         query_token_file: Path | None, query_tls_ca: Path | None, log_level: str) -> None:
+def main(
+    ctx: click.Context,
+    zookeeper: str,
+    chroot: str,
+    home: Path,
+    session_timeout: float,
+    zk_auth: str | None,
+    zk_auth_file: Path | None,
+    zk_open_reads: bool,
+    local_dir: Path | None,
+    query_token: str | None,
+    query_token_file: Path | None,
+    query_tls_ca: Path | None,
+    log_level: str,
+) -> None:
     """Run Storm/Trident-style topologies on Spark Structured Streaming."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "py4j"):
@@ -231,8 +296,9 @@ def main(ctx: click.Context, zookeeper: str, chroot: str, home: Path, session_ti
     for name, path in (("STREAM_OPS_QUERY_TOKEN_FILE", query_token_file), ("STREAM_OPS_QUERY_TLS_CA", query_tls_ca)):
         if path is not None:
             os.environ[name] = str(path.resolve())
-    ctx.obj = _Context(zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir,
-                       query_token, query_token_file, query_tls_ca)
+    ctx.obj = _Context(
+        zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir, query_token, query_token_file, query_tls_ca
+    )
     # Files this process and its children create (dist store, topics, checkpoints) stay private.
     apply_umask(ctx.obj.cluster().umask)
 
@@ -248,8 +314,14 @@ def zookeeper() -> None:
 @zookeeper.command("start")
 @click.option("--port", default=2181, show_default=True, type=int)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--data-dir", default=_UnderCwd("var/zookeeper"), show_default=True, type=click.Path(path_type=Path),
-              callback=_absolute_path, help="Snapshots and transaction logs (made absolute at start).")
+@click.option(
+    "--data-dir",
+    default=_UnderCwd("var/zookeeper"),
+    show_default=True,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="Snapshots and transaction logs (made absolute at start).",
+)
 def zookeeper_start(port: int, host: str, data_dir: Path) -> None:
     """Run a ZooKeeper server until SIGTERM / Ctrl-C."""
     from stream_ops.coordination.embedded import EmbeddedZooKeeper, serve_forever
@@ -283,9 +355,11 @@ def produce(topic_path: Path, queues: int, key: str | None, input_file: Any) -> 
 
 #: ``--insecure`` of the processes that run or move tasks (worker, nimbus, supervisor).
 _INSECURE_OPTION = click.option(
-    "--insecure", is_flag=True, default=False,
+    "--insecure",
+    is_flag=True,
+    default=False,
     help="Run without ZooKeeper credentials, on a tree any client reaching ZooKeeper can rewrite (and so "
-         "choose what workers run). Only for a local single-user stack or tests; refused with --zk-auth.",
+    "choose what workers run). Only for a local single-user stack or tests; refused with --zk-auth.",
 )
 
 
@@ -350,13 +424,19 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
     if as_json:
         click.echo(json.dumps(result.to_json_obj(heartbeat_timeout), indent=2))
         return
-    click.echo(f"{result.topology_id}  {result.status}  health={result.health(heartbeat_timeout)}  "
-               f"assignment epoch={result.assignment_epoch}  workers={','.join(result.workers_live) or '-'}")
-    click.echo(f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>5} {'KEYS':>7} {'DLQ':>5}")
+    click.echo(
+        f"{result.topology_id}  {result.status}  health={result.health(heartbeat_timeout)}  "
+        f"assignment epoch={result.assignment_epoch}  workers={','.join(result.workers_live) or '-'}"
+    )
+    click.echo(
+        f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>5} {'KEYS':>7} {'DLQ':>5}"
+    )
     for t in result.tasks:
         age = "-" if t.heartbeat_age_s is None else f"{t.heartbeat_age_s:.1f}"
-        click.echo(f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
-                   f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {t.lag_files:>5} {t.state_keys:>7} {t.dead_letters:>5}")
+        click.echo(
+            f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
+            f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {t.lag_files:>5} {t.state_keys:>7} {t.dead_letters:>5}"
+        )
     for line in result.problems():
         click.echo(f"  ! {line}")
 
@@ -455,11 +535,21 @@ def compact(obj: _Context, name: str, stages: tuple[str, ...], queues: tuple[int
 
     with obj.store() as store:
         done = compact_state(store, obj.cluster(), name, stages=stages, queues=queues)
-    click.echo(json.dumps([
-        {"stage": d.stage, "queue": d.queue, "txid": d.committed_txid, "skipped": d.skipped,
-         "keys": d.result.snapshot.keys if d.result else None, "deleted_files": d.result.deleted_files if d.result else 0}
-        for d in done
-    ]))
+    click.echo(
+        json.dumps(
+            [
+                {
+                    "stage": d.stage,
+                    "queue": d.queue,
+                    "txid": d.committed_txid,
+                    "skipped": d.skipped,
+                    "keys": d.result.snapshot.keys if d.result else None,
+                    "deleted_files": d.result.deleted_files if d.result else 0,
+                }
+                for d in done
+            ]
+        )
+    )
 
 
 @main.command("secure-tree")
@@ -498,7 +588,11 @@ def nimbus(obj: _Context, interval: float, task_timeout: float, launch_grace: fl
     zk_config = obj.secured_zk_config("nimbus", insecure)
     stop = _stop_on_signals()
     run_nimbus(
-        zk_config, stop, interval_s=interval, task_timeout_s=task_timeout, launch_grace_s=launch_grace,
+        zk_config,
+        stop,
+        interval_s=interval,
+        task_timeout_s=task_timeout,
+        launch_grace_s=launch_grace,
         on_action=lambda ident, action: click.echo(json.dumps(action.to_json_obj())),
     )
 
@@ -536,20 +630,45 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
 @click.option("--launched-by", default="cli", show_default=True)
-@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              help="Spark setting of this worker's application (repeatable), e.g. spark.driver.host=10.0.0.5.")
-@click.option("--query-tls-cert", envvar="STREAM_OPS_QUERY_TLS_CERT", default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="PEM certificate (chain) of the query server, naming --host: serve https (needs --query-tls-ca); "
-                   "env STREAM_OPS_QUERY_TLS_CERT.")
-@click.option("--query-tls-key", envvar="STREAM_OPS_QUERY_TLS_KEY", default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="PEM private key of --query-tls-cert; env STREAM_OPS_QUERY_TLS_KEY.")
+@click.option(
+    "--spark-conf",
+    "spark_conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Spark setting of this worker's application (repeatable), e.g. spark.driver.host=10.0.0.5.",
+)
+@click.option(
+    "--query-tls-cert",
+    envvar="STREAM_OPS_QUERY_TLS_CERT",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate (chain) of the query server, naming --host: serve https (needs --query-tls-ca); "
+    "env STREAM_OPS_QUERY_TLS_CERT.",
+)
+@click.option(
+    "--query-tls-key",
+    envvar="STREAM_OPS_QUERY_TLS_KEY",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM private key of --query-tls-cert; env STREAM_OPS_QUERY_TLS_KEY.",
+)
 @_INSECURE_OPTION
 @pass_ctx
-def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_master: str, trigger_seconds: float,
-           max_files_per_trigger: int, heartbeat_interval: float, launched_by: str, spark_conf: tuple[str, ...],
-           query_tls_cert: Path | None, query_tls_key: Path | None, insecure: bool) -> None:
+def worker(
+    obj: _Context,
+    host: str,
+    port: int,
+    bind_host: str | None,
+    spark_master: str,
+    trigger_seconds: float,
+    max_files_per_trigger: int,
+    heartbeat_interval: float,
+    launched_by: str,
+    spark_conf: tuple[str, ...],
+    query_tls_cert: Path | None,
+    query_tls_key: Path | None,
+    insecure: bool,
+) -> None:
     """Run a worker slot until SIGTERM / Ctrl-C."""
     from stream_ops.runtime.worker import Worker, WorkerSettings
 
@@ -566,9 +685,15 @@ def worker(obj: _Context, host: str, port: int, bind_host: str | None, spark_mas
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--spark-conf")
         conf[key.strip()] = value
     settings = WorkerSettings(
-        host=host, port=port, bind_host=bind_host or host, spark_master=spark_master, spark_conf=conf,
-        trigger_seconds=trigger_seconds, max_files_per_trigger=max_files_per_trigger,
-        heartbeat_interval_s=heartbeat_interval, launched_by=launched_by,
+        host=host,
+        port=port,
+        bind_host=bind_host or host,
+        spark_master=spark_master,
+        spark_conf=conf,
+        trigger_seconds=trigger_seconds,
+        max_files_per_trigger=max_files_per_trigger,
+        heartbeat_interval_s=heartbeat_interval,
+        launched_by=launched_by,
         query=obj.query_config(tls_cert=query_tls_cert, tls_key=query_tls_key),
     )
     stop = _stop_on_signals()
@@ -603,14 +728,15 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
 
 
 @main.command()
-@click.option("--workers", "num_workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker slots on this host.")
+@click.option(
+    "--workers", "num_workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker slots on this host."
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Host name the workers register under.")
 @click.option("--base-port", default=6700, show_default=True, type=int, help="Slots use ports base, base+1, ...")
 @click.option("--worker-arg", "worker_args", multiple=True, help="Extra option passed to every worker (repeatable).")
 @_INSECURE_OPTION
 @pass_ctx
-def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worker_args: tuple[str, ...],
-               insecure: bool) -> None:
+def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worker_args: tuple[str, ...], insecure: bool) -> None:
     """Keep N worker processes alive on this host, restarting any that dies."""
     from stream_ops.runtime.supervisor import Supervisor
 

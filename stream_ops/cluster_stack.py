@@ -53,8 +53,7 @@ def deployment_dir() -> Path:
     path = Path(__file__).resolve().parent.parent / "deployments" / "cluster"
     if not (path / "bin" / "_common.sh").is_file():
         raise StreamOpsError(
-            f"no cluster deployment scripts at {path}: ClusterStack runs them from a checkout of "
-            "the stream_ops repository"
+            f"no cluster deployment scripts at {path}: ClusterStack runs them from a checkout of the stream_ops repository"
         )
     return path
 
@@ -205,8 +204,7 @@ class ClusterStack:
             chroot=self.settings.get("STREAM_OPS_CHROOT", "/stream_ops"),
             session_timeout_s=float(self.settings.get("STREAM_OPS_SESSION_TIMEOUT", "10")),
             auth_digest=self.secrets.get("STREAM_OPS_ZK_AUTH") or None,
-            open_reads=bool(self.secrets.get("STREAM_OPS_ZK_AUTH"))
-            and self.settings.get("STREAM_OPS_ZK_OPEN_READS") == "true",
+            open_reads=bool(self.secrets.get("STREAM_OPS_ZK_AUTH")) and self.settings.get("STREAM_OPS_ZK_OPEN_READS") == "true",
         )
 
     @property

@@ -198,8 +198,7 @@ class QueryConfig(BaseModel):
             )
         if self.tls_cert is not None and self.tls_ca is None:
             raise ValueError(
-                "a worker serving TLS queries the other workers over TLS too (state_query): give tls_ca as well "
-                "(--query-tls-ca)"
+                "a worker serving TLS queries the other workers over TLS too (state_query): give tls_ca as well (--query-tls-ca)"
             )
         return self
 

@@ -91,7 +91,9 @@ def _auth_finding(zookeeper: ZooKeeperConfig) -> Finding:
     if zookeeper.auth_credentials():
         return Finding("zookeeper", "digest credentials", True, "every znode the cluster writes carries its digest ACL")
     return Finding(
-        "zookeeper", "digest credentials", False,
+        "zookeeper",
+        "digest credentials",
+        False,
         "none: any client that reaches ZooKeeper can rewrite /storms and the assignments (choose the code workers "
         "run). Give the cluster credentials with --zk-auth-file (see deployments/cluster/README.md)",
     )
@@ -104,26 +106,34 @@ def _tree_finding(store: ZkStore, zookeeper: ZooKeeperConfig) -> Finding:
     if mismatches:
         shown = "; ".join(str(m) for m in mismatches[:3]) + (" ..." if len(mismatches) > 3 else "")
         return Finding(
-            "zookeeper", "the cluster owns its tree", False,
+            "zookeeper",
+            "the cluster owns its tree",
+            False,
             f"{len(mismatches)} znode(s) without the cluster ACL: {shown}. Run `stream-ops secure-tree` if they are "
             "the cluster's own",
         )
-    return Finding("zookeeper", "the cluster owns its tree", True, f"every znode under {zookeeper.chroot} carries the cluster ACL")
+    return Finding(
+        "zookeeper", "the cluster owns its tree", True, f"every znode under {zookeeper.chroot} carries the cluster ACL"
+    )
 
 
-def _query_findings(
-    store: ZkStore, zookeeper: ZooKeeperConfig, query: QueryConfig | None, timeout_s: float
-) -> Iterator[Finding]:
+def _query_findings(store: ZkStore, zookeeper: ZooKeeperConfig, query: QueryConfig | None, timeout_s: float) -> Iterator[Finding]:
     config = query or QueryConfig()
     token = query_token(config, zookeeper)
     yield Finding(
-        "query port", "bearer token", token is not None,
-        "queries carry a token (explicit or derived from the ZooKeeper digest)" if token is not None
+        "query port",
+        "bearer token",
+        token is not None,
+        "queries carry a token (explicit or derived from the ZooKeeper digest)"
+        if token is not None
         else "none: anyone who reaches a worker's port reads its state; configure --zk-auth or --query-token-file",
     )
     yield Finding(
-        "query port", "TLS", config.tls_ca is not None,
-        f"clients verify workers against {config.tls_ca}" if config.tls_ca is not None
+        "query port",
+        "TLS",
+        config.tls_ca is not None,
+        f"clients verify workers against {config.tls_ca}"
+        if config.tls_ca is not None
         else "off: tokens and state cross the network in clear text (--query-tls-cert/--query-tls-key/--query-tls-ca)",
     )
     access = QueryAccess.resolve(zookeeper, config)
@@ -163,12 +173,15 @@ def _files_finding(cluster: ClusterConfig, max_files: int) -> Finding:
     if loose:
         shown = ", ".join(loose[:3]) + (" ..." if len(loose) > 3 else "")
         return Finding(
-            "files", "data files 0640 / directories 0750", False,
+            "files",
+            "data files 0640 / directories 0750",
+            False,
             f"{len(loose)} of {seen} paths allow group writes or access by others, or are symlinks: {shown}. "
             "They were created before the cluster's umask (ClusterConfig.umask, 0o027) applied; chmod them",
         )
-    return Finding("files", "data files 0640 / directories 0750", True,
-                   f"{seen} paths under the dist store, topics and checkpoints checked")
+    return Finding(
+        "files", "data files 0640 / directories 0750", True, f"{seen} paths under the dist store, topics and checkpoints checked"
+    )
 
 
 def _walk(roots: list[Path], limit: int) -> Iterator[Path]:

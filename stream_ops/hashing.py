@@ -11,7 +11,6 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-
 _KEY_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 

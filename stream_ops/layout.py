@@ -32,11 +32,17 @@ class TopologyLayout:
 
     def shuffle_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The shuffle topic feeding a non-source stage (one queue per task of that stage)."""
-        return FileTopic(self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues, durable=self.cluster.fsync)
+        return FileTopic(
+            self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}",
+            keyed_stage.queues,
+            durable=self.cluster.fsync,
+        )
 
     def state_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The compacted state topic of a keyed stage (one queue per input queue)."""
-        return FileTopic(self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues, durable=self.cluster.fsync)
+        return FileTopic(
+            self.topics_dir / f"state-{keyed_stage.index:03d}-{keyed_stage.name}", keyed_stage.queues, durable=self.cluster.fsync
+        )
 
     def persist_topic(self, stage: StageSpec) -> FileTopic:
         """Staged tuples of a partition_persist stage's batches, kept until its State committed them."""

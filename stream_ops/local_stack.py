@@ -44,8 +44,11 @@ logger = logging.getLogger(__name__)
 
 #: Environment variables of the state-query settings (``stream-ops`` options and the Dagster code location).
 _QUERY_ENV = (
-    "STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_QUERY_TOKEN_FILE",
-    "STREAM_OPS_QUERY_TLS_CERT", "STREAM_OPS_QUERY_TLS_KEY", "STREAM_OPS_QUERY_TLS_CA",
+    "STREAM_OPS_QUERY_TOKEN",
+    "STREAM_OPS_QUERY_TOKEN_FILE",
+    "STREAM_OPS_QUERY_TLS_CERT",
+    "STREAM_OPS_QUERY_TLS_KEY",
+    "STREAM_OPS_QUERY_TLS_CA",
 )
 #: Environment variables of ZooKeeper credentials, never passed to the stack's processes.
 _ZK_AUTH_ENV = ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_ZK_OPEN_READS")
@@ -213,8 +216,9 @@ class LocalStack:
         cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "definitions", "-h", "127.0.0.1", "-p", str(port)]
         log = self.home / "logs" / "dagster.log"
         with open(log, "ab") as out:
-            self.dagster = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                            cwd=working_directory or Path.cwd(), start_new_session=True)
+            self.dagster = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=working_directory or Path.cwd(), start_new_session=True
+            )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -300,8 +304,15 @@ def wait_for_counts(
         time.sleep(0.5)
 
 
-def run_demo(stack: LocalStack, topology: Topology, input_topic: FileTopic, sentences: Sequence[str], *,
-             timeout_s: float = 180.0, query_words: Sequence[str] = ("how", "are", "you", "nice", "day")) -> dict[str, Any]:
+def run_demo(
+    stack: LocalStack,
+    topology: Topology,
+    input_topic: FileTopic,
+    sentences: Sequence[str],
+    *,
+    timeout_s: float = 180.0,
+    query_words: Sequence[str] = ("how", "are", "you", "nice", "day"),
+) -> dict[str, Any]:
     """Submit ``topology``, feed ``sentences``, wait for exact counts, return a few of them."""
     started = time.monotonic()
     with ZkStore.connect(stack.zk_config) as store:
@@ -310,5 +321,10 @@ def run_demo(stack: LocalStack, topology: Topology, input_topic: FileTopic, sent
         expected = expected_word_counts(sentences)
         wait_for_counts(store, topology.name, "words", expected, timeout_s=timeout_s, query_config=stack.query)
         shown = query_state(store, topology.name, "words", [[w] for w in query_words], query_config=stack.query)
-    return {"topology_id": topology_id, "sentences": len(sentences), "words": sum(expected.values()),
-            "seconds": round(time.monotonic() - started, 1), "counts": shown}
+    return {
+        "topology_id": topology_id,
+        "sentences": len(sentences),
+        "words": sum(expected.values()),
+        "seconds": round(time.monotonic() - started, 1),
+        "counts": shown,
+    }

@@ -122,4 +122,3 @@ def _restore_stream_ops_environment() -> Iterator[None]:
     for key in [k for k in os.environ if k.startswith("STREAM_OPS_") and k not in saved]:
         del os.environ[key]
     os.environ.update(saved)
-

@@ -264,9 +264,11 @@ def require_auth(config: ZooKeeperConfig, process: str) -> None:
             f"only, say so explicitly: `stream-ops {process} --insecure` (ZooKeeperConfig.insecure=True)"
         )
     logger.warning(
-        "%s runs INSECURE: ZooKeeper %s%s has no credentials, so any client that reaches it can change what this "
-        "%s runs",
-        process, config.hosts, config.chroot, process,
+        "%s runs INSECURE: ZooKeeper %s%s has no credentials, so any client that reaches it can change what this %s runs",
+        process,
+        config.hosts,
+        config.chroot,
+        process,
     )
 
 

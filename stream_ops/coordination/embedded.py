@@ -342,9 +342,7 @@ class EmbeddedZooKeeper:
             except BaseException:
                 self._terminate(grace_s=2.0)
                 raise
-            logger.info(
-                "ZooKeeper ready on %s (pid %s) in %.2fs", self.hosts, self.pid, time.monotonic() - started
-            )
+            logger.info("ZooKeeper ready on %s (pid %s) in %.2fs", self.hosts, self.pid, time.monotonic() - started)
 
     def _write_config(self) -> None:
         tick = self.tick_time_ms
@@ -542,8 +540,7 @@ def serve_forever(
             while not event.wait(poll_interval_s):
                 if not server.running:
                     raise ZooKeeperServerError(
-                        f"ZooKeeper on {server.hosts} exited unexpectedly; last lines of "
-                        f"{server.log_path}:\n{server.log_tail()}"
+                        f"ZooKeeper on {server.hosts} exited unexpectedly; last lines of {server.log_path}:\n{server.log_tail()}"
                     )
         finally:
             server.stop()

@@ -128,8 +128,7 @@ def parse_servers(spec: str) -> list[EnsembleServer]:
         parts = rest.rsplit(":", 3)
         if not sep or len(parts) != 4 or not parts[0]:
             raise ValueError(
-                f"ensemble entry {entry!r} must be id=host:quorumPort:electionPort:clientPort, "
-                "e.g. 1=zk1.internal:2888:3888:2181"
+                f"ensemble entry {entry!r} must be id=host:quorumPort:electionPort:clientPort, e.g. 1=zk1.internal:2888:3888:2181"
             )
         if not myid_text.isdigit() or not 1 <= int(myid_text) <= 255:
             raise ValueError(f"server id {myid_text!r} in {entry!r} must be a number 1..255")

@@ -57,9 +57,9 @@ from kazoo.exceptions import (
     ConnectionLoss,
     KazooException,
     NoAuthError,
-    NotEmptyError,
     NodeExistsError,
     NoNodeError,
+    NotEmptyError,
     OperationTimeoutError,
     RolledBackError,
     RuntimeInconsistency,
@@ -162,8 +162,7 @@ def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
         return ZnodeExistsError(f"cannot {action} {path}: the znode already exists")
     if isinstance(e, BadVersionError):
         return ConcurrentUpdateError(
-            f"cannot {action} {path}: its version changed since it was read (another writer won); "
-            "re-read it and try again"
+            f"cannot {action} {path}: its version changed since it was read (another writer won); re-read it and try again"
         )
     if isinstance(e, NoAuthError):
         return CoordinationError(
@@ -179,9 +178,7 @@ def _absolute(chroot: str, path: str) -> str:
     return path if chroot == "/" else f"{chroot}{'' if path == '/' else path}"
 
 
-def _foreign_nodes(
-    client: KazooClient, paths: list[str], acl: list[ACL], timeout: float
-) -> list[tuple[str, list[ACL] | None]]:
+def _foreign_nodes(client: KazooClient, paths: list[str], acl: list[ACL], timeout: float) -> list[tuple[str, list[ACL] | None]]:
     """``(path, its ACL)`` of each existing node in ``paths`` whose ACL is not ``acl``.
 
     The ACL is None when this session may not even read it. Missing nodes are skipped. The
@@ -489,11 +486,7 @@ class ZkStore:
                     raise _translate(e, action, path) from e
                 return missing
             except _RETRYABLE_READ as e:
-                if (
-                    self._closed
-                    or isinstance(e, ConnectionClosedError)
-                    or time.monotonic() + delay >= deadline
-                ):
+                if self._closed or isinstance(e, ConnectionClosedError) or time.monotonic() + delay >= deadline:
                     raise _translate(e, action, path) from e
                 logger.debug("retrying %s %s after %s", action, path, type(e).__name__)
                 self._sleep(delay)
@@ -563,9 +556,7 @@ class ZkStore:
             ZnodeNotFoundError: The node does not exist.
             CoordinationError: Not allowed (NoAuth) or the ACL is invalid.
         """
-        stat: ZnodeStat = self._write(
-            "set the ACL of", path, lambda: self._client.set_acls_async(path, acl, version=version)
-        )
+        stat: ZnodeStat = self._write("set the ACL of", path, lambda: self._client.set_acls_async(path, acl, version=version))
         return stat
 
     def create_json(
@@ -599,9 +590,7 @@ class ZkStore:
             self._write(
                 "create",
                 path,
-                lambda: self._client.create_async(
-                    path, raw, ephemeral=ephemeral, sequence=sequence, makepath=makepath
-                ),
+                lambda: self._client.create_async(path, raw, ephemeral=ephemeral, sequence=sequence, makepath=makepath),
             )
         )
 
@@ -665,9 +654,7 @@ class ZkStore:
             current = self.get_json(path)
             if current is None:
                 if default is _MISSING:
-                    raise ZnodeNotFoundError(
-                        f"cannot update {path}: the znode does not exist (pass default= to create it)"
-                    )
+                    raise ZnodeNotFoundError(f"cannot update {path}: the znode does not exist (pass default= to create it)")
                 new = fn(default)
                 version: int | None = None
             else:
@@ -827,8 +814,7 @@ class ZkStore:
                 "credentials (ZooKeeperConfig.auth_digest, CLI --zk-auth-file / STREAM_OPS_ZK_AUTH)"
             )
         raise TransactionFailedError(
-            f"transaction rolled back, nothing applied: operation {index} ({kind} {path}) failed "
-            f"with {reason}{hint}",
+            f"transaction rolled back, nothing applied: operation {index} ({kind} {path}) failed with {reason}{hint}",
             index=index,
             operation=kind,
             path=path,

@@ -25,12 +25,16 @@ class WordCounterPE(ProcessingElement):
         self.emit(word=self.key, count=self.count)
 
 
+EVERY_THIRD_EVENT = Trigger.count(3)
+"""The example's default trigger: ``on_trigger`` after every third event of a key."""
+
+
 def build_counter(
     input_path: str | os.PathLike[str],
     *,
     name: str = "pe-counter",
     queues: int = 1,
-    trigger: Trigger = Trigger.count(3),
+    trigger: Trigger = EVERY_THIRD_EVENT,
     ttl_seconds: float | None = None,
 ) -> Topology:
     """Sentences -> words -> one WordCounterPE per word -> latest count per word."""

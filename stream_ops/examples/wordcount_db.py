@@ -71,9 +71,13 @@ class WordCountState(State):
 
     def get(self, words: list[str]) -> list[int | None]:
         """Current counts of ``words`` (None for unknown words)."""
-        found = dict(self._db.execute(
-            f"select word, count from counts where word in ({','.join('?' * len(words))})", words
-        ).fetchall()) if words else {}
+        found = (
+            dict(
+                self._db.execute(f"select word, count from counts where word in ({','.join('?' * len(words))})", words).fetchall()
+            )
+            if words
+            else {}
+        )
         return [found.get(w) for w in words]
 
     def close(self) -> None:
@@ -109,8 +113,9 @@ class QueryWordCount(QueryFunction):
         collector.emit(result or 0)
 
 
-def build_wordcount_db(root: str | os.PathLike[str], *, kind: str = "transactional", name: str | None = None,
-                       queues: int = 2) -> Topology:
+def build_wordcount_db(
+    root: str | os.PathLike[str], *, kind: str = "transactional", name: str | None = None, queues: int = 2
+) -> Topology:
     """Sentences counted into WordCountDB; questions answered from it by state_query."""
     root = Path(root)
     topology = Topology(name or f"wordcount-db-{kind}")

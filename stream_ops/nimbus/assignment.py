@@ -89,9 +89,7 @@ def reassign(
             if usable:
                 slots = usable
             else:
-                logger.warning(
-                    "topology %s: every live slot is excluded (%s); using them all", topology_id, sorted(excluded)
-                )
+                logger.warning("topology %s: every live slot is excluded (%s); using them all", topology_id, sorted(excluded))
         if slots:
             placed = assign(
                 task_ids,
@@ -104,9 +102,7 @@ def reassign(
             logger.warning("topology %s: no live worker; its %d tasks wait unassigned", topology_id, len(task_ids))
             tasks = {}
         now = clock()
-        start_times = {
-            t: previous.start_times.get(t, now) if previous.tasks.get(t) == w else now for t, w in tasks.items()
-        }
+        start_times = {t: previous.start_times.get(t, now) if previous.tasks.get(t) == w else now for t, w in tasks.items()}
         record = AssignmentRecord(tasks=tasks, start_times=start_times)
         if current is not None and record.tasks == previous.tasks:
             return previous, current[1]

@@ -74,11 +74,21 @@ def compact_queue_locked(
         return QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet")
     with compaction_lock(store, layout.topology_id, task.task_id, timeout_s=lock_timeout_s):
         result = compact_queue(
-            StateTopicQueue(layout.state_topic(stage), queue), layout.snapshot_dir(stage, queue), committed,
-            committed_epoch=record.committed_epoch, delete_covered=delete_covered,
+            StateTopicQueue(layout.state_topic(stage), queue),
+            layout.snapshot_dir(stage, queue),
+            committed,
+            committed_epoch=record.committed_epoch,
+            delete_covered=delete_covered,
         )
-    logger.info("compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
-                layout.topology_id, stage.name, queue, committed, result.snapshot.keys, result.deleted_files)
+    logger.info(
+        "compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
+        layout.topology_id,
+        stage.name,
+        queue,
+        committed,
+        result.snapshot.keys,
+        result.deleted_files,
+    )
     return QueueCompaction(stage.name, queue, task.task_id, committed, result)
 
 

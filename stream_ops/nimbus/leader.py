@@ -143,9 +143,10 @@ class _Nimbus:
                 election.run(self._lead, election)
             except (KazooException, StreamOpsError) as e:
                 if not self.stop.is_set():
-                    logger.warning("nimbus %s: election round failed (%s: %s); contending again",
-                                   self.identifier, type(e).__name__, e)
-            except Exception:  # noqa: BLE001 - a bug must not end the nimbus silently
+                    logger.warning(
+                        "nimbus %s: election round failed (%s: %s); contending again", self.identifier, type(e).__name__, e
+                    )
+            except Exception:
                 logger.exception("nimbus %s: unexpected error; contending again", self.identifier)
             finally:
                 self._release(election)
@@ -190,9 +191,7 @@ class _Nimbus:
             return
         logger.info("nimbus %s is the leader", self.identifier)
         self._notify_leadership(True)
-        monitor = Monitor(
-            self.store, task_timeout_s=self.task_timeout_s, launch_grace_s=self.launch_grace_s, clock=self.clock
-        )
+        monitor = Monitor(self.store, task_timeout_s=self.task_timeout_s, launch_grace_s=self.launch_grace_s, clock=self.clock)
         paused = False
         try:
             while not self.stop.is_set():
@@ -225,7 +224,7 @@ class _Nimbus:
             return
         try:
             self.on_leadership(self.identifier, leading)
-        except Exception:  # noqa: BLE001 - a callback must not change who leads
+        except Exception:
             logger.exception("nimbus %s: on_leadership callback failed", self.identifier)
 
     def _tick(self, monitor: Monitor) -> None:
@@ -241,7 +240,7 @@ class _Nimbus:
             if self.on_action is not None:
                 try:
                     self.on_action(self.identifier, action)
-                except Exception:  # noqa: BLE001 - a callback must not stop the monitor
+                except Exception:
                     logger.exception("nimbus %s: on_action callback failed", self.identifier)
 
 

@@ -197,9 +197,7 @@ class HeartbeatTracker:
                 continue
             age = now - beat.changed_at
             if age > task_timeout_s:
-                dead[task_id] = (
-                    REASON_HEARTBEAT_MISSING if beat.fingerprint is None else f"{REASON_HEARTBEAT_STALE} {age:.1f} s"
-                )
+                dead[task_id] = REASON_HEARTBEAT_MISSING if beat.fingerprint is None else f"{REASON_HEARTBEAT_STALE} {age:.1f} s"
         return dead
 
     def reset_heartbeat_clocks(self, now: float) -> None:
@@ -393,9 +391,7 @@ class Monitor:
             return None
         if not live:
             if self._reported_waiting.get(topology_id) != len(task_ids):
-                logger.warning(
-                    "topology %s: no live worker; %d tasks wait for one to join", topology_id, len(task_ids)
-                )
+                logger.warning("topology %s: no live worker; %d tasks wait for one to join", topology_id, len(task_ids))
                 self._reported_waiting[topology_id] = len(task_ids)
             return None
         self._reported_waiting.pop(topology_id, None)
@@ -416,9 +412,7 @@ class Monitor:
                 self._reported_stuck[topology_id] = stuck
             return None
         self._reported_stuck.pop(topology_id, None)
-        moved = {
-            t: (record.tasks.get(t), w) for t, w in sorted(new_record.tasks.items()) if record.tasks.get(t) != w
-        }
+        moved = {t: (record.tasks.get(t), w) for t, w in sorted(new_record.tasks.items()) if record.tasks.get(t) != w}
         reported = self._reported_dead.get(topology_id)
         if reported:
             # Tasks that moved start afresh: not "alive again" when their new slot's grace begins.

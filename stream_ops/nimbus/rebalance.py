@@ -148,6 +148,4 @@ def _finish(store: ZkStore, topology_id: str, resume: str, *, retries: int = 20)
             continue  # another verb or rebalance changed it meanwhile: look again
         except ZnodeNotFoundError as e:
             raise TopologyNotFoundError(f"topology {topology_id} was removed during the rebalance") from e
-    raise ConcurrentUpdateError(
-        f"could not set {topology_id} back to {resume}: /storms kept changing; run 'stream-ops activate'"
-    )
+    raise ConcurrentUpdateError(f"could not set {topology_id} back to {resume}: /storms kept changing; run 'stream-ops activate'")

@@ -76,9 +76,16 @@ def submit(
 
 def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: StormRecord) -> None:
     topology_id = storm.topology_id
-    for parent in (ZkPaths.tasks(topology_id), ZkPaths.transactional(topology_id), ZkPaths.owners(topology_id),
-                   ZkPaths.heartbeats(topology_id), ZkPaths.errors(topology_id), ZkPaths.STORMS,
-                   ZkPaths.ASSIGNMENTS, ZkPaths.WORKERS):
+    for parent in (
+        ZkPaths.tasks(topology_id),
+        ZkPaths.transactional(topology_id),
+        ZkPaths.owners(topology_id),
+        ZkPaths.heartbeats(topology_id),
+        ZkPaths.errors(topology_id),
+        ZkPaths.STORMS,
+        ZkPaths.ASSIGNMENTS,
+        ZkPaths.WORKERS,
+    ):
         store.ensure_path(parent)
     tx = store.transaction()
     for task in plan.tasks:

@@ -172,12 +172,8 @@ class WindowSpec:
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.seconds is None):
-            raise TopologyDefinitionError(
-                "a tumbling window needs exactly one of count= (records) or seconds= (processing time)"
-            )
-        if self.count is not None and (
-            isinstance(self.count, bool) or not isinstance(self.count, int) or self.count <= 0
-        ):
+            raise TopologyDefinitionError("a tumbling window needs exactly one of count= (records) or seconds= (processing time)")
+        if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int) or self.count <= 0):
             raise TopologyDefinitionError(f"window count must be a positive integer, got {self.count!r}")
         if self.seconds is not None and (
             isinstance(self.seconds, bool)
@@ -541,7 +537,10 @@ class JoinBolt:
         if not isinstance(other, JoinBolt):
             return NotImplemented
         return (self._clauses, self._selectors, self._window, self._output_stream) == (
-            other._clauses, other._selectors, other._window, other._output_stream,
+            other._clauses,
+            other._selectors,
+            other._window,
+            other._output_stream,
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable builder

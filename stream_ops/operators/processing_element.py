@@ -126,8 +126,9 @@ class Trigger:
     def __or__(self, other: Trigger) -> Trigger:
         if not isinstance(other, Trigger):
             return NotImplemented
-        return Trigger(every_events=_min(self.every_events, other.every_events),
-                       every_seconds=_min(self.every_seconds, other.every_seconds))
+        return Trigger(
+            every_events=_min(self.every_events, other.every_events), every_seconds=_min(self.every_seconds, other.every_seconds)
+        )
 
     def fires(self, events_since: int, seconds_since: float) -> bool:
         """Whether the trigger fires, given the events and seconds since it last fired."""
@@ -226,9 +227,7 @@ def _check_json(value: Any, where: str) -> None:
     if isinstance(value, dict):
         for k, item in value.items():
             if not isinstance(k, str):
-                raise StateError(
-                    f"{where} has the non-string key {k!r}; JSON turns it into a string, so use string keys"
-                )
+                raise StateError(f"{where} has the non-string key {k!r}; JSON turns it into a string, so use string keys")
             _check_json(item, f"{where}[{k!r}]")
         return
     raise StateError(
@@ -402,9 +401,7 @@ class PERuntime:
         logger.debug("removed idle %s instance for key %r", self.pe_class.__name__, key)
         return out
 
-    def _call(
-        self, slot: _Slot, method: str, arg: Any, key: Any, record: Mapping[str, Any] | None, out: list[Record]
-    ) -> bool:
+    def _call(self, slot: _Slot, method: str, arg: Any, key: Any, record: Mapping[str, Any] | None, out: list[Record]) -> bool:
         """Run one callback; its emits go to ``out``, or to the dead letters if it raises."""
         fn = getattr(slot.pe, method)
         try:
@@ -432,13 +429,15 @@ class PERuntime:
             fields = public_fields(slot.pe)
             for name, value in fields.items():
                 _check_json(value, f"{self.pe_class.__name__} field {name!r} of key {key!r}")
-            instances.append({
-                "key": key,
-                "fields": _copy_json(fields),
-                "events_since_trigger": slot.events_since_trigger,
-                "last_trigger": slot.last_trigger,
-                "last_event": slot.last_event,
-            })
+            instances.append(
+                {
+                    "key": key,
+                    "fields": _copy_json(fields),
+                    "events_since_trigger": slot.events_since_trigger,
+                    "last_trigger": slot.last_trigger,
+                    "last_event": slot.last_event,
+                }
+            )
         return {
             "version": CHECKPOINT_VERSION,
             "pe_class": _class_ref(self.pe_class),
@@ -473,8 +472,13 @@ class PERuntime:
             )
         try:
             entries = [
-                (entry["key"], dict(entry["fields"]), int(entry["events_since_trigger"]),
-                 float(entry["last_trigger"]), float(entry["last_event"]))
+                (
+                    entry["key"],
+                    dict(entry["fields"]),
+                    int(entry["events_since_trigger"]),
+                    float(entry["last_trigger"]),
+                    float(entry["last_event"]),
+                )
                 for entry in checkpoint["instances"]
             ]
         except (KeyError, TypeError, ValueError) as e:

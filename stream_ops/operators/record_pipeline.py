@@ -57,7 +57,8 @@ class RecordPipeline:
         self._steps: list[tuple[OperationSpec, Callable[..., Any]]] = [
             # A worker's plan binds each operation to its verified archive (op.code): in a Spark
             # Python worker too, the function is imported from that archive only.
-            (op, resolve_function(op.function, scope=op.code)) for op in operations
+            (op, resolve_function(op.function, scope=op.code))
+            for op in operations
         ]
 
     def run(self, record: Record) -> tuple[list[Record], DeadLetter | None]:

@@ -147,9 +147,7 @@ def _submission_metadata(
     return metadata
 
 
-def _stream_spec(
-    plan: Plan, stage: StageSpec, *, submission_key: dg.AssetKey, translator: StreamOpsTranslator
-) -> dg.AssetSpec:
+def _stream_spec(plan: Plan, stage: StageSpec, *, submission_key: dg.AssetKey, translator: StreamOpsTranslator) -> dg.AssetSpec:
     return dg.AssetSpec(
         key=translator.stream_asset_key(plan.topology, stage.name),
         deps=[submission_key],
@@ -265,14 +263,10 @@ def topology_assets(
             else:
                 context.log.info(f"{topology.name!r} is already running as {existing}; nothing submitted")
             return dg.MaterializeResult(
-                metadata=_submission_metadata(
-                    store, storm, running or plan, action="already_running", plan_matches=plan_matches
-                )
+                metadata=_submission_metadata(store, storm, running or plan, action="already_running", plan_matches=plan_matches)
             )
 
-    specs = tuple(
-        _stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages
-    )
+    specs = tuple(_stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages)
     return TopologyDefinitions(
         topology_name=topology.name,
         plan=plan,
@@ -286,4 +280,3 @@ def topology_assets(
         ),
         state_assets=tuple(state_assets(plan=plan, translator=translator)),
     )
-

@@ -194,9 +194,7 @@ def evaluate_stage_checks(
     stalled = {
         t.task_id: stalled_for[t.task_id]
         for t in tasks
-        if t.lag_files > 0
-        and stalled_for.get(t.task_id) is not None
-        and float(stalled_for[t.task_id]) > progress_timeout_s  # type: ignore[arg-type]
+        if t.lag_files > 0 and stalled_for.get(t.task_id) is not None and float(stalled_for[t.task_id]) > progress_timeout_s  # type: ignore[arg-type]
     }
     progress_meta: dict[str, Any] = {
         "stalled_tasks": dg.MetadataValue.json({str(k): round(float(v), 1) for k, v in stalled.items()}),  # type: ignore[arg-type]
@@ -337,9 +335,7 @@ def build_stream_checks(
         description=f"Heartbeat freshness and txid progress of every stage of `{topology_name}`, read from ZooKeeper.",
         can_subset=True,
     )
-    def _stream_checks(
-        context: dg.AssetCheckExecutionContext, zookeeper: ZooKeeperResource
-    ) -> Iterator[dg.AssetCheckResult]:
+    def _stream_checks(context: dg.AssetCheckExecutionContext, zookeeper: ZooKeeperResource) -> Iterator[dg.AssetCheckResult]:
         wanted = set(context.selected_asset_check_keys)
         now = time.time()
         with zookeeper.store() as store:

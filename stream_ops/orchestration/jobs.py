@@ -133,16 +133,12 @@ class RebalanceConfig(ActivateConfig):
       slots needs, without pausing anything (used by the periodic rebalance schedule).
     """
 
-    workers: int | None = Field(
-        default=None, ge=1, description="New number of worker slots wanted (stored with the topology)."
-    )
+    workers: int | None = Field(default=None, ge=1, description="New number of worker slots wanted (stored with the topology).")
     wait_s: float = Field(default=0.0, ge=0, description="Seconds to stay REBALANCING before reassigning.")
     quiesce: bool = Field(
         default=True, description="Pause the topology during the rebalance (Storm's rebalance); false: reassign only."
     )
-    lost_tasks: list[int] = Field(
-        default_factory=list, description="Tasks the heartbeat sensor saw lost; set by the sensor."
-    )
+    lost_tasks: list[int] = Field(default_factory=list, description="Tasks the heartbeat sensor saw lost; set by the sensor.")
     heartbeat_timeout_s: float = Field(
         default=10.0, gt=0, description="With lost_tasks: a task is still lost if its heartbeat is older than this."
     )
@@ -157,9 +153,7 @@ class WorkerConfig(dg.Config):
         description="Stop the SparkSession when the worker ends (dagster-pyspark never does). Turn off only when "
         "the session is shared with other code in the same process.",
     )
-    status_poll_s: float = Field(
-        default=1.0, gt=0, description="Seconds between checks whether the run is being terminated."
-    )
+    status_poll_s: float = Field(default=1.0, gt=0, description="Seconds between checks whether the run is being terminated.")
 
 
 class CompactStateConfig(ActivateConfig):
@@ -237,9 +231,7 @@ def _kill_op(context: dg.OpExecutionContext, config: KillConfig, zookeeper: ZooK
 
 
 @dg.op(name=_REBALANCE_OP, tags={ROLE_TAG: "rebalance"})
-def _rebalance_op(
-    context: dg.OpExecutionContext, config: RebalanceConfig, zookeeper: ZooKeeperResource
-) -> dict[str, Any]:
+def _rebalance_op(context: dg.OpExecutionContext, config: RebalanceConfig, zookeeper: ZooKeeperResource) -> dict[str, Any]:
     """Rebalance a topology (see :class:`RebalanceConfig` for the three ways)."""
     with zookeeper.store() as store:
         topology_id = find_topology_id(store, config.topology)

@@ -46,8 +46,7 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     "min_committed_txid": ("int", "Smallest committed txid over this stage's tasks: every batch up to it is done."),
     "txids_committed_since_last_tick": (
         "int",
-        "Sum over tasks of committed txid progress since the previous tick (absent on the first tick after a "
-        "(re)submission).",
+        "Sum over tasks of committed txid progress since the previous tick (absent on the first tick after a (re)submission).",
     ),
     "rows_per_s_in": ("float", "Rows per second read by this stage's tasks (sum of their last heartbeats)."),
     "rows_per_s_out": ("float", "Rows per second written by this stage's tasks (sum)."),

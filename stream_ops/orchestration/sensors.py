@@ -226,9 +226,7 @@ def observe_tick(
             if previous is not None:
                 log.info(f"topology {name!r} ({previous.topology_id}) has no live submission any more")
                 events.extend(
-                    observe_absent_topology(
-                        name, previous.stages, last_topology_id=previous.topology_id, translator=translator
-                    )
+                    observe_absent_topology(name, previous.stages, last_topology_id=previous.topology_id, translator=translator)
                 )
                 new_cursor = new_cursor.with_topology(name, None)
             continue
@@ -256,9 +254,7 @@ def observe_tick(
             )
             for t in status.tasks
         }
-        lost_since = {
-            t.task_id: old_lost.get(t.task_id, now) for t in status.tasks if not t.alive(heartbeat_timeout_s)
-        }
+        lost_since = {t.task_id: old_lost.get(t.task_id, now) for t in status.tasks if not t.alive(heartbeat_timeout_s)}
         entry = TopologyCursor(
             topology_id=status.topology_id,
             stages=tuple(dict.fromkeys(t.stage_name for t in sorted(status.tasks, key=lambda t: t.stage))),
@@ -521,9 +517,7 @@ def build_heartbeat_sensor(
             if tick.failed:
                 reason = "could not read " + ", ".join(f"{n} ({m})" for n, m in tick.failed.items())
             return dg.SensorResult(skip_reason=reason, cursor=tick.cursor.to_json())
-        return dg.SensorResult(
-            asset_events=tick.asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json()
-        )
+        return dg.SensorResult(asset_events=tick.asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json())
 
     return _heartbeat_sensor
 
@@ -571,9 +565,7 @@ def build_worker_relaunch_sensor(
             )
             context.log.warning(message)
             return dg.SkipReason(message)
-        context.log.info(
-            f"worker run {failed.run_id} failed ({context.failure_event.message}); relaunching (attempt {attempt})"
-        )
+        context.log.info(f"worker run {failed.run_id} failed ({context.failure_event.message}); relaunching (attempt {attempt})")
         tags = {k: v for k, v in failed.tags.items() if k.startswith("stream_ops/")}
         tags.update({RELAUNCH_ATTEMPT_TAG: str(attempt), RELAUNCH_OF_TAG: failed.run_id, ROLE_TAG: "worker"})
         return dg.RunRequest(run_key=f"relaunch-{failed.run_id}", run_config=dict(failed.run_config), tags=tags)

@@ -39,13 +39,13 @@ from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError
 from stream_ops.layout import TopologyLayout
+from stream_ops.nimbus.compaction import compaction_lock
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.jobs import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.state.changelog import StateTopicQueue
-from stream_ops.nimbus.compaction import compaction_lock
 from stream_ops.state.snapshot import CompactionResult, SnapshotInfo, compact_queue, read_snapshot, write_snapshot
 from stream_ops.topology.plan import Plan, StageSpec
 
@@ -60,9 +60,7 @@ _PREVIEW_ROWS = 10
 _SNAPSHOT_SCHEMA = dg.TableSchema(
     columns=[
         dg.TableColumn(name="key", type="string", description="JSON list of the key fields (canonical encoding)."),
-        dg.TableColumn(
-            name="value", type="string", description="JSON of the stored value (transactional/opaque wrapper)."
-        ),
+        dg.TableColumn(name="value", type="string", description="JSON of the stored value (transactional/opaque wrapper)."),
     ]
 )
 
@@ -170,8 +168,7 @@ def snapshot_metadata(target: StateQueue, info: SnapshotInfo | None) -> dict[str
         if info.epoch is not None:
             metadata["epoch"] = dg.MetadataValue.int(info.epoch)
         metadata["read_with"] = dg.MetadataValue.md(
-            f"```python\nspark.read.parquet({str(info.path)!r})\n"
-            f"duckdb.sql(\"select * from read_parquet('{info.path}')\")\n```"
+            f"```python\nspark.read.parquet({str(info.path)!r})\nduckdb.sql(\"select * from read_parquet('{info.path}')\")\n```"
         )
         metadata["preview"] = dg.MetadataValue.md(_preview(info))
     return metadata
@@ -287,7 +284,10 @@ def build_compact_op(
                         continue
                     targets.append(resolve_state_queue(store, cluster, topology_id, running, stage.name, queue_number))
         summary: dict[str, Any] = {"topology_id": topology_id, "queues": 0, "deleted_files": 0, "deleted_bytes": 0}
-        rows = ["| stage | queue | txid | keys | bytes | deleted files | kept files | seconds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        rows = [
+            "| stage | queue | txid | keys | bytes | deleted files | kept files | seconds |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for target in targets:
             if target.committed_txid < 0:
                 context.log.info(f"{target.stage.name} queue {target.queue_number}: nothing committed yet; skipped")

@@ -53,7 +53,9 @@ class Ownership:
         return self.committed.committed_txid
 
 
-def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, clock: Callable[[], float] = time.time) -> Ownership:
+def acquire(
+    store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, clock: Callable[[], float] = time.time
+) -> Ownership:
     """Take ownership of a task under a new owner epoch.
 
     Raises:
@@ -87,7 +89,9 @@ def acquire(store: ZkStore, topology_id: str, task_id: int, worker_id: str, *, c
         store.commit_transaction(tx)
     except CoordinationError as e:
         raise TaskBusyError(f"task {topology_id}/{task_id} was taken concurrently: {e}") from e
-    logger.info("worker %s owns task %s/%d, epoch %d, committed txid %d", worker_id, topology_id, task_id, epoch, record.committed_txid)
+    logger.info(
+        "worker %s owns task %s/%d, epoch %d, committed txid %d", worker_id, topology_id, task_id, epoch, record.committed_txid
+    )
     return Ownership(topology_id, task_id, worker_id, epoch, new_record, stat.version + 1)
 
 

@@ -45,7 +45,11 @@ def raise_open_files_limit() -> int | None:
     except (ValueError, OSError) as e:
         logger.warning(
             "could not raise the open-files limit from %d to %d: %s; state-query connections, tasks and the "
-            "ZooKeeper session share %d descriptors (raise the limit of the worker's service)", soft, target, e, soft,
+            "ZooKeeper session share %d descriptors (raise the limit of the worker's service)",
+            soft,
+            target,
+            e,
+            soft,
         )
         return soft
     logger.info("open-files limit raised from %d to %d (the hard limit)", soft, target)

@@ -23,10 +23,23 @@ def worker_command(
 ) -> list[str]:
     """The command line of one worker process on ``host:port``."""
     return [
-        sys.executable, "-m", "stream_ops.cli",
-        "--zookeeper", zookeeper.hosts, "--chroot", zookeeper.chroot, "--home", str(home),
-        "--session-timeout", str(zookeeper.session_timeout_s),
-        "worker", "--host", host, "--port", str(port), *extra_args,
+        sys.executable,
+        "-m",
+        "stream_ops.cli",
+        "--zookeeper",
+        zookeeper.hosts,
+        "--chroot",
+        zookeeper.chroot,
+        "--home",
+        str(home),
+        "--session-timeout",
+        str(zookeeper.session_timeout_s),
+        "worker",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra_args,
     ]
 
 
@@ -35,7 +48,10 @@ def spawn(cmd: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
-            list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env) if env is not None else None,
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
             start_new_session=True,
         )
 

@@ -101,7 +101,9 @@ def query_state(
         raise QueryError(f"topology {topology!r} has no query {query!r}; it has {sorted(plan.queries)}")
     for key in keys:
         if len(key) != len(spec.key_fields):
-            raise QueryError(f"query {query!r} takes keys of {len(spec.key_fields)} field(s) {list(spec.key_fields)}, got {list(key)}")
+            raise QueryError(
+                f"query {query!r} takes keys of {len(spec.key_fields)} field(s) {list(spec.key_fields)}, got {list(key)}"
+            )
     access = QueryAccess.resolve(store.config, query_config)
     values = get_keys(store, topology_id, plan, spec.stage, keys, access=access, timeout_s=timeout_s)
     return {key[0] if len(key) == 1 else encode_key(list(key)): value for key, value in zip(keys, values, strict=True)}
@@ -147,9 +149,7 @@ class RemoteMapState:
         return get_keys(*self._args, keys, access=self._access)
 
 
-def _ask(
-    worker: str, topology_id: str, task_id: int, keys: list[list[Any]], access: QueryAccess, timeout_s: float
-) -> list[Any]:
+def _ask(worker: str, topology_id: str, task_id: int, keys: list[list[Any]], access: QueryAccess, timeout_s: float) -> list[Any]:
     params = urllib.parse.urlencode({"topology": topology_id, "task": task_id, "keys": json.dumps(keys)})
     request = urllib.request.Request(f"{access.scheme}://{worker}/query?{params}", headers=access.headers())
     try:

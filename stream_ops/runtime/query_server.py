@@ -203,9 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(
-        self, status: int, message: str, headers: dict[str, str] | None = None, *, level: int | None = None
-    ) -> None:
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None, *, level: int | None = None) -> None:
         """Answer ``status`` with a JSON error and log it once (by default 4xx at INFO, 5xx at WARNING)."""
         if level is None:
             level = logging.WARNING if status >= 500 else logging.INFO
@@ -231,12 +229,12 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError as e:  # the client went away (the base handles write timeouts itself)
             self.close_connection = True
             logger.debug("query connection from %s dropped: %r", self.client_address[0], e)
-        except Exception as e:  # noqa: BLE001 - one line and a 500, never a traceback per request
+        except Exception as e:
             logger.debug("query handler failed", exc_info=True)
             self.close_connection = True
             self._error(500, f"internal error: {type(e).__name__}: {e}")
 
-    def do_GET(self) -> None:  # noqa: N802 - name from the base class
+    def do_GET(self) -> None:
         try:
             self._serve_get()
         except _RequestRefused as refused:
@@ -263,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
         topology_id, task_id, keys = _parse_query(url.query)
         try:
             values = self.server.lookup(topology_id, task_id, keys)
-        except Exception as e:  # noqa: BLE001 - report to the client instead of killing the thread
+        except Exception as e:
             logger.debug("lookup of %s/%d failed", topology_id, task_id, exc_info=True)
             raise _RequestRefused(500, str(e)) from e
         if values is None:
@@ -325,9 +323,7 @@ def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
 
 def _refusal(limit: int) -> bytes:
     """The whole 503 response sent to a connection over the cap."""
-    body = json.dumps(
-        {"error": f"the query server is serving its limit of {limit} connections; retry shortly"}
-    ).encode("utf-8")
+    body = json.dumps({"error": f"the query server is serving its limit of {limit} connections; retry shortly"}).encode("utf-8")
     head = (
         "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
@@ -414,7 +410,9 @@ class QueryServer(ThreadingHTTPServer):
             logger.warning(
                 "query server at its limit of %d connections: refused %d connection(s) (latest from %s); "
                 "raise QueryLimits.max_connections if legitimate clients need more",
-                self.limits.max_connections, self._refused, client_address[0],
+                self.limits.max_connections,
+                self._refused,
+                client_address[0],
             )
             self._refused = 0
             self._refusals_logged_at = now
@@ -483,7 +481,7 @@ class QueryServer(ThreadingHTTPServer):
             logger.debug("query connection from %s dropped: %r", client_address[0], error)
             return
         logger.warning("query connection from %s failed: %s: %s", client_address[0], type(error).__name__, error)
-        logger.debug("query connection failure", exc_info=True)
+        logger.debug("query connection failure", exc_info=error)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -492,9 +490,11 @@ class QueryServer(ThreadingHTTPServer):
         self._thread.start()
         logger.info(
             "state queries served on %s://%s:%d (%s; at most %d connections, %g s per request)",
-            "https" if self.tls else "http", *self.server_address[:2],
+            "https" if self.tls else "http",
+            *self.server_address[:2],
             "bearer token required" if self.token else "unauthenticated",
-            self.limits.max_connections, self.limits.request_deadline_s,
+            self.limits.max_connections,
+            self.limits.request_deadline_s,
         )
 
     def stop(self) -> None:

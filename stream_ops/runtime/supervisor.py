@@ -90,8 +90,13 @@ class Supervisor:
                     slot.backoff_s = 1.0
                 continue
             if slot.proc is not None:
-                logger.warning("supervisor %s: worker on port %d exited with %s; restarting in %.1f s",
-                               self.host, slot.port, slot.proc.returncode, slot.backoff_s)
+                logger.warning(
+                    "supervisor %s: worker on port %d exited with %s; restarting in %.1f s",
+                    self.host,
+                    slot.port,
+                    slot.proc.returncode,
+                    slot.backoff_s,
+                )
                 slot.proc = None
                 slot.next_start = now + slot.backoff_s
                 slot.backoff_s = min(slot.backoff_s * 2, MAX_BACKOFF_S)
@@ -106,9 +111,7 @@ class Supervisor:
         return {
             "host": self.host,
             "pid": os.getpid(),
-            "slots": [
-                {"port": s.port, "pid": s.proc.pid if s.proc else None, "restarts": s.restarts} for s in self.slots
-            ],
+            "slots": [{"port": s.port, "pid": s.proc.pid if s.proc else None, "restarts": s.restarts} for s in self.slots],
         }
 
     def run(self, stop: threading.Event, *, poll_interval_s: float = 0.5) -> None:

@@ -266,9 +266,11 @@ def mark_task_recovered(store: ZkStore, key: TaskKey) -> None:
     path = ZkPaths.task_errors(*key)
 
     def reset(value: Any) -> dict[str, Any]:
-        return _parse(path, value).model_copy(
-            update={"consecutive_failures": 0, "quarantined": False, "retry_at": None}
-        ).to_json_obj()
+        return (
+            _parse(path, value)
+            .model_copy(update={"consecutive_failures": 0, "quarantined": False, "retry_at": None})
+            .to_json_obj()
+        )
 
     if store.exists(path):
         store.update_json(path, reset)

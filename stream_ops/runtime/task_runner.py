@@ -238,7 +238,10 @@ class TaskRunner:
             if self.state.rebuilt:
                 logger.info(
                     "task %s/%d: state rebuilt from the state topic, %d keys in %.3f s",
-                    self.topology_id, self.task.task_id, self.state.restored_keys, time.monotonic() - started,
+                    self.topology_id,
+                    self.task.task_id,
+                    self.state.restored_keys,
+                    time.monotonic() - started,
                 )
         if stage.kind in ("join", "process", "partition"):
             self.processor = make_processor(stage, self.state.store if self.state else None)
@@ -286,7 +289,7 @@ class TaskRunner:
         )
 
     @property
-    def input_dir(self):  # noqa: ANN201 - Path
+    def input_dir(self):
         return self.layout.input_topic(self.plan, self.stage).queue_path(self.task.queue)
 
     def is_running(self) -> bool:
@@ -319,8 +322,12 @@ class TaskRunner:
         if self._batch_lock.acquire(timeout=self.settings.stop_wait_s):
             self._batch_lock.release()
         else:
-            logger.warning("task %s/%d: a batch still runs after %.0f s; closing its state, its commit will be refused",
-                           self.topology_id, self.task.task_id, self.settings.stop_wait_s)
+            logger.warning(
+                "task %s/%d: a batch still runs after %.0f s; closing its state, its commit will be refused",
+                self.topology_id,
+                self.task.task_id,
+                self.settings.stop_wait_s,
+            )
         with self._commit_lock:
             self._close_state()
         if release_ownership and self.ownership is not None:
@@ -345,7 +352,9 @@ class TaskRunner:
         """``foreachBatch`` callback: run and commit batch ``batch_id`` (the txid)."""
         with self._batch_lock:
             if self._stopping.is_set():
-                raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; batch {batch_id} left for replay")
+                raise TaskStoppingError(
+                    f"task {self.topology_id}/{self.task.task_id} is stopping; batch {batch_id} left for replay"
+                )
             assert self.ownership is not None
             txid = int(batch_id)
             self.stats.txid_in_flight = txid
@@ -407,8 +416,12 @@ class TaskRunner:
                 "the checkpoint directory that ran these batches"
             )
         if txid < committed.committed_txid:
-            logger.warning("task %s/%d: Spark replays txid %d with the same input as committed; skipping it",
-                           self.topology_id, self.task.task_id, txid)
+            logger.warning(
+                "task %s/%d: Spark replays txid %d with the same input as committed; skipping it",
+                self.topology_id,
+                self.task.task_id,
+                txid,
+            )
         else:
             self._publish(txid, committed.committed_epoch)
             self._finish_user_state_commit(txid, committed.committed_epoch)
@@ -448,9 +461,14 @@ class TaskRunner:
                 if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
             }
             commit(
-                self.store, self.ownership, txid,
-                offsets=batch_offsets(checkpoint, txid), rows=rows, outputs=outputs,
-                batch_input=batch_input(checkpoint, txid), clock=self.clock,
+                self.store,
+                self.ownership,
+                txid,
+                offsets=batch_offsets(checkpoint, txid),
+                rows=rows,
+                outputs=outputs,
+                batch_input=batch_input(checkpoint, txid),
+                clock=self.clock,
             )
             with self._overlay_lock:
                 self._committed_overlay = {}
@@ -474,7 +492,9 @@ class TaskRunner:
         resolve_object(self.stage.persist.updater).update_state(self.user_state, tuples, Collector())
 
     def _persisted_tuples_path(self, txid: int, epoch: int) -> Path:
-        return self.layout.persist_topic(self.stage).pending_path(self.task.queue) / batch_file_name(self.task.task_id, txid, epoch)
+        return self.layout.persist_topic(self.stage).pending_path(self.task.queue) / batch_file_name(
+            self.task.task_id, txid, epoch
+        )
 
     def _finish_user_state_commit(self, txid: int, epoch: int) -> None:
         """Apply committed batch ``txid``'s tuples to the user State again if its commit may not
@@ -490,8 +510,13 @@ class TaskRunner:
         if not path.exists():
             return
         tuples = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        logger.info("task %s/%d: applying committed txid %d to its State again (%d tuples)",
-                    self.topology_id, self.task.task_id, txid, len(tuples))
+        logger.info(
+            "task %s/%d: applying committed txid %d to its State again (%d tuples)",
+            self.topology_id,
+            self.task.task_id,
+            txid,
+            len(tuples),
+        )
         self._update_user_state(txid, tuples)
         self.user_state.commit(txid)
         path.unlink(missing_ok=True)
@@ -576,7 +601,9 @@ class TaskRunner:
         letters = [{**d, "topology": self.topology_id, "task": self.task.task_id, "txid": txid, "epoch": epoch} for d in dead]
         self.layout.dead_letter_topic().stage_batch(0, self.task.task_id, txid, epoch, letters)
         self.stats.dead_letters += len(letters)
-        logger.warning("task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters))
+        logger.warning(
+            "task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters)
+        )
 
     def _stage_outputs(
         self,
@@ -648,7 +675,7 @@ class TaskRunner:
         with self._overlay_lock:
             overlay = self._committed_overlay
             values = state.store.multi_get(keys, include_pending=False)
-        return [_unwrap(overlay[k] if k in overlay else v) for k, v in zip(keys, values, strict=True)]
+        return [_unwrap(overlay.get(k, v)) for k, v in zip(keys, values, strict=True)]
 
 
 def _partials_of(

@@ -90,7 +90,10 @@ class PrivateArchives:
             self._scopes[digest] = scope
             logger.info(
                 "installed the verified code archive of %s (%d bytes, modules %s) at %s",
-                submission.topology_id, len(submission.code), list(submission.modules), archive,
+                submission.topology_id,
+                len(submission.code),
+                list(submission.modules),
+                archive,
             )
             return scope
 

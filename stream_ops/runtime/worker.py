@@ -36,6 +36,7 @@ from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.durable_files import apply_umask
 from stream_ops.errors import (
     CoordinationError,
     OwnershipLostError,
@@ -45,7 +46,6 @@ from stream_ops.errors import (
     ZnodeExistsError,
     ZooKeeperUnavailableError,
 )
-from stream_ops.durable_files import apply_umask
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.runtime.heartbeat import beat
@@ -267,9 +267,7 @@ class Worker:
                 if stop.is_set() or time.monotonic() > deadline:
                     if not isinstance(e, ZnodeExistsError):
                         raise
-                    raise WorkerError(
-                        f"slot {self.worker_id} is registered by another live worker; use another --port"
-                    ) from e
+                    raise WorkerError(f"slot {self.worker_id} is registered by another live worker; use another --port") from e
                 stop.wait(0.25)
 
     def _handle_lost(self, stop: threading.Event) -> None:
@@ -309,8 +307,11 @@ class Worker:
                 desired.update(self._desired_of(topology_id))
             except ValidationError as e:
                 if self._may_log(("records", topology_id)):
-                    logger.error("topology %s: its records in ZooKeeper do not validate, none of its tasks runs here: %s",
-                                 topology_id, e.errors()[0]["msg"])
+                    logger.error(
+                        "topology %s: its records in ZooKeeper do not validate, none of its tasks runs here: %s",
+                        topology_id,
+                        e.errors()[0]["msg"],
+                    )
         return desired
 
     def _desired_of(self, topology_id: str) -> dict[tuple[str, int], _Desired]:
@@ -392,13 +393,23 @@ class Worker:
             logger.error(
                 "task %s/%d failed %d times in a row, quarantined: %s. This worker no longer starts it; once the "
                 "cause is fixed, delete /errors/%s/%d in ZooKeeper or resubmit the topology",
-                key[0], key[1], failure.failures, reason, key[0], key[1],
+                key[0],
+                key[1],
+                failure.failures,
+                reason,
+                key[0],
+                key[1],
             )
         else:
             wait_s = policy.backoff_s(failure.failures)
             logger.error(
                 "task %s/%d failed (%d of %d before quarantine): %s; next try in %g s",
-                key[0], key[1], failure.failures, policy.quarantine_after, reason, wait_s,
+                key[0],
+                key[1],
+                failure.failures,
+                policy.quarantine_after,
+                reason,
+                wait_s,
             )
         self._record_failure(key, failure, wait_s)
 
@@ -407,7 +418,12 @@ class Worker:
         assert self.store is not None
         try:
             record_task_failure(
-                self.store, key, failure, worker_id=self.worker_id, policy=self.settings.failures, wait_s=wait_s,
+                self.store,
+                key,
+                failure,
+                worker_id=self.worker_id,
+                policy=self.settings.failures,
+                wait_s=wait_s,
                 clock=self.clock,
             )
         except StreamOpsError as e:
@@ -420,8 +436,12 @@ class Worker:
     def _task_recovered(self, key: tuple[str, int]) -> None:
         """``key`` has run long enough after failures: reset its count in ZooKeeper too."""
         assert self.store is not None
-        logger.info("task %s/%d has run %g s without failing; its failure count is reset",
-                    key[0], key[1], self.settings.failures.healthy_after_s)
+        logger.info(
+            "task %s/%d has run %g s without failing; its failure count is reset",
+            key[0],
+            key[1],
+            self.settings.failures.healthy_after_s,
+        )
         try:
             mark_task_recovered(self.store, key)
         except StreamOpsError as e:
@@ -477,7 +497,7 @@ class Worker:
             if self._may_log(key):
                 logger.warning("task %s/%d could not start: %s; trying again", topology_id, task_id, e)
             return
-        except Exception as e:  # noqa: BLE001 - one task's plan, code or data; KeyboardInterrupt/SystemExit propagate
+        except Exception as e:
             logger.debug("task %s/%d: start failure", topology_id, task_id, exc_info=True)
             self._task_failed(key, assigned_at, f"start failed: {describe_error(e)}")
             return
@@ -507,11 +527,17 @@ class Worker:
         if token is None:
             logger.warning(
                 "worker %s: state queries are unauthenticated: anyone who reaches port %d can read state "
-                "(run with --zk-auth or --query-token-file to require a token)", self.worker_id, self.settings.port,
+                "(run with --zk-auth or --query-token-file to require a token)",
+                self.worker_id,
+                self.settings.port,
             )
         tls = server_tls_context(query.tls_cert, query.tls_key) if query.tls_cert and query.tls_key else None
         return QueryServer(
-            self.settings.bind_host, self.settings.port, self._lookup, token=token, tls=tls,
+            self.settings.bind_host,
+            self.settings.port,
+            self._lookup,
+            token=token,
+            tls=tls,
             limits=self.settings.query_limits,
         )
 

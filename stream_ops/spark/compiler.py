@@ -105,8 +105,13 @@ def _stage_rows(
     ``dead``; one extra row per Arrow batch carries the input count.
     """
     out_schema = pa.schema(
-        [("key", pa.string()), ("value", _ARROW_TYPES[value_type]), ("dead", pa.string()), ("inputs", pa.int64()),
-         ("record", pa.string())]
+        [
+            ("key", pa.string()),
+            ("value", _ARROW_TYPES[value_type]),
+            ("dead", pa.string()),
+            ("inputs", pa.int64()),
+            ("record", pa.string()),
+        ]
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -119,10 +124,11 @@ def _stage_rows(
             recs: list[str | None] = []
 
             def add(key: str | None, value: Any, letter: str | None, rec: str | None) -> None:
-                keys.append(key)
-                values.append(value)
-                dead.append(letter)
-                recs.append(rec)
+                # called only within this iteration, so the lists of this batch are the ones bound
+                keys.append(key)  # noqa: B023
+                values.append(value)  # noqa: B023
+                dead.append(letter)  # noqa: B023
+                recs.append(rec)  # noqa: B023
 
             records = batch.to_pylist()
             # Trident combines partial aggregates before it shuffles: per Arrow batch, one row
@@ -154,7 +160,12 @@ def _stage_rows(
                             key = encode_key([out[f] for f in key_fields]) if key_fields else None
                             add(key, None, None, json.dumps(out, default=str))
                     except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
-                        add(None, None, json.dumps({"record": record, "error": f"{mode}: {type(e).__name__}: {e}"}, default=str), None)
+                        add(
+                            None,
+                            None,
+                            json.dumps({"record": record, "error": f"{mode}: {type(e).__name__}: {e}"}, default=str),
+                            None,
+                        )
             for slot, value in partial.items():
                 add(slot if isinstance(slot, str) else encode_key(list(slot)), value, None, None)
             add(None, None, None, None)
@@ -229,9 +240,5 @@ def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]],
     """
     assert stage.state is not None
     spark_fn = aggregator_from_spec(stage.state.aggregator).spark_function
-    rows = (
-        df.groupBy("key")
-        .agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n"))
-        .collect()
-    )
+    rows = df.groupBy("key").agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n")).collect()
     return [(row["key"], row["value"]) for row in rows if row["key"] is not None], sum(int(r["n"]) for r in rows)

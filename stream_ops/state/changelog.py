@@ -96,7 +96,7 @@ def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
 
         if encode(_PROBE) != encoder.encode(_PROBE):
             return encoder.encode
-    except Exception:  # another Python's private encoder API: use the public one
+    except Exception:  # noqa: BLE001 - another Python's private encoder API: use the public one
         return encoder.encode
     return encode
 
@@ -174,9 +174,7 @@ def _parse_entry(entry: Any, where: str) -> ChangelogEntry:
     return ChangelogEntry(**fields)
 
 
-def replay_changelog(
-    entries: Iterable[Any], committed_txid: int, *, epochs: Mapping[int, int] | None = None
-) -> dict[Key, Any]:
+def replay_changelog(entries: Iterable[Any], committed_txid: int, *, epochs: Mapping[int, int] | None = None) -> dict[Key, Any]:
     """The state a changelog describes at ``committed_txid`` (pure; no I/O).
 
     For each key the winner is the entry with the largest offset among entries whose txid is
@@ -204,9 +202,7 @@ def replay_changelog(
         ReplayError: an entry lacks a field or has a malformed one, or two counted entries of
             one key share an offset.
     """
-    counted = [
-        entry for entry in (_parse_entry(raw, f"#{i}") for i, raw in enumerate(entries)) if entry.txid <= committed_txid
-    ]
+    counted = [entry for entry in (_parse_entry(raw, f"#{i}") for i, raw in enumerate(entries)) if entry.txid <= committed_txid]
     top_epoch: dict[int, int] = dict(epochs) if epochs is not None else {}
     if epochs is None:
         for entry in counted:
@@ -363,9 +359,11 @@ def _complete_records(records: list[Any], file_id: BatchFileId) -> bool:
     if not records:
         return False
     last = records[-1]
-    return last.__class__ is dict and last.get(_END) == {
-        "txid": file_id.txid, "epoch": file_id.epoch, "entries": len(records) - 1
-    } and len(last) == 1
+    return (
+        last.__class__ is dict
+        and last.get(_END) == {"txid": file_id.txid, "epoch": file_id.epoch, "entries": len(records) - 1}
+        and len(last) == 1
+    )
 
 
 def _load_record(line: str, where: str) -> dict[str, Any]:
@@ -455,9 +453,7 @@ def replay_changes(
             (txid, epoch), exactly as :meth:`StateTopicQueue.entries` would report it, or is
             cut short; or (with ``committed_epoch``) a committed batch's file is missing.
     """
-    changes, top_epochs, read, entries = _replay(
-        queue, after_txid, committed_txid, committed_epoch, on_file, _load_batch_pairs
-    )
+    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, committed_epoch, on_file, _load_batch_pairs)
     return ReplayedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
 
 
@@ -529,9 +525,7 @@ def replay_encoded_changes(
     Raises:
         ReplayError: see :func:`replay_changes`.
     """
-    changes, top_epochs, read, entries = _replay(
-        queue, after_txid, committed_txid, committed_epoch, on_file, _load_encoded_pairs
-    )
+    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, committed_epoch, on_file, _load_encoded_pairs)
     return EncodedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
 
 

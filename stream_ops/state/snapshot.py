@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -281,7 +281,7 @@ def write_snapshot(
         "txid": committed_txid,
         "epoch": epoch,
         "keys": table.num_rows,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 6),
         "base_txid": base.txid if base is not None else None,
         "tail_files": tail_files,
@@ -500,12 +500,18 @@ def open_restore_source(
                 start = base.txid if base else -1
                 tail: ReplayedChanges | EncodedChanges = (
                     replay_encoded_changes(
-                        queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch,
+                        queue,
+                        after_txid=start,
+                        committed_txid=committed_txid,
+                        committed_epoch=committed_epoch,
                         on_file=on_file,
                     )
                     if encoded
                     else replay_changes(
-                        queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch,
+                        queue,
+                        after_txid=start,
+                        committed_txid=committed_txid,
+                        committed_epoch=committed_epoch,
                         on_file=on_file,
                     )
                 )
@@ -627,7 +633,7 @@ def _write_marker(queue: StateTopicQueue, txid: int, snapshot_dir: Path) -> None
     data = {
         "txid": txid,
         "snapshot_dir": recorded,
-        "compacted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "compacted_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     tmp = queue.path / f".{COMPACTED_MARKER}.{uuid.uuid4().hex}.tmp"
     try:
@@ -701,9 +707,7 @@ def _read_table(path: Path) -> pa.Table:
         parquet.close()
 
 
-def _decoded_batches(
-    parquet: pq.ParquetFile, path: Path, *, exclude: pa.Array | None
-) -> Iterator[tuple[list[Any], list[Any]]]:
+def _decoded_batches(parquet: pq.ParquetFile, path: Path, *, exclude: pa.Array | None) -> Iterator[tuple[list[Any], list[Any]]]:
     """(key lists, wrapped values) per record batch, rows whose key is in ``exclude`` left out.
 
     Each column of a batch is decoded with one ``json.loads`` of the joined texts.

@@ -35,9 +35,7 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise TopologyDefinitionError(
-            f"{kind} name {name!r} is invalid: use letters, digits, '_' or '-', starting with a letter"
-        )
+        raise TopologyDefinitionError(f"{kind} name {name!r} is invalid: use letters, digits, '_' or '-', starting with a letter")
     return name
 
 
@@ -80,8 +78,7 @@ def state_kind_of(state: Any) -> str:
     if name in by_class:
         return by_class[name]
     raise TopologyDefinitionError(
-        f"state={state!r} is not a state kind: pass OpaqueMapState, TransactionalMapState or MapState "
-        f"(or one of {STATE_KINDS})"
+        f"state={state!r} is not a state kind: pass OpaqueMapState, TransactionalMapState or MapState (or one of {STATE_KINDS})"
     )
 
 
@@ -208,8 +205,9 @@ class Topology:
         if not isinstance(topic, FileTopic):
             raise TopologyDefinitionError(f"source {name!r}: topic must be a FileTopic, got {type(topic).__name__}")
         types = _field_types(schema, f"source {name!r} schema")
-        segment = self._segment(name=name, kind="source", queues=topic.queues, fields=dict(types),
-                                source=SourceNode(name, topic, types))
+        segment = self._segment(
+            name=name, kind="source", queues=topic.queues, fields=dict(types), source=SourceNode(name, topic, types)
+        )
         return Stream(self, segment, types)
 
     def join(self, bolt: Any, *, queues: int | None = None, name: str | None = None, **streams: Stream) -> Stream:
@@ -244,8 +242,10 @@ class Topology:
             stream = streams[stream_name]
             join_field = bolt.join_fields[stream_name]
             stream._check_fields([join_field.split(".")[0]], f"{what} stream {stream_name!r}")
-            stream._connect({"kind": "records", "to_stage": segment.index, "queues": n,
-                             "key_fields": (join_field,), "stream": stream_name}, f"{what} stream {stream_name!r}")
+            stream._connect(
+                {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (join_field,), "stream": stream_name},
+                f"{what} stream {stream_name!r}",
+            )
             segment.inputs.append((stream._segment.index, stream_name))
         return Stream(self, segment, out_fields)
 
@@ -407,8 +407,9 @@ class Stream:
         n = _check_queues(self._segment.queues if queues is None else queues, what)
         stage_name = _check_name("stage", name or f"{self._segment.name}-by-{'-'.join(keys)}")
         segment = self._topology._segment(name=stage_name, kind="partition", queues=n, fields=dict(self._fields))
-        self._connect({"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": keys,
-                       "stream": self._segment.name}, what)
+        self._connect(
+            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": keys, "stream": self._segment.name}, what
+        )
         segment.inputs.append((self._segment.index, self._segment.name))
         return Stream(self._topology, segment, self._fields)
 
@@ -445,11 +446,15 @@ class Stream:
         n = _check_queues(self._segment.queues if queues is None else queues, what)
         stage_name = _check_name("stage", name or pe_class.__name__.lower())
         segment = self._topology._segment(
-            name=stage_name, kind="process", queues=n, fields=out_fields,
+            name=stage_name,
+            kind="process",
+            queues=n,
+            fields=out_fields,
             process=ProcessNode(ref, key, trigger.to_spec() if trigger else None, ttl_seconds),
         )
-        self._connect({"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,),
-                       "stream": self._segment.name}, what)
+        self._connect(
+            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,), "stream": self._segment.name}, what
+        )
         segment.inputs.append((self._segment.index, self._segment.name))
         return Stream(self._topology, segment, out_fields)
 
@@ -477,8 +482,9 @@ class Stream:
         state_name = _check_name("state", name or _class_name(state_factory).lower())
         handle = StateHandle(self._topology, state_name, selected, "", kind="persist", stage=self._segment.index)
         self._topology._add_state(handle)
-        self._connect({"kind": "persist", "name": state_name, "factory": factory_ref, "fields": selected,
-                       "updater": updater_ref}, what)
+        self._connect(
+            {"kind": "persist", "name": state_name, "factory": factory_ref, "fields": selected, "updater": updater_ref}, what
+        )
         return handle
 
     def state_query(
@@ -514,8 +520,7 @@ class Stream:
         clash = set(new) & set(self._fields)
         if clash:
             raise TopologyDefinitionError(f"{what}: output fields {sorted(clash)} already exist on the stream")
-        node = OperationNode("state_query", query_ref["class"], selected, new,
-                             query={"state": state.name, "function": query_ref})
+        node = OperationNode("state_query", query_ref["class"], selected, new, query={"state": state.name, "function": query_ref})
         return self._extend(node, {**self._fields, **new})
 
     def persistent_aggregate(self, *args: Any, **kwargs: Any) -> StateHandle:
@@ -578,14 +583,22 @@ class GroupedStream:
             raise TopologyDefinitionError(f"topology {topology.name!r}: state {state_name!r} is declared twice")
         value_type = aggregator.value_type(stream._fields)
         node = AggregateNode(
-            name=state_name, group_fields=self.keys, aggregator=aggregator, out=out, state_kind=kind,
-            queues=self.queues, value_type=value_type,
+            name=state_name,
+            group_fields=self.keys,
+            aggregator=aggregator,
+            out=out,
+            state_kind=kind,
+            queues=self.queues,
+            value_type=value_type,
         )
-        segment = topology._segment(name=state_name, kind="keyed", queues=self.queues,
-                                    fields={**{k: stream._fields[k] for k in self.keys}, out: value_type},
-                                    aggregate=node)
-        stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues,
-                         "key_fields": self.keys}, what)
+        segment = topology._segment(
+            name=state_name,
+            kind="keyed",
+            queues=self.queues,
+            fields={**{k: stream._fields[k] for k in self.keys}, out: value_type},
+            aggregate=node,
+        )
+        stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues, "key_fields": self.keys}, what)
         segment.inputs.append((stream._segment.index, None))
         handle = StateHandle(topology, state_name, self.keys, out, kind="map", stage=segment.index)
         return topology._add_state(handle)

@@ -58,8 +58,7 @@ def function_ref(fn: Callable[..., Any], *, what: str) -> str:
         raise TopologyDefinitionError(f"{what}: {e}") from e
     if found is not fn and getattr(found, "__wrapped__", None) is not fn:
         raise TopologyDefinitionError(
-            f"{what}: importing {ref} gives a different object than the function passed; "
-            "pass the module-level function itself"
+            f"{what}: importing {ref} gives a different object than the function passed; pass the module-level function itself"
         )
     return ref
 

@@ -142,8 +142,7 @@ class ArchiveImports:
         if all(self._owner.get(t) == scope.digest and sys.modules.get(t) is cache.get(t) for t in tops):
             return
         purged = [
-            name for name, module in list(sys.modules.items())
-            if name.partition(".")[0] in tops and cache.get(name) is not module
+            name for name, module in list(sys.modules.items()) if name.partition(".")[0] in tops and cache.get(name) is not module
         ]
         for name in purged:
             sys.modules.pop(name, None)

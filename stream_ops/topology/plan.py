@@ -186,18 +186,30 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
     if out.get("kind") == "partials":
         agg = topology.segments[out["to_stage"]].aggregate
         assert agg is not None
-        shuffle = ShuffleSpec(to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]),
-                              aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
+        shuffle = ShuffleSpec(
+            to_stage=out["to_stage"],
+            queues=out["queues"],
+            key_fields=tuple(out["key_fields"]),
+            aggregator=agg.aggregator.to_spec(),
+            value_type=agg.value_type,
+        )
     elif out.get("kind") == "records":
-        records = RecordsSpec(to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]),
-                              stream=out["stream"])
+        records = RecordsSpec(
+            to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]), stream=out["stream"]
+        )
     elif out.get("kind") == "persist":
         persist = PersistSpec(name=out["name"], factory=out["factory"], fields=tuple(out["fields"]), updater=out["updater"])
     state = None
     if segment.aggregate is not None:
         agg = segment.aggregate
-        state = StateSpec(name=agg.name, kind=agg.state_kind, key_fields=agg.group_fields,  # type: ignore[arg-type]
-                          value_field=agg.out, aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
+        state = StateSpec(
+            name=agg.name,
+            kind=agg.state_kind,
+            key_fields=agg.group_fields,  # type: ignore[arg-type]
+            value_field=agg.out,
+            aggregator=agg.aggregator.to_spec(),
+            value_type=agg.value_type,
+        )
     if segment.kind == "source":
         assert segment.source is not None
         input_fields = dict(segment.source.schema)
@@ -252,8 +264,7 @@ def build_plan(topology: Topology) -> Plan:
         for queue in range(stage.queues):
             tasks.append(TaskSpec(task_id=len(tasks), stage=stage.index, queue=queue))
     queries = {
-        name: QuerySpec(name=name, stage=handle.stage, key_fields=handle.keys)
-        for name, handle in topology.queries.items()
+        name: QuerySpec(name=name, stage=handle.stage, key_fields=handle.keys) for name, handle in topology.queries.items()
     }
     states = {name: handle.stage for name, handle in topology.states.items()}
     return Plan(topology=topology.name, stages=stages, tasks=tuple(tasks), queries=queries, states=states)

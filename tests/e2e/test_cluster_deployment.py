@@ -252,7 +252,8 @@ def _dagster_instance_info(stack: ClusterStack, url: str, timeout_s: float) -> s
     """The webserver's description of its instance, once its code location has loaded."""
     deadline = time.monotonic() + timeout_s
     request = urllib.request.Request(
-        f"{url}/graphql", data=json.dumps({"query": _WORKSPACE_QUERY}).encode(),
+        f"{url}/graphql",
+        data=json.dumps({"query": _WORKSPACE_QUERY}).encode(),
         headers={"Content-Type": "application/json"},
     )
     while True:
@@ -312,9 +313,7 @@ def test_dagster_instance_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None
 
             result = dg.materialize([cluster_probe], instance=instance)
             assert result.success
-            instance.report_runless_asset_event(
-                dg.AssetObservation(asset_key="stream_ops_probe", metadata={"committed_txid": 7})
-            )
+            instance.report_runless_asset_event(dg.AssetObservation(asset_key="stream_ops_probe", metadata={"committed_txid": 7}))
             records = instance.fetch_observations(dg.AssetKey("stream_ops_probe"), limit=1).records
             assert records and records[0].asset_observation is not None
             assert records[0].asset_observation.metadata["committed_txid"].value == 7
@@ -323,10 +322,23 @@ def test_dagster_instance_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None
         # The run is really in PostgreSQL, not in a SQLite fallback under DAGSTER_HOME.
         psql = Path(_postgres_bin() or "") / "psql"
         query = subprocess.run(
-            [str(psql), "-h", settings["DAGSTER_PG_HOST"], "-p", settings["DAGSTER_PG_PORT"],
-             "-U", settings["DAGSTER_PG_USERNAME"], "-d", settings["DAGSTER_PG_DB"], "-tAc",
-             f"SELECT count(*) FROM runs WHERE run_id = '{result.run_id}'"],
-            env={**os.environ, "PGPASSWORD": password}, capture_output=True, text=True, check=True,
+            [
+                str(psql),
+                "-h",
+                settings["DAGSTER_PG_HOST"],
+                "-p",
+                settings["DAGSTER_PG_PORT"],
+                "-U",
+                settings["DAGSTER_PG_USERNAME"],
+                "-d",
+                settings["DAGSTER_PG_DB"],
+                "-tAc",
+                f"SELECT count(*) FROM runs WHERE run_id = '{result.run_id}'",
+            ],
+            env={**os.environ, "PGPASSWORD": password},
+            capture_output=True,
+            text=True,
+            check=True,
         )
         assert query.stdout.strip() == "1"
         assert not list(dagster_home.rglob("*.db")), "Dagster fell back to SQLite"
@@ -338,8 +350,11 @@ def test_dagster_instance_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None
         info = _dagster_instance_info(stack, url, timeout_s=120)
         assert "DagsterPostgresStorage" in info or "postgres" in info.lower(), info
         logger.warning("dagster.sh webserver answered in %.1fs", time.monotonic() - t)
-        logger.warning("postgres-local.sh start: %.1fs; Dagster run + observation stored: %.1fs total",
-                       pg_started, time.monotonic() - started)
+        logger.warning(
+            "postgres-local.sh start: %.1fs; Dagster run + observation stored: %.1fs total",
+            pg_started,
+            time.monotonic() - started,
+        )
     finally:
         try:
             stack.run_script("postgres-local.sh", "stop")

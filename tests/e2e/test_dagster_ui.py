@@ -173,7 +173,7 @@ def test_stream_asset_page_shows_the_observations(stack: Stack, tmp_path: Path) 
         wait_until(rendered, 120, f"the observation metadata on {page}", interval_s=2.0)
     except AssertionError as e:
         missing = [name for name, pattern in expected.items() if not re.search(pattern, last["text"])]
-        raise AssertionError(f"{e}; missing {missing} in: {last['text'][last['text'].find('| Metadata |'):][:3000]}") from None
+        raise AssertionError(f"{e}; missing {missing} in: {last['text'][last['text'].find('| Metadata |') :][:3000]}") from None
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dagster_ui_stream_asset.png"
@@ -269,6 +269,8 @@ def test_sensor_repairs_a_killed_worker_and_a_terminated_worker_run_releases_its
     # Not relaunched: a terminated worker run is not a failure.
     time.sleep(12)  # proving an absence: two relaunch-sensor intervals (10 s) go by
     relaunches = [
-        r for r in runs(url, "stream_ops_worker") if {t["key"]: t["value"] for t in r["tags"]}.get("stream_ops/relaunch_of") == run_id
+        r
+        for r in runs(url, "stream_ops_worker")
+        if {t["key"]: t["value"] for t in r["tags"]}.get("stream_ops/relaunch_of") == run_id
     ]
     assert relaunches == []

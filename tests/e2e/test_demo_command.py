@@ -13,7 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_demo_prints_exact_counts_and_leaves_nothing_running(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "stream_ops.cli", "--home", str(tmp_path / "home"), "demo", "--repeat", "5", "--timeout", "120"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])

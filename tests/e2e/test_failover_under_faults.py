@@ -28,7 +28,7 @@ SESSION_TIMEOUT_S = 4.0
 def _feeder(topologies, sent, stop):
     i = 0
     while not stop.is_set():
-        batch = list(SAMPLE_SENTENCES)[i % 8:] + [f"unique{i} how"]
+        batch = list(SAMPLE_SENTENCES)[i % 8 :] + [f"unique{i} how"]
         for topology in topologies:
             produce(topology.chains[0].source.topic, ({"sentence": s} for s in batch))
         sent.extend(batch)
@@ -36,12 +36,12 @@ def _feeder(topologies, sent, stop):
         time.sleep(0.1)
 
 
-
 def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path, wait_until):
     home = tmp_path / "home"
     args = ["--trigger-seconds", "0.3", "--heartbeat-interval", "0.5"]
-    with LocalStack(home=home, workers=3, worker_args=args, session_timeout_s=SESSION_TIMEOUT_S,
-                    task_timeout_s=5.0, launch_grace_s=30.0) as stack:
+    with LocalStack(
+        home=home, workers=3, worker_args=args, session_timeout_s=SESSION_TIMEOUT_S, task_timeout_s=5.0, launch_grace_s=30.0
+    ) as stack:
         topologies = [
             build_wordcount(home / "in-o", name="wc-opaque", state=OpaqueMapState),
             build_wordcount(home / "in-t", name="wc-tx", state=TransactionalMapState),
@@ -54,14 +54,18 @@ def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path, wait_unt
             feeder = threading.Thread(target=_feeder, args=(topologies, sent, stop))
             feeder.start()
             try:
-                wait_until(lambda: all(t.committed_txid >= 0 for t in describe_topology(store, ids[0]).tasks),
-                            60, "first commits")
+                wait_until(
+                    lambda: all(t.committed_txid >= 0 for t in describe_topology(store, ids[0]).tasks), 60, "first commits"
+                )
 
                 # 1. SIGKILL a worker mid-stream; the monitor moves its tasks at once.
                 victim = stack.worker_processes[0]
                 stack.kill_worker(victim)
-                wait_until(lambda: all(t.assigned_to != victim.worker_id
-                                        for i in ids for t in describe_topology(store, i).tasks), 30, "reassignment")
+                wait_until(
+                    lambda: all(t.assigned_to != victim.worker_id for i in ids for t in describe_topology(store, i).tasks),
+                    30,
+                    "reassignment",
+                )
                 time.sleep(2.0)
 
                 # 2. Freeze another past its session timeout: its session expires, its tasks move,
@@ -69,9 +73,11 @@ def test_exact_counts_after_kills_session_expiry_and_restarts(tmp_path, wait_unt
                 frozen = stack.worker_processes[0]
                 os.killpg(frozen.proc.pid, signal.SIGSTOP)
                 try:
-                    wait_until(lambda: all(t.assigned_to != frozen.worker_id
-                                            for i in ids for t in describe_topology(store, i).tasks),
-                                30, "reassignment after session expiry")
+                    wait_until(
+                        lambda: all(t.assigned_to != frozen.worker_id for i in ids for t in describe_topology(store, i).tasks),
+                        30,
+                        "reassignment after session expiry",
+                    )
                 finally:
                     os.killpg(frozen.proc.pid, signal.SIGCONT)
 

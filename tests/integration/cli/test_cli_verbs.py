@@ -18,10 +18,12 @@ def cli(zk_config, tmp_path, monkeypatch):
     monkeypatch.setenv("STREAM_OPS_HOME", str(tmp_path / "home"))
     runner = CliRunner()
 
-    def run(*args: str, input: str | None = None, ok: bool = True):
+    def run(*args: str, input: str | None = None, ok: bool = True):  # noqa: A002 - CliRunner.invoke's name
         result = runner.invoke(
-            main, ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot, "--home", str(tmp_path / "home"), *args],
-            input=input, catch_exceptions=False,
+            main,
+            ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot, "--home", str(tmp_path / "home"), *args],
+            input=input,
+            catch_exceptions=False,
         )
         if ok:
             assert result.exit_code == 0, result.output
@@ -31,7 +33,11 @@ def cli(zk_config, tmp_path, monkeypatch):
 
 
 def test_submit_list_status_deactivate_activate_kill(cli, zk_store):
-    topology_id = cli("submit", "stream_ops.examples.wordcount:topology", "--workers", "2", "--conf", "topology.debug=true").output.strip().splitlines()[-1]
+    topology_id = (
+        cli("submit", "stream_ops.examples.wordcount:topology", "--workers", "2", "--conf", "topology.debug=true")
+        .output.strip()
+        .splitlines()[-1]
+    )
     assert re.fullmatch(r"wordcount-\d+-\d+", topology_id)
 
     listed = json.loads(cli("list", "--json").output)

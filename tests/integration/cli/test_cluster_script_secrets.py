@@ -31,9 +31,7 @@ def script_env(tmp_path: Path) -> dict[str, str]:
 def _environment_after(script_env: dict[str, str], load: str) -> dict[str, str]:
     """The environment a process started after ``load`` (a load_secrets call) would inherit."""
     common = deployment_dir() / "bin" / "_common.sh"
-    result = subprocess.run(
-        ["bash", "-c", f'source "{common}"; {load}; env -0'], env=script_env, capture_output=True, timeout=60
-    )
+    result = subprocess.run(["bash", "-c", f'source "{common}"; {load}; env -0'], env=script_env, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
     pairs = [item.split("=", 1) for item in result.stdout.decode().split("\0") if "=" in item]
     return {k: v for k, v in pairs}
@@ -70,6 +68,11 @@ def test_each_script_loads_only_what_it_needs() -> None:
 def test_a_secrets_file_readable_by_others_is_refused(script_env: dict[str, str]) -> None:
     Path(script_env["STREAM_OPS_SECRETS_FILE"]).chmod(0o644)
     common = deployment_dir() / "bin" / "_common.sh"
-    result = subprocess.run(["bash", "-c", f'source "{common}"; load_secrets STREAM_OPS_ZK_AUTH'],
-                            env=script_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", f'source "{common}"; load_secrets STREAM_OPS_ZK_AUTH'],
+        env=script_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1 and "chmod 600" in result.stderr

@@ -53,15 +53,32 @@ def _invoke(zk_config: ZooKeeperConfig, tmp_path: Path, *args: str) -> object:
 
 
 def _worker_command(zk_config: ZooKeeperConfig, tmp_path: Path, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "stream_ops.cli", "--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot,
-            "--home", str(tmp_path / "home"), "--session-timeout", "4", "worker", "--port", str(port),
-            "--trigger-seconds", "0.5", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "stream_ops.cli",
+        "--zookeeper",
+        zk_config.hosts,
+        "--chroot",
+        zk_config.chroot,
+        "--home",
+        str(tmp_path / "home"),
+        "--session-timeout",
+        "4",
+        "worker",
+        "--port",
+        str(port),
+        "--trigger-seconds",
+        "0.5",
+        *extra,
+    ]
 
 
 def _run_to_end(command: list[str], timeout_s: float = 120.0) -> tuple[int | None, str]:
     """Run ``command`` in its own process group; a process that does not end in time is killed (group included)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, output
@@ -80,8 +97,13 @@ def test_worker_without_credentials_refuses_and_with_insecure_starts(zk_config: 
 
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(_worker_command(zk_config, tmp_path, port, "--insecure"), stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            _worker_command(zk_config, tmp_path, port, "--insecure"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
     try:
         with ZkStore.connect(zk_config) as store:
             deadline = time.monotonic() + 120
@@ -115,9 +137,7 @@ def test_nimbus_and_supervisor_refuse_an_unauthenticated_tree(
     assert f"stream-ops {verb} --insecure" in result.output  # type: ignore[attr-defined]
 
 
-def test_insecure_together_with_credentials_is_a_usage_error(
-    zk_config: ZooKeeperConfig, tmp_path: Path, auth_file: Path
-) -> None:
+def test_insecure_together_with_credentials_is_a_usage_error(zk_config: ZooKeeperConfig, tmp_path: Path, auth_file: Path) -> None:
     result = _invoke(zk_config, tmp_path, "--zk-auth-file", str(auth_file), "worker", "--insecure")
     assert result.exit_code == 2  # type: ignore[attr-defined]
     assert "only allows running without auth_digest" in result.output  # type: ignore[attr-defined]
@@ -142,12 +162,8 @@ def test_credentials_come_from_a_file_given_once(zk_config: ZooKeeperConfig, tmp
     assert blank.exit_code == 2 and "is empty" in blank.output  # type: ignore[attr-defined]
 
 
-def test_chroot_root_with_credentials_is_refused_by_the_cli(
-    zk_config: ZooKeeperConfig, tmp_path: Path, auth_file: Path
-) -> None:
-    result = CliRunner().invoke(
-        main, ["--zookeeper", zk_config.hosts, "--chroot", "/", "--zk-auth-file", str(auth_file), "list"]
-    )
+def test_chroot_root_with_credentials_is_refused_by_the_cli(zk_config: ZooKeeperConfig, tmp_path: Path, auth_file: Path) -> None:
+    result = CliRunner().invoke(main, ["--zookeeper", zk_config.hosts, "--chroot", "/", "--zk-auth-file", str(auth_file), "list"])
     assert result.exit_code == 2
     assert "must own its tree" in result.output and PASSWORD not in result.output
 
@@ -181,9 +197,7 @@ def test_default_home_and_data_dir_are_absolute_and_shown(tmp_path: Path, monkey
     assert f"[default: {tmp_path / 'var' / 'zookeeper'}]" in zk.output
 
 
-def test_local_stack_runs_insecure_explicitly_and_drops_credentials(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_local_stack_runs_insecure_explicitly_and_drops_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAM_OPS_ZK_AUTH", CLUSTER_AUTH)  # the caller's, not for the local ZooKeeper
     stack = LocalStack(home=tmp_path)
     stack.zookeeper = SimpleNamespace(hosts="127.0.0.1:2181")  # type: ignore[assignment]

@@ -16,7 +16,10 @@ def test_zookeeper_start_serves_and_stops_on_sigterm(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "stream_ops.cli", "zookeeper", "start", "--port", str(port), "--data-dir", str(tmp_path / "zk")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -42,7 +45,10 @@ def test_missing_java_is_one_clear_error(tmp_path):
     env = {**os.environ, "PATH": "/nonexistent", "JAVA_HOME": ""}
     result = subprocess.run(
         [sys.executable, "-m", "stream_ops.cli", "zookeeper", "start", "--port", str(free_port()), "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert result.returncode == 1
     assert "Java" in result.stderr and "Traceback" not in result.stderr

@@ -159,9 +159,7 @@ def test_a_leader_whose_session_is_lost_steps_down_and_contends_again(
     assert current_leader(zk_store) == "nimbus-b"
 
 
-def test_run_nimbus_returns_promptly_while_contending(
-    zk_store: ZkStore, nimbuses: Nimbuses, poll: Callable[..., None]
-) -> None:
+def test_run_nimbus_returns_promptly_while_contending(zk_store: ZkStore, nimbuses: Nimbuses, poll: Callable[..., None]) -> None:
     nimbuses.start("nimbus-a")
     poll(lambda: nimbuses.leaders() == ["nimbus-a"])
     nimbuses.start("nimbus-b")

@@ -99,7 +99,7 @@ def test_rebalance_of_a_balanced_topology_moves_nothing(
 def test_rebalance_to_fewer_workers_empties_one_slot(
     zk_store: ZkStore, fake_worker: Callable[[int], Any], submit_wordcount: Callable[..., str]
 ) -> None:
-    w1, w2 = fake_worker(7001), fake_worker(7002)
+    fake_worker(7001), fake_worker(7002)
     topology_id = submit_wordcount(workers=2)
     before, _ = assignment(zk_store, topology_id)
     record, _ = rebalance(zk_store, topology_id, workers=1)

@@ -28,7 +28,6 @@ def workers(worker_pool):
     return worker_pool
 
 
-
 def _move_everything(zk_store, workers, topology_id, old, wait_until):
     """Start a second worker, stop the first: the monitor's reassignment, done by hand."""
     new = workers.start()
@@ -36,8 +35,11 @@ def _move_everything(zk_store, workers, topology_id, old, wait_until):
     workers.stop(old)
     wait_until(lambda: old.worker_id not in live_workers(zk_store), 30, "old worker gone")
     reassign(zk_store, topology_id)
-    wait_until(lambda: all(t.owner == new.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
-          "tasks owned by the new worker")
+    wait_until(
+        lambda: all(t.owner == new.worker_id for t in describe_topology(zk_store, topology_id).tasks),
+        60,
+        "tasks owned by the new worker",
+    )
     return new
 
 
@@ -50,8 +52,11 @@ def test_uuid_join_counts_joined_words_across_a_move_mid_window(workers, zk_stor
     words = {"u1": "how", "u2": "are", "u3": "how", "u4": "you"}
     # Half of the window (4 of 8 records) arrives before the move ...
     produce(spout1, [{"uuid": u, "word": w} for u, w in words.items()])
-    wait_until(lambda: all(t.committed_txid >= 0 for t in describe_topology(zk_store, topology_id).tasks if t.stage == 2),
-          60, "join task committed the first half")
+    wait_until(
+        lambda: all(t.committed_txid >= 0 for t in describe_topology(zk_store, topology_id).tasks if t.stage == 2),
+        60,
+        "join task committed the first half",
+    )
     _move_everything(zk_store, workers, topology_id, first, wait_until)
     # ... the rest after it: the new owner must have restored the buffered half.
     produce(spout2, [{"uuid": u, "timestamp": i} for i, u in enumerate(words)])

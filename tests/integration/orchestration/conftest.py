@@ -16,8 +16,8 @@ from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import HeartbeatRecord, OwnerRecord, TransactionalRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource
 from stream_ops.examples.wordcount import build_wordcount
+from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource
 from stream_ops.topology.dsl import Topology
 
 WORKERS = ("127.0.0.1:6700", "127.0.0.1:6701")
@@ -76,9 +76,7 @@ class SimulatedWorkers:
         """Register worker slots the way a worker does (ephemeral ``/workers/{host:port}``)."""
         for worker_id in worker_ids:
             host, _, port = worker_id.rpartition(":")
-            record = WorkerRecord(
-                worker_id=worker_id, host=host, port=int(port), pid=1, capacity=4, started_at=time.time()
-            )
+            record = WorkerRecord(worker_id=worker_id, host=host, port=int(port), pid=1, capacity=4, started_at=time.time())
             self.store.create_json(ZkPaths.worker(worker_id), record.to_json_obj(), ephemeral=True)
 
     def beat(

@@ -10,6 +10,7 @@ import pytest
 
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
+from stream_ops.nimbus.status import TaskStatus
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import (
     StreamClusterResource,
@@ -19,7 +20,6 @@ from stream_ops.orchestration import (
     topology_assets,
 )
 from stream_ops.orchestration.checks import stalled_from_observations
-from stream_ops.nimbus.status import TaskStatus
 from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
@@ -84,9 +84,21 @@ def test_checks_executed_in_a_run_read_zookeeper_and_the_observation_history(
 def test_stalled_time_comes_from_the_oldest_observation_with_the_same_txid() -> None:
     def task(task_id: int, committed: int) -> TaskStatus:
         return TaskStatus(
-            task_id=task_id, stage=0, stage_name="s", queue=task_id, assigned_to="w", owner="w", owner_epoch=1,
-            heartbeat_age_s=0.1, committed_txid=committed, txid_in_flight=None, rows_per_s=0, rows_out_per_s=0,
-            lag_files=3, state_keys=0, dead_letters=0,
+            task_id=task_id,
+            stage=0,
+            stage_name="s",
+            queue=task_id,
+            assigned_to="w",
+            owner="w",
+            owner_epoch=1,
+            heartbeat_age_s=0.1,
+            committed_txid=committed,
+            txid_in_flight=None,
+            rows_per_s=0,
+            rows_out_per_s=0,
+            lag_files=3,
+            state_keys=0,
+            dead_letters=0,
         )
 
     history = [  # newest first
@@ -101,8 +113,12 @@ def test_stalled_time_comes_from_the_oldest_observation_with_the_same_txid() -> 
 
 def test_cluster_resource_maps_worker_settings_and_spark_config() -> None:
     cluster = StreamClusterResource(
-        root="/srv/so", trigger_seconds=0.5, heartbeat_interval_s=1.5, spark_master="local[2]",
-        spark_conf={"spark.sql.shuffle.partitions": "4"}, worker_host="10.0.0.5",
+        root="/srv/so",
+        trigger_seconds=0.5,
+        heartbeat_interval_s=1.5,
+        spark_master="local[2]",
+        spark_conf={"spark.sql.shuffle.partitions": "4"},
+        worker_host="10.0.0.5",
     )
     settings = cluster.worker_settings(port=6712, launched_by="dagster:run-1")
     assert (settings.worker_id, settings.trigger_seconds, settings.heartbeat_interval_s) == ("10.0.0.5:6712", 0.5, 1.5)
@@ -133,13 +149,17 @@ def test_cluster_resource_validation_names_the_field(kwargs: dict[str, Any], mes
 def test_cluster_resource_gives_workers_the_query_token_and_tls() -> None:
     token = "a-query-token-for-dagster-workers"
     cluster = StreamClusterResource(
-        query_token=token, query_tls_cert="/etc/so/worker.pem", query_tls_key="/etc/so/worker.key",
+        query_token=token,
+        query_tls_cert="/etc/so/worker.pem",
+        query_tls_key="/etc/so/worker.key",
         query_tls_ca="/etc/so/ca.pem",
     )
     query = cluster.worker_settings(port=6712).query
     assert query.token is not None and query.token.get_secret_value() == token
     assert (str(query.tls_cert), str(query.tls_key), str(query.tls_ca)) == (
-        "/etc/so/worker.pem", "/etc/so/worker.key", "/etc/so/ca.pem"
+        "/etc/so/worker.pem",
+        "/etc/so/worker.key",
+        "/etc/so/ca.pem",
     )
     assert query == cluster.query_config()
     assert token not in repr(cluster) and token not in repr(query)

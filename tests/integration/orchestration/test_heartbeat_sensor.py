@@ -44,9 +44,7 @@ def sensor() -> dg.SensorDefinition:
     return build_heartbeat_sensor(topology_names=["wordcount"], heartbeat_timeout_s=10.0)
 
 
-def _tick(
-    sensor: dg.SensorDefinition, resources: dict[str, Any], cursor: str | None = None, **kwargs: Any
-) -> dg.SensorResult:
+def _tick(sensor: dg.SensorDefinition, resources: dict[str, Any], cursor: str | None = None, **kwargs: Any) -> dg.SensorResult:
     with dg.build_sensor_context(resources=resources, cursor=cursor, **kwargs) as context:
         result = sensor(context)
     assert isinstance(result, dg.SensorResult)
@@ -58,16 +56,12 @@ def _by_key(result: dg.SensorResult) -> dict[dg.AssetKey, dict[str, Any]]:
     """Observation metadata values by asset key."""
     events = result.asset_events or []
     assert all(isinstance(e, (dg.AssetObservation, dg.AssetCheckEvaluation)) for e in events)
-    return {
-        e.asset_key: {k: v.value for k, v in e.metadata.items()} for e in events if isinstance(e, dg.AssetObservation)
-    }
+    return {e.asset_key: {k: v.value for k, v in e.metadata.items()} for e in events if isinstance(e, dg.AssetObservation)}
 
 
 def _checks(result: dg.SensorResult) -> dict[tuple[dg.AssetKey, str], dg.AssetCheckEvaluation]:
     """Check evaluations by (asset key, check name)."""
-    return {
-        (e.asset_key, e.check_name): e for e in result.asset_events or [] if isinstance(e, dg.AssetCheckEvaluation)
-    }
+    return {(e.asset_key, e.check_name): e for e in result.asset_events or [] if isinstance(e, dg.AssetCheckEvaluation)}
 
 
 def _beat_all(sim_workers: Any, topology_id: str, committed: int = 5, **kwargs: Any) -> None:
@@ -136,9 +130,7 @@ def test_lost_heartbeats_degrade_then_down(
     assert later.health == "down"
 
 
-def test_no_heartbeats_at_all_is_down(
-    sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str
-) -> None:
+def test_no_heartbeats_at_all_is_down(sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str) -> None:
     obs = _by_key(_tick(sensor, resources))
     assert obs[SOURCE]["health"] == obs[KEYED]["health"] == "down"
     assert obs[SOURCE]["committed_txid"] == {"0": -1, "1": -1}
@@ -439,9 +431,7 @@ def test_a_fresh_assignment_gets_its_launch_grace(
     assert request.run_key == f"rebalance-{topology_id}-tasks-0-1-2-3-epoch-0-slots-2"
 
 
-def test_missing_workers_are_launched_once(
-    jobs: Any, resources: dict[str, Any], topology_id: str, sim_workers: Any
-) -> None:
+def test_missing_workers_are_launched_once(jobs: Any, resources: dict[str, Any], topology_id: str, sim_workers: Any) -> None:
     sim_workers.register(("127.0.0.1:6700",))  # the topology wants 2
     _beat_all(sim_workers, topology_id)
     sensor = _repair_sensor(jobs)

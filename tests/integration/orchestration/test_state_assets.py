@@ -78,9 +78,7 @@ def test_state_asset_is_partitioned_by_queue(state_asset: dg.AssetsDefinition, w
     assert state_asset.key == STATE_KEY
     assert state_asset.partitions_def is not None
     assert state_asset.partitions_def.get_partition_keys() == ["0", "1"]
-    assert [d.asset_key for d in state_asset.specs_by_key[STATE_KEY].deps] == [
-        dg.AssetKey(["stream_ops", "wordcount", "count"])
-    ]
+    assert [d.asset_key for d in state_asset.specs_by_key[STATE_KEY].deps] == [dg.AssetKey(["stream_ops", "wordcount", "count"])]
     assert [a.key for a in topology_assets(topology=wordcount).state_assets] == [STATE_KEY]
 
 

@@ -56,9 +56,7 @@ def test_materialize_submits_the_topology(
     assert "| 0 | sentences | source | 2 |" in meta["plan"]
 
 
-def test_materialize_twice_does_not_submit_twice(
-    wordcount: Topology, resources: dict[str, Any], zk_store: ZkStore
-) -> None:
+def test_materialize_twice_does_not_submit_twice(wordcount: Topology, resources: dict[str, Any], zk_store: ZkStore) -> None:
     asset = topology_assets(topology=wordcount).submission_asset
 
     first = _materialize(asset, resources)

@@ -182,9 +182,7 @@ def test_failed_worker_runs_are_relaunched_a_bounded_number_of_times(
     worker_resources: dict[str, Any],
 ) -> None:
     jobs = build_jobs(topology_names=["wordcount"])
-    unreachable = ZooKeeperResource(
-        hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, session_timeout_s=1.0, insecure=True
-    )
+    unreachable = ZooKeeperResource(hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, session_timeout_s=1.0, insecure=True)
     sensor = build_worker_relaunch_sensor(worker_job=jobs.worker, max_relaunches=2)
     with dg.DagsterInstance.ephemeral() as instance:
         failed = jobs.worker.execute_in_process(
@@ -220,8 +218,10 @@ def test_worker_run_refuses_a_tree_without_credentials_unless_insecure(
 ) -> None:
     # The resource's default is secure: without auth_digest a worker run needs insecure=True.
     secure_default = ZooKeeperResource(
-        hosts=zk_config.hosts, chroot=zk_config.chroot,
-        session_timeout_s=zk_config.session_timeout_s, connect_timeout_s=zk_config.connect_timeout_s,
+        hosts=zk_config.hosts,
+        chroot=zk_config.chroot,
+        session_timeout_s=zk_config.session_timeout_s,
+        connect_timeout_s=zk_config.connect_timeout_s,
     )
     jobs = build_jobs(topology_names=["wordcount"])
     result = jobs.worker.execute_in_process(
@@ -298,6 +298,7 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
 
         kill_group(worker_process, signal.SIGKILL)  # mid-run: queries and heartbeats stop dead
         worker_process.wait(10)
+
         def tick_if_down() -> dg.SensorResult | None:
             result = tick()
             return result if _observations(result)[STREAM]["health"] == "down" else None
@@ -311,9 +312,7 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
         epoch = describe_topology(zk_store, topology_id).assignment_epoch  # nothing reassigned it meanwhile
         assert re.fullmatch(rf"rebalance-{topology_id}-tasks-0-1-2-3-epoch-{epoch}-slots-[01]", str(rebalances[0].run_key))
         assert rebalances[0].run_config["ops"]["rebalance_topology"]["config"]["lost_tasks"] == [0, 1, 2, 3]
-        failed_checks = [
-            e for e in down.asset_events or [] if isinstance(e, dg.AssetCheckEvaluation) and not e.passed
-        ]
+        failed_checks = [e for e in down.asset_events or [] if isinstance(e, dg.AssetCheckEvaluation) and not e.passed]
         assert {(e.asset_key, e.check_name) for e in failed_checks} >= {(STREAM, "heartbeat_freshness")}
 
         # Once the dead worker's session has expired, the sensor also asks for a worker.
@@ -347,8 +346,7 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
             for key, meta in last.items():
                 progress[key] += meta.get("txids_committed_since_last_tick", 0)
             advanced = all(
-                all(txid > before[key][task] for task, txid in meta["committed_txid"].items())
-                for key, meta in last.items()
+                all(txid > before[key][task] for task, txid in meta["committed_txid"].items()) for key, meta in last.items()
             )
             return advanced and all(m["health"] == "healthy" for m in last.values())
 
@@ -363,4 +361,3 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
         result = run.terminate()
         assert result.success
         assert _owners(zk_store, topology_id) == []
-

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stream_ops import FileTopic, Sum, Topology, TransactionalMapState
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CommittedBatchLostError, OwnershipLostError, ReplayError, TaskStoppingError
@@ -39,8 +39,16 @@ def _runner(store, spark, cluster, topology_id, worker_id, stage, **settings):
     task = next(t for t in plan.tasks if t.stage == stage)
     connected = threading.Event()
     connected.set()
-    return TaskRunner(store=store, spark=spark, layout=TopologyLayout(cluster, topology_id), plan=plan, task=task,
-                      worker_id=worker_id, settings=RunnerSettings(commit_wait_s=2, **settings), connected=connected)
+    return TaskRunner(
+        store=store,
+        spark=spark,
+        layout=TopologyLayout(cluster, topology_id),
+        plan=plan,
+        task=task,
+        worker_id=worker_id,
+        settings=RunnerSettings(commit_wait_s=2, **settings),
+        connected=connected,
+    )
 
 
 def _sentences(spark, *sentences):
@@ -209,8 +217,9 @@ def test_a_null_sum_field_is_a_dead_letter_at_the_source_stage(spark, zk_config,
         topology_id = submit(admin, cluster, _sum_topology(tmp_path / "in"), workers=1)
         a = _runner(admin, spark, cluster, topology_id, "host-a:1", stage=0)
         a.prepare()
-        df = spark.createDataFrame([("a", None, None), ("a", 3, None), ("b", 4, None)],
-                                   "word string, n long, _corrupt_record string")
+        df = spark.createDataFrame(
+            [("a", None, None), ("a", 3, None), ("b", 4, None)], "word string, n long, _corrupt_record string"
+        )
         a.process_batch(df, 0)
         a.stop()
         shuffle = a.layout.shuffle_topic(a.plan.stage(1))
@@ -248,8 +257,7 @@ def test_a_checkpoint_rolled_back_two_batches(spark, zk_config, cluster, tmp_pat
     source = tmp_path / "in"
     with ZkStore.connect(zk_config) as admin:
         topology_id = submit(admin, cluster, build_wordcount(source, queues=1), workers=1)
-        runner = _runner(admin, spark, cluster, topology_id, "host-a:1", stage=0,
-                         trigger_seconds=0.1, max_files_per_trigger=1)
+        runner = _runner(admin, spark, cluster, topology_id, "host-a:1", stage=0, trigger_seconds=0.1, max_files_per_trigger=1)
         checkpoint = runner.layout.checkpoint_dir(runner.task.task_id)
         runner.start()
         now = time.time()
@@ -267,8 +275,7 @@ def test_a_checkpoint_rolled_back_two_batches(spark, zk_config, cluster, tmp_pat
         shutil.copytree(saved, checkpoint)  # rolled back two batches, as a machine crash or a restore would
         if new_input:
             _land(source, "f0b.jsonl", "late file", now - 25)  # older than f1: Spark plans it for batch 1
-        again = _runner(admin, spark, cluster, topology_id, "host-a:1", stage=0,
-                        trigger_seconds=0.1, max_files_per_trigger=1)
+        again = _runner(admin, spark, cluster, topology_id, "host-a:1", stage=0, trigger_seconds=0.1, max_files_per_trigger=1)
         again.start()
         shuffle = again.layout.shuffle_topic(again.plan.stage(1))
         deadline = time.monotonic() + 60

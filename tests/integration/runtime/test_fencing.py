@@ -42,8 +42,14 @@ def _runner(store, spark, cluster, topology_id, worker_id):
     connected = threading.Event()
     connected.set()
     return TaskRunner(
-        store=store, spark=spark, layout=TopologyLayout(cluster, topology_id), plan=plan, task=keyed_task,
-        worker_id=worker_id, settings=RunnerSettings(commit_wait_s=2), connected=connected,
+        store=store,
+        spark=spark,
+        layout=TopologyLayout(cluster, topology_id),
+        plan=plan,
+        task=keyed_task,
+        worker_id=worker_id,
+        settings=RunnerSettings(commit_wait_s=2),
+        connected=connected,
     )
 
 
@@ -122,8 +128,16 @@ def test_source_stage_zombie_publishes_nothing(spark, zk_config: ZooKeeperConfig
         source_task = next(t for t in plan.tasks if t.stage == 0)
         connected = threading.Event()
         connected.set()
-        a = TaskRunner(store=store_a, spark=spark, layout=TopologyLayout(cluster, topology_id), plan=plan,
-                       task=source_task, worker_id="host-a:1", settings=RunnerSettings(), connected=connected)
+        a = TaskRunner(
+            store=store_a,
+            spark=spark,
+            layout=TopologyLayout(cluster, topology_id),
+            plan=plan,
+            task=source_task,
+            worker_id="host-a:1",
+            settings=RunnerSettings(),
+            connected=connected,
+        )
         a.prepare()
         admin.delete(ZkPaths.owner(topology_id, source_task.task_id))  # ownership lost before the commit
         df = spark.createDataFrame([("how are you", None)], "sentence string, _corrupt_record string")

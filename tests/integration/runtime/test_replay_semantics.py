@@ -38,8 +38,16 @@ def _runner(store, spark, cluster, topology_id, worker_id, stage_name="words"):
     task = plan.task_for(stage.index, 0)
     connected = threading.Event()
     connected.set()
-    return TaskRunner(store=store, spark=spark, layout=TopologyLayout(cluster, topology_id), plan=plan, task=task,
-                      worker_id=worker_id, settings=RunnerSettings(commit_wait_s=2), connected=connected)
+    return TaskRunner(
+        store=store,
+        spark=spark,
+        layout=TopologyLayout(cluster, topology_id),
+        plan=plan,
+        task=task,
+        worker_id=worker_id,
+        settings=RunnerSettings(commit_wait_s=2),
+        connected=connected,
+    )
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,15 @@ def _submitted(tmp_path: Path, code: bytes) -> tuple[Path, StormRecord]:
     dist = dist_root / "wc-1-1700000000"
     written = write_submission(dist, build_plan(build_wordcount(tmp_path / "in")), {}, code)
     record = StormRecord(
-        topology_id=dist.name, name="wc", status="ACTIVE", workers=1, dist_dir=str(dist.resolve()), submitted_at=0.0,
-        num_tasks=4, code_sha256=written.code_sha256, submission_sha256=written.submission_sha256,
+        topology_id=dist.name,
+        name="wc",
+        status="ACTIVE",
+        workers=1,
+        dist_dir=str(dist.resolve()),
+        submitted_at=0.0,
+        num_tasks=4,
+        code_sha256=written.code_sha256,
+        submission_sha256=written.submission_sha256,
     )
     return dist_root, record
 

@@ -49,8 +49,9 @@ def test_an_open_cluster_fails_every_protection(zk_config: ZooKeeperConfig, tmp_
             "worker refuses": False,
             "data files 0640 / directories 0750": False,
         }
-        result = CliRunner().invoke(main, ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot,
-                                           "--home", str(root), "doctor"])
+        result = CliRunner().invoke(
+            main, ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot, "--home", str(root), "doctor"]
+        )
         assert result.exit_code == 1 and "FAIL  query port  worker" in result.output, result.output
     finally:
         stop.set()

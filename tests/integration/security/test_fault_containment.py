@@ -44,7 +44,10 @@ SENTENCES = ["how are you", "nice to meet you", "what a good day"]
 def worker(zk_config: ZooKeeperConfig, zk_store: ZkStore, tmp_path: Path, spark: Any, wait_until: Any) -> Iterator[Worker]:
     """One in-process worker with a short backoff, registered."""
     settings = WorkerSettings(
-        host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5,
+        host="127.0.0.1",
+        port=free_port(),
+        trigger_seconds=0.2,
+        heartbeat_interval_s=0.5,
         failures=FailurePolicy(initial_backoff_s=0.5, max_backoff_s=2.0, quarantine_after=QUARANTINE_AFTER),
     )
     w = Worker(zk_config, ClusterConfig(root=tmp_path / "cluster"), settings, spark_factory=lambda: spark)
@@ -71,16 +74,25 @@ def _quarantined(store: ZkStore, topology_id: str) -> bool:
 
 
 def test_failing_state_beside_a_healthy_topology(
-    worker: Worker, zk_config: ZooKeeperConfig, zk_store: ZkStore, tmp_path: Path, wait_until: Any,
+    worker: Worker,
+    zk_config: ZooKeeperConfig,
+    zk_store: ZkStore,
+    tmp_path: Path,
+    wait_until: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="stream_ops.runtime.worker")
     healthy = build_wordcount(tmp_path / "wordcount", queues=2)
     unopenable_db, locked_db = tmp_path / "unopenable-db", tmp_path / "locked-db"
-    unopenable = build_failing(tmp_path / "unopenable", name="unopenable", factory=UnopenableDB(str(unopenable_db)),
-                               updater=CountingLockedUpdater(str(unopenable_db)))
-    locked = build_failing(tmp_path / "locked", name="locked", factory=LockedDB(str(locked_db)),
-                           updater=CountingLockedUpdater(str(locked_db)))
+    unopenable = build_failing(
+        tmp_path / "unopenable",
+        name="unopenable",
+        factory=UnopenableDB(str(unopenable_db)),
+        updater=CountingLockedUpdater(str(unopenable_db)),
+    )
+    locked = build_failing(
+        tmp_path / "locked", name="locked", factory=LockedDB(str(locked_db)), updater=CountingLockedUpdater(str(locked_db))
+    )
     ids = {t.name: submit(zk_store, worker.cluster, t, workers=1) for t in (healthy, unopenable, locked)}
     for topology in (healthy, unopenable, locked):
         produce(topology.chains[0].source.topic, ({"sentence": s} for s in SENTENCES))
@@ -121,9 +133,23 @@ def test_failing_state_beside_a_healthy_topology(
     broken_task = next(t for t in status.tasks if t.task_id == PERSIST_TASK)
     assert broken_task.quarantined and broken_task.failures == QUARANTINE_AFTER
     assert "OperationalError" in (broken_task.last_error or "")
-    assert [line.startswith(f"task 1 (words) quarantined after {QUARANTINE_AFTER} failures") for line in status.problems()] == [True]
-    result = CliRunner().invoke(main, ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot, "--home",
-                                       str(worker.cluster.root), "status", "unopenable", "--json"])
+    assert [line.startswith(f"task 1 (words) quarantined after {QUARANTINE_AFTER} failures") for line in status.problems()] == [
+        True
+    ]
+    result = CliRunner().invoke(
+        main,
+        [
+            "--zookeeper",
+            zk_config.hosts,
+            "--chroot",
+            zk_config.chroot,
+            "--home",
+            str(worker.cluster.root),
+            "status",
+            "unopenable",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     shown = {t["task_id"]: t for t in json.loads(result.output)["tasks"]}
     assert shown[PERSIST_TASK]["quarantined"] is True and "unable to open database file" in shown[PERSIST_TASK]["last_error"]

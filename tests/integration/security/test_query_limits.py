@@ -258,11 +258,17 @@ def drip_worker(zk_config: ZooKeeperConfig, tmp_path: Path) -> Iterator[dict[str
     }
     log = (tmp_path / "worker.log").open("wb")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "drip_worker.py"), json.dumps(args)], stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "drip_worker.py"), json.dumps(args)], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
     try:
-        yield {"proc": proc, "port": port, "worker_id": f"127.0.0.1:{port}", "log": tmp_path / "worker.log",
-               "cluster": ClusterConfig(root=tmp_path / "cluster")}
+        yield {
+            "proc": proc,
+            "port": port,
+            "worker_id": f"127.0.0.1:{port}",
+            "log": tmp_path / "worker.log",
+            "cluster": ClusterConfig(root=tmp_path / "cluster"),
+        }
     finally:
         proc.terminate()
         try:
@@ -277,8 +283,9 @@ def test_slow_drip_clients_do_not_starve_a_worker_under_a_low_fd_limit(
     drip_worker: dict[str, Any], zk_store: ZkStore, tmp_path: Path, wait_until: Any
 ) -> None:
     proc, port, worker_id = drip_worker["proc"], drip_worker["port"], drip_worker["worker_id"]
-    wait_until(lambda: worker_id in zk_store.children(ZkPaths.WORKERS) or proc.poll() is not None, 90,
-               "the worker process to register")
+    wait_until(
+        lambda: worker_id in zk_store.children(ZkPaths.WORKERS) or proc.poll() is not None, 90, "the worker process to register"
+    )
     assert proc.poll() is None, drip_worker["log"].read_text()[-3000:]
     session = zk_store.get_json(ZkPaths.worker(worker_id))[1].ephemeralOwner  # type: ignore[index]
     # At start the worker raised its soft limit to the hard one.

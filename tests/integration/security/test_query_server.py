@@ -203,8 +203,9 @@ def test_an_idle_connection_does_not_block_other_clients(server: QueryServer) ->
 
 def test_worker_binds_its_query_server_to_bind_host(zk_config: ZooKeeperConfig, tmp_path, spark, wait_until, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="stream_ops.runtime.worker")
-    settings = WorkerSettings(host="127.0.0.1", port=free_port(OTHER_LOOPBACK), bind_host=OTHER_LOOPBACK,
-                              trigger_seconds=0.2, heartbeat_interval_s=0.5)
+    settings = WorkerSettings(
+        host="127.0.0.1", port=free_port(OTHER_LOOPBACK), bind_host=OTHER_LOOPBACK, trigger_seconds=0.2, heartbeat_interval_s=0.5
+    )
     worker = Worker(zk_config, ClusterConfig(root=tmp_path / "cluster"), settings, spark_factory=lambda: spark)
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
@@ -306,10 +307,39 @@ def _issue(pki: Path, name: str, san: str) -> tuple[Path, Path]:
         f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
         "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
     )
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=pki)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext", cwd=pki)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        f"{name}.pem",
+        "-extfile",
+        f"{name}.ext",
+        cwd=pki,
+    )
     return pki / f"{name}.pem", pki / f"{name}.key"
 
 
@@ -319,9 +349,28 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl binary is needed to make the test certificates")
     root = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=stream-ops test CA",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=root)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=stream-ops test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=root,
+    )
     cert, key = _issue(root, "worker", "IP:127.0.0.1,DNS:localhost")
     other_cert, other_key = _issue(root, "elsewhere", "DNS:worker9.example.internal")
     return {"ca": root / "ca.pem", "cert": cert, "key": key, "other_cert": other_cert, "other_key": other_key}
@@ -371,8 +420,24 @@ def test_the_worker_certificate_must_name_its_host(pki: dict[str, Path]) -> None
 
 
 def test_a_certificate_from_another_ca_is_refused(tls_server: QueryServer, tmp_path: Path) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "rogue.key", "-out", "rogue.pem", "-days", "2", "-subj", "/CN=rogue CA", cwd=tmp_path)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "rogue.key",
+        "-out",
+        "rogue.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rogue CA",
+        cwd=tmp_path,
+    )
     access = QueryAccess(token=TOKEN, tls=client_tls_context(tmp_path / "rogue.pem"))
     with pytest.raises(QueryTLSError, match="pass --query-tls-ca with the CA that signed"):
         _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5)
@@ -408,7 +473,9 @@ def test_unreadable_tls_files_are_explained(tmp_path: Path, pki: dict[str, Path]
 # --- workers ---------------------------------------------------------------------------------
 
 
-def _run_worker(zk: ZooKeeperConfig, settings: WorkerSettings, root: Path, spark: Any) -> tuple[threading.Event, threading.Thread]:
+def _run_worker(
+    zk: ZooKeeperConfig, settings: WorkerSettings, root: Path, spark: Any
+) -> tuple[threading.Event, threading.Thread]:
     worker = Worker(zk, ClusterConfig(root=root), settings, spark_factory=lambda: spark)
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
@@ -417,7 +484,11 @@ def _run_worker(zk: ZooKeeperConfig, settings: WorkerSettings, root: Path, spark
 
 
 def test_a_worker_with_zookeeper_credentials_requires_the_derived_token_over_tls(
-    zk_config: ZooKeeperConfig, tmp_path: Path, spark: Any, wait_until: Any, pki: dict[str, Path],
+    zk_config: ZooKeeperConfig,
+    tmp_path: Path,
+    spark: Any,
+    wait_until: Any,
+    pki: dict[str, Path],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     zk = zk_config.model_copy(update={"auth_digest": "stream-ops:worker-test-password"})
@@ -495,8 +566,13 @@ def test_state_query_between_workers_and_clients_carry_the_derived_token(
             assert query_state(anonymous, topology.name, "words", [["how"]], query_config=explicit) == {"how": 2}
 
         # The CLI: the same, with the token derived from --zk-auth or read from --query-token-file.
-        for name in ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_OPEN_READS", "STREAM_OPS_QUERY_TOKEN",
-                     "STREAM_OPS_QUERY_TOKEN_FILE", "STREAM_OPS_QUERY_TLS_CA"):
+        for name in (
+            "STREAM_OPS_ZK_AUTH",
+            "STREAM_OPS_ZK_OPEN_READS",
+            "STREAM_OPS_QUERY_TOKEN",
+            "STREAM_OPS_QUERY_TOKEN_FILE",
+            "STREAM_OPS_QUERY_TLS_CA",
+        ):
             monkeypatch.setenv(name, "")  # empty = unset for click; the CLI exports them, undone after the test
         token_file = tmp_path / "query-token"
         token_file.write_text(f"{explicit.token.get_secret_value()}\n")  # type: ignore[union-attr]

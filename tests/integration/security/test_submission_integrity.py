@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from user_packages import forget, import_ops, tagging_topology, write_package
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.errors import SubmissionError, TopologyLoadError
@@ -33,8 +34,6 @@ from stream_ops.nimbus.dist_store import MANIFEST_FILE, PLAN_FILE, load_submissi
 from stream_ops.nimbus.submission import read_storm
 from stream_ops.topics.producer import produce
 from stream_ops.topology.plan import Plan
-
-from user_packages import forget, import_ops, tagging_topology, write_package
 
 FACTORY = "stream_ops.examples.wordcount_db:WordCountDB"
 
@@ -73,8 +72,11 @@ def test_a_plan_json_edited_to_run_a_command_is_refused_before_it_is_parsed(
     monkeypatch.setattr(Plan, "from_json", classmethod(spy))
 
     worker = _start_worker(worker_pool, zk_store, topology_id, wait_until)
-    wait_until(lambda: _refused(caplog, str(plan_file), "modified after submission") or marker.exists(), 60,
-               "the worker to refuse the edited plan")
+    wait_until(
+        lambda: _refused(caplog, str(plan_file), "modified after submission") or marker.exists(),
+        60,
+        "the worker to refuse the edited plan",
+    )
     assert not marker.exists(), "the command in the edited plan ran"
     assert not any("subprocess:Popen" in text for text in parsed), "the edited plan was parsed"
     assert worker.running_tasks == [] and zk_store.children(ZkPaths.owners(topology_id)) == []
@@ -90,7 +92,9 @@ def test_an_edited_plan_with_a_matching_root_still_resolves_nothing_outside_its_
     manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     (dist / PLAN_FILE).write_text(text)
     (dist / MANIFEST_FILE).write_bytes(manifest_bytes)
-    zk_store.update_json(ZkPaths.storm(topology_id), lambda d: {**d, "submission_sha256": hashlib.sha256(manifest_bytes).hexdigest()})
+    zk_store.update_json(
+        ZkPaths.storm(topology_id), lambda d: {**d, "submission_sha256": hashlib.sha256(manifest_bytes).hexdigest()}
+    )
     with pytest.raises(TopologyLoadError, match="'subprocess:Popen'.*neither in the submitted code archive"):
         load_submission(worker_pool.cluster.resolved_dist_dir(), read_storm(zk_store, topology_id))
 
@@ -102,9 +106,7 @@ def _evil_package(name: str, marker: Path) -> bytes:
     return buffer.getvalue()
 
 
-def test_a_storm_record_pointed_at_another_dist_dir_is_refused(
-    worker_pool, zk_store, tmp_path: Path, wait_until, caplog
-) -> None:
+def test_a_storm_record_pointed_at_another_dist_dir_is_refused(worker_pool, zk_store, tmp_path: Path, wait_until, caplog) -> None:
     caplog.set_level(logging.WARNING)
     marker = tmp_path / "pwned"
     topology_id = submit(zk_store, worker_pool.cluster, build_wordcount_db(tmp_path / "in", name="db-redirected"), workers=1)
@@ -124,8 +126,9 @@ def test_a_storm_record_pointed_at_another_dist_dir_is_refused(
     zk_store.update_json(ZkPaths.storm(topology_id), lambda d: {**d, **hashes})
 
     worker = _start_worker(worker_pool, zk_store, topology_id, wait_until)
-    wait_until(lambda: _refused(caplog, str(evil_dir), str(legit)) or marker.exists(), 60,
-               "the worker to refuse the redirected record")
+    wait_until(
+        lambda: _refused(caplog, str(evil_dir), str(legit)) or marker.exists(), 60, "the worker to refuse the redirected record"
+    )
     assert not marker.exists(), "the worker ran the code the rewritten record pointed at"
     assert evil_pkg not in sys.modules
     assert worker.running_tasks == []
@@ -154,8 +157,9 @@ def test_a_planted_bytecode_file_and_symlink_where_code_used_to_go_are_never_use
     pycache = shared_code / topology_id / name / "__pycache__"
     pycache.mkdir(parents=True)
     tag = sys.implementation.cache_tag
-    py_compile.compile(str(evil_source), cfile=str(pycache / f"ops.{tag}.pyc"),
-                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    py_compile.compile(
+        str(evil_source), cfile=str(pycache / f"ops.{tag}.pyc"), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
     (shared_code / f"{topology_id}.zip").symlink_to(victim)
 
     worker = _start_worker(worker_pool, zk_store, topology_id, wait_until)

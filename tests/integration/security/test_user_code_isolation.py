@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from user_packages import forget, import_ops, tagged_keys, tagging_topology, write_package
 
 from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import kill, live_workers, reassign, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.topics.producer import produce
-
-from user_packages import forget, import_ops, tagged_keys, tagging_topology, write_package
 
 
 @pytest.fixture

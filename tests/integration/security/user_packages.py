@@ -23,7 +23,7 @@ from types import ModuleType
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
 
-OPS_SOURCE = '''
+OPS_SOURCE = """
 from stream_ops.operators import ProcessingElement
 
 VERSION = {version!r}
@@ -37,7 +37,7 @@ def tag(sentence):
 class TagPE(ProcessingElement):
     def on_event(self, event):
         self.emit(word=event["word"] + "-" + VERSION)
-'''
+"""
 
 
 def write_package(root: Path, name: str, version: str, *, extra: dict[str, str] | None = None) -> Path:

@@ -16,7 +16,6 @@ from stream_ops.state.snapshot import latest_snapshot
 from stream_ops.topics.producer import produce
 
 
-
 def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config, tmp_path, wait_until):
     first = worker_pool.start()
     wait_until(lambda: live_workers(zk_store), 30, "worker registered")
@@ -27,8 +26,19 @@ def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config
     produce(topic, ({"sentence": s} for s in sent))
     wait_for_counts(zk_store, topology.name, "words", expected_word_counts(sent), timeout_s=60)
 
-    out = CliRunner().invoke(main, ["--zookeeper", zk_config.hosts, "--chroot", zk_config.chroot,
-                                    "--home", str(worker_pool.cluster.root), "compact", topology.name])
+    out = CliRunner().invoke(
+        main,
+        [
+            "--zookeeper",
+            zk_config.hosts,
+            "--chroot",
+            zk_config.chroot,
+            "--home",
+            str(worker_pool.cluster.root),
+            "compact",
+            topology.name,
+        ],
+    )
     assert out.exit_code == 0, out.output
     compacted = json.loads(out.output.strip().splitlines()[-1])
     assert [c["stage"] for c in compacted] == ["count", "count"] and all(c["keys"] for c in compacted)
@@ -45,8 +55,9 @@ def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config
     wait_until(lambda: second.worker_id in live_workers(zk_store), 30, "second worker")
     worker_pool.stop(first)
     reassign(zk_store, topology_id)
-    wait_until(lambda: all(t.owner == second.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60,
-          "tasks moved")
+    wait_until(
+        lambda: all(t.owner == second.worker_id for t in describe_topology(zk_store, topology_id).tasks), 60, "tasks moved"
+    )
     keyed = [r for r in second._runners.values() if r.stage.kind == "keyed"]
     assert keyed and all(r.state.rebuilt for r in keyed)
     wait_for_counts(zk_store, topology.name, "words", expected_word_counts(sent), timeout_s=60)

@@ -82,8 +82,14 @@ def test_every_node_stream_ops_creates_carries_the_cluster_acl(
                 assert time.monotonic() < deadline, "nimbus was not elected"
                 time.sleep(0.05)
             assert audit_acls(store) == []
-            nodes = [ZkPaths.storm(topology_id), ZkPaths.assignment(topology_id), ZkPaths.owner(topology_id, 0),
-                     ZkPaths.transactional_task(topology_id, 0), ZkPaths.worker("127.0.0.1:1"), "/"]
+            nodes = [
+                ZkPaths.storm(topology_id),
+                ZkPaths.assignment(topology_id),
+                ZkPaths.owner(topology_id, 0),
+                ZkPaths.transactional_task(topology_id, 0),
+                ZkPaths.worker("127.0.0.1:1"),
+                "/",
+            ]
             expected = f"digest:{digest_identity(CLUSTER_AUTH)}=cdrwa" + (", world:anyone=r" if open_reads else "")
             for node in nodes:
                 assert format_acl(store.get_acl(node)) == expected, node
@@ -164,9 +170,8 @@ def test_without_open_reads_strangers_cannot_even_connect(zookeeper: EmbeddedZoo
         topology_id = _submitted(cluster, tmp_path)
         with pytest.raises(CoordinationError, match="NoAuth"):
             ZkStore.connect(_config(zookeeper, chroot))
-        with ZkStore.connect(_config(zookeeper, "/")) as outside:
-            with pytest.raises(CoordinationError, match=NOAUTH):
-                outside.get_json(f"{chroot}{ZkPaths.assignment(topology_id)}")
+        with ZkStore.connect(_config(zookeeper, "/")) as outside, pytest.raises(CoordinationError, match=NOAUTH):
+            outside.get_json(f"{chroot}{ZkPaths.assignment(topology_id)}")
         cluster.delete_recursive("/")
 
 
@@ -187,9 +192,8 @@ def test_secure_tree_protects_a_cluster_created_without_credentials(
         assert secure_tree(cluster) == len(mismatches)
         assert audit_acls(cluster) == []
         assert secure_tree(cluster) == 0
-        with ZkStore.connect(open_config) as stranger:
-            with pytest.raises(CoordinationError, match=NOAUTH):
-                stranger.set_json(ZkPaths.assignment(topology_id), {})
+        with ZkStore.connect(open_config) as stranger, pytest.raises(CoordinationError, match=NOAUTH):
+            stranger.set_json(ZkPaths.assignment(topology_id), {})
         with ZkStore.connect(secured):  # adopted: the checked connect accepts it now
             pass
         cluster.delete_recursive("/")

@@ -53,8 +53,12 @@ def anonymous(zookeeper: EmbeddedZooKeeper) -> Iterator[KazooClient]:
 
 def _secured(zookeeper: EmbeddedZooKeeper, chroot: str, open_reads: bool = False) -> ZooKeeperConfig:
     return ZooKeeperConfig(
-        hosts=zookeeper.hosts, chroot=chroot, session_timeout_s=4.0, connect_timeout_s=5.0,
-        auth_digest=CLUSTER_AUTH, open_reads=open_reads,
+        hosts=zookeeper.hosts,
+        chroot=chroot,
+        session_timeout_s=4.0,
+        connect_timeout_s=5.0,
+        auth_digest=CLUSTER_AUTH,
+        open_reads=open_reads,
     )
 
 
@@ -81,7 +85,9 @@ def test_squatted_chroot_makes_a_secured_connect_fail_naming_the_node(
         assert f"{chroot} has world:anyone=cdrwa" in message
         assert "secure-tree" in message and "deleteall" in message  # says what to do
         assert {path for path, _actual, _expected in refused.value.mismatches} == {
-            chroot, f"{chroot}{ZkPaths.STORMS}", f"{chroot}{ZkPaths.WORKERS}"
+            chroot,
+            f"{chroot}{ZkPaths.STORMS}",
+            f"{chroot}{ZkPaths.WORKERS}",
         }
         # Nothing was created under a chroot that is not the cluster's.
         assert sorted(anonymous.get_children(chroot)) == ["storms", "workers"]
@@ -90,9 +96,7 @@ def test_squatted_chroot_makes_a_secured_connect_fail_naming_the_node(
         _cleanup(anonymous, chroot)
 
 
-def test_a_squatted_top_level_node_under_an_owned_chroot_is_refused(
-    zookeeper: EmbeddedZooKeeper, chroot: str
-) -> None:
+def test_a_squatted_top_level_node_under_an_owned_chroot_is_refused(zookeeper: EmbeddedZooKeeper, chroot: str) -> None:
     config = _secured(zookeeper, chroot)
     with ZkStore.connect(config) as cluster:
         # A top-level node whose ACL lets anyone in (here: recreated so by the cluster itself).
@@ -158,9 +162,7 @@ def test_anonymous_client_cannot_delete_and_recreate_a_storm_in_a_tree_the_clust
         cluster.client.delete("/")
 
 
-def test_ensure_path_refuses_an_existing_node_that_is_not_the_clusters(
-    zookeeper: EmbeddedZooKeeper, chroot: str
-) -> None:
+def test_ensure_path_refuses_an_existing_node_that_is_not_the_clusters(zookeeper: EmbeddedZooKeeper, chroot: str) -> None:
     with ZkStore.connect(_secured(zookeeper, chroot)) as cluster:
         cluster.client.create(f"{ZkPaths.LOCKS}/squatted", b"", acl=OPEN_ACL_UNSAFE)
         with pytest.raises(ZooKeeperTreeNotOwnedError, match=f"{chroot}/locks/squatted has world:anyone=cdrwa"):
@@ -181,10 +183,28 @@ def test_a_secured_worker_refuses_to_start_on_a_squatted_chroot(
     auth_file.chmod(0o600)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "stream_ops.cli", "--zookeeper", zookeeper.hosts, "--chroot", chroot,
-             "--home", str(tmp_path / "home"), "--session-timeout", "4", "--zk-auth-file", str(auth_file),
-             "worker", "--port", str(free_port())],
-            capture_output=True, text=True, timeout=120, cwd=REPO,
+            [
+                sys.executable,
+                "-m",
+                "stream_ops.cli",
+                "--zookeeper",
+                zookeeper.hosts,
+                "--chroot",
+                chroot,
+                "--home",
+                str(tmp_path / "home"),
+                "--session-timeout",
+                "4",
+                "--zk-auth-file",
+                str(auth_file),
+                "worker",
+                "--port",
+                str(free_port()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
         )
         assert result.returncode == 1, result.stderr[-2000:]
         assert f"{chroot} has world:anyone=cdrwa" in result.stderr

@@ -164,7 +164,7 @@ def test_serve_forever_until_event(tmp_path: Path) -> None:
     def _run() -> None:
         try:
             serve_forever(server, stop, poll_interval_s=0.05)
-        except BaseException as e:  # pragma: no cover - reported below
+        except BaseException as e:  # noqa: BLE001 - pragma: no cover - reported below
             errors.append(e)
 
     thread = threading.Thread(target=_run)

@@ -130,7 +130,7 @@ def test_concurrent_updates_from_two_sessions_are_exact(zk_config: ZooKeeperConf
             barrier.wait()
             for _ in range(per_thread):
                 store.update_json("/counter", lambda v: {"n": v["n"] + 1}, default={"n": 0}, retries=200)
-        except BaseException as e:  # pragma: no cover - reported below
+        except BaseException as e:  # noqa: BLE001 - pragma: no cover - reported below
             errors.append(e)
 
     try:
@@ -284,7 +284,6 @@ def test_digest_auth_protects_nodes(zookeeper: EmbeddedZooKeeper) -> None:
         with pytest.raises(CoordinationError, match="NoAuthError.*auth_digest"):
             ZkStore.connect(stranger)
         outside = stranger.model_copy(update={"chroot": "/"})
-        with ZkStore.connect(outside) as mallory:
-            with pytest.raises(CoordinationError, match="NoAuth"):
-                mallory.get_json(f"{chroot}/private")
+        with ZkStore.connect(outside) as mallory, pytest.raises(CoordinationError, match="NoAuth"):
+            mallory.get_json(f"{chroot}/private")
         alice.delete_recursive("/private")

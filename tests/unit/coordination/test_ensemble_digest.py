@@ -27,8 +27,13 @@ def test_digest_reads_the_password_from_stdin() -> None:
 def test_digest_reads_the_password_from_a_file(tmp_path: Path) -> None:
     password_file = tmp_path / "super.pw"
     password_file.write_text(PASSWORD + "\n", encoding="utf-8")
-    result = subprocess.run([*COMMAND, "super", "--password-file", str(password_file)],
-                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [*COMMAND, "super", "--password-file", str(password_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == digest_identity(f"super:{PASSWORD}")
 

@@ -29,8 +29,11 @@ def test_sum_refuses_a_value_that_is_not_a_number() -> None:
 def test_a_null_sum_field_is_a_dead_letter_in_the_source_stage_not_a_null_partial() -> None:
     run = _stage_rows((), "partials", ("word",), Sum("n").to_spec(), "long")
     batch = pa.RecordBatch.from_pylist(
-        [{"word": "a", "n": None, "_corrupt_record": None}, {"word": "a", "n": 2, "_corrupt_record": None},
-         {"word": "b", "n": 5, "_corrupt_record": None}]
+        [
+            {"word": "a", "n": None, "_corrupt_record": None},
+            {"word": "a", "n": 2, "_corrupt_record": None},
+            {"word": "b", "n": 5, "_corrupt_record": None},
+        ]
     )
     (out,) = list(run(iter([batch])))
     rows = out.to_pylist()

@@ -147,12 +147,7 @@ def test_single_stream_is_a_projection():
 
 
 def test_three_streams_joined_against_the_first():
-    bolt = (
-        JoinBolt("a", "id")
-        .join("b", "a_id", "a")
-        .left_join("c", "a_ref", "a")
-        .select("id, a:v, b:v as b_v, c:v as c_v")
-    )
+    bolt = JoinBolt("a", "id").join("b", "a_id", "a").left_join("c", "a_ref", "a").select("id, a:v, b:v as b_v, c:v as c_v")
     window = [
         ("a", {"id": 1, "v": "a1"}),
         ("a", {"id": 2, "v": "a2"}),
@@ -209,12 +204,8 @@ def test_nested_and_prefixed_selectors_and_nested_join_fields():
 def test_unprefixed_field_comes_from_the_first_stream_that_has_it():
     bolt = JoinBolt("a", "k").join("b", "k", "a").select("v, a:v as a_v, b:v AS b_v")
     assert bolt.output_fields == ("v", "a_v", "b_v")
-    assert bolt.execute([("a", {"k": 1, "v": "from-a"}), ("b", {"k": 1, "v": "from-b"})]) == [
-        ["from-a", "from-a", "from-b"]
-    ]
-    assert bolt.execute([("a", {"k": 1, "v": None}), ("b", {"k": 1, "v": "from-b"})]) == [
-        ["from-b", None, "from-b"]
-    ]
+    assert bolt.execute([("a", {"k": 1, "v": "from-a"}), ("b", {"k": 1, "v": "from-b"})]) == [["from-a", "from-a", "from-b"]]
+    assert bolt.execute([("a", {"k": 1, "v": None}), ("b", {"k": 1, "v": "from-b"})]) == [["from-b", None, "from-b"]]
 
 
 def test_select_accepts_a_list_and_spaces():

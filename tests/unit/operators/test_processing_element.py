@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 import pytest
-
 from counter_pe import CounterPE
-from stream_ops.errors import StateError, TopologyDefinitionError
-from stream_ops.operators import PERuntime, ProcessingElement, Trigger
+
 import stream_ops.operators.join_bolt as join_bolt_module
 import stream_ops.operators.processing_element as pe_module
+from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.operators import PERuntime, ProcessingElement, Trigger
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +36,10 @@ def test_one_instance_per_key_created_once_and_events_in_order():
     assert runtime.keys == ("ann", "bob")
     assert len(runtime) == 2
     assert CounterPE.calls == [
-        ("on_create", "ann"), ("on_event", "ann"),
-        ("on_create", "bob"), ("on_event", "bob"),
+        ("on_create", "ann"),
+        ("on_event", "ann"),
+        ("on_create", "bob"),
+        ("on_event", "bob"),
         ("on_event", "ann"),
         ("on_event", "ann"),
     ]
@@ -104,8 +106,10 @@ def test_ttl_removes_idle_instances_with_on_remove():
     runtime.process(_events("ann"), now=60.0)
     assert runtime.instance("ann").count == 1
     assert [c for c in CounterPE.calls if c[0] in ("on_create", "on_remove")] == [
-        ("on_create", "ann"), ("on_create", "bob"),
-        ("on_remove", "ann"), ("on_remove", "bob"),
+        ("on_create", "ann"),
+        ("on_create", "bob"),
+        ("on_remove", "ann"),
+        ("on_remove", "bob"),
         ("on_create", "ann"),
     ]
 

@@ -95,12 +95,7 @@ def test_window_spec_validation():
 
 
 def test_join_bolt_over_count_windows():
-    bolt = (
-        JoinBolt("users", "id")
-        .join("orders", "user_id", "users")
-        .select("id, name, amount")
-        .with_tumbling_window(count=2)
-    )
+    bolt = JoinBolt("users", "id").join("orders", "user_id", "users").select("id, name, amount").with_tumbling_window(count=2)
     window = bolt.tumbling_window()
     assert window.spec == WindowSpec(count=2)
     results = []

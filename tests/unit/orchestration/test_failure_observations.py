@@ -10,20 +10,43 @@ from stream_ops.orchestration.observations import OBSERVATION_FIELDS, observe_to
 
 def _task(task_id: int, stage: int, **failure: object) -> TaskStatus:
     return TaskStatus(
-        task_id=task_id, stage=stage, stage_name=("sentences", "words")[stage], queue=0, assigned_to="w:1",
-        owner=None if failure else "w:1", owner_epoch=None if failure else 1, heartbeat_age_s=None if failure else 0.1,
-        committed_txid=-1, txid_in_flight=None, rows_per_s=0.0, rows_out_per_s=0.0, lag_files=0, state_keys=0,
-        dead_letters=0, **failure,  # type: ignore[arg-type]
+        task_id=task_id,
+        stage=stage,
+        stage_name=("sentences", "words")[stage],
+        queue=0,
+        assigned_to="w:1",
+        owner=None if failure else "w:1",
+        owner_epoch=None if failure else 1,
+        heartbeat_age_s=None if failure else 0.1,
+        committed_txid=-1,
+        txid_in_flight=None,
+        rows_per_s=0.0,
+        rows_out_per_s=0.0,
+        lag_files=0,
+        state_keys=0,
+        dead_letters=0,
+        **failure,  # type: ignore[arg-type]
     )
 
 
 STATUS = TopologyStatus(
-    topology_id="db-1-1700000000", name="db", status="ACTIVE", workers_wanted=1, workers_live=["w:1"],
+    topology_id="db-1-1700000000",
+    name="db",
+    status="ACTIVE",
+    workers_wanted=1,
+    workers_live=["w:1"],
     assignment_epoch=1,
     tasks=[
         _task(0, 0),
-        _task(1, 1, failures=5, quarantined=True, last_error="start failed: OperationalError: unable | to open",
-              last_error_worker="w:1", last_error_at=1.0),
+        _task(
+            1,
+            1,
+            failures=5,
+            quarantined=True,
+            last_error="start failed: OperationalError: unable | to open",
+            last_error_worker="w:1",
+            last_error_at=1.0,
+        ),
         _task(2, 1, failures=2, last_error="query failed: boom", last_error_worker="w:1", last_error_at=2.0),
     ],
 )
@@ -44,8 +67,7 @@ def test_observations_carry_the_errors_of_their_stage() -> None:
     words = observed["words"]
     assert words["quarantined_tasks"].value == [1]
     assert words["failing_tasks"].value == {
-        "1": {"error": "start failed: OperationalError: unable | to open", "failures": 5, "quarantined": True,
-              "worker": "w:1"},
+        "1": {"error": "start failed: OperationalError: unable | to open", "failures": 5, "quarantined": True, "worker": "w:1"},
         "2": {"error": "query failed: boom", "failures": 2, "quarantined": False, "worker": "w:1"},
     }
     table = words["tasks"].value

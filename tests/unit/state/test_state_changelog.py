@@ -190,8 +190,9 @@ def test_a_committed_file_cut_short_fails_every_reader(queue: StateTopicQueue, t
     queue.append(4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
     path = queue.append(4, txid=1, epoch=1, items=[(("a",), 3), (("c",), 4)])
     lines = path.read_text().splitlines(keepends=True)
-    keep = {"before the end record": len("".join(lines[:-1])), "in the middle of a line": len(lines[0]) + 5,
-            "to nothing": 0}[where]
+    keep = {"before the end record": len("".join(lines[:-1])), "in the middle of a line": len(lines[0]) + 5, "to nothing": 0}[
+        where
+    ]
     _cut(path, keep)
     with pytest.raises(ReplayError, match="cut short|not JSON"):
         list(queue.entries())

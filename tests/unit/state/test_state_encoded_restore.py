@@ -25,6 +25,7 @@ from stream_ops.state import (
     RocksDBBackingMap,
     StateTopicQueue,
     TransactionalValue,
+    changelog,
     compact_queue,
     encode_stored,
     from_json_obj,
@@ -32,7 +33,6 @@ from stream_ops.state import (
     replay_changes,
     write_snapshot,
 )
-from stream_ops.state import changelog
 from stream_ops.state.changelog import key_text, replay_encoded_changes, stored_value_text
 from stream_ops.state.snapshot import open_restore_source
 from stream_ops.topics.file_topic import FileTopic, batch_file_name

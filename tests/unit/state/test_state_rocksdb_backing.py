@@ -169,7 +169,7 @@ def test_a_query_thread_reads_while_the_batch_thread_writes(store: RocksDBBackin
             while not done.is_set():
                 [value] = store.multi_get([A], include_pending=False)
                 seen.append(0 if value is None else value.val)
-        except BaseException as e:  # report any failure to the test thread
+        except BaseException as e:  # noqa: BLE001 - report any failure to the test thread
             errors.append(e)
 
     reader = threading.Thread(target=query)

@@ -105,9 +105,7 @@ def test_the_snapshot_equals_replay_changelog_over_the_raw_entries(queue: StateT
     assert got == expected
 
 
-def test_incremental_compaction_equals_a_full_replay_and_reads_only_new_files(
-    queue: StateTopicQueue, snaps: Path
-) -> None:
+def test_incremental_compaction_equals_a_full_replay_and_reads_only_new_files(queue: StateTopicQueue, snaps: Path) -> None:
     rng = random.Random(3)
     random_history(queue, rng, txids=10)
     first = write_snapshot(queue, snaps, committed_txid=10)
@@ -149,17 +147,19 @@ def test_the_highest_epoch_wins_across_the_snapshot_boundary(queue: StateTopicQu
 
     info = write_snapshot(queue, snaps, committed_txid=3)
 
-    assert snapshot_state(info.path) == queue.replay(committed_txid=3) == {
-        ("a",): "one",
-        ("b",): "new owner",
-        ("c",): "three",
-    }
+    assert (
+        snapshot_state(info.path)
+        == queue.replay(committed_txid=3)
+        == {
+            ("a",): "one",
+            ("b",): "new owner",
+            ("c",): "three",
+        }
+    )
     assert info.epoch == 2
 
 
-def test_an_empty_file_of_the_committing_epoch_hides_a_crashed_lower_epoch(
-    queue: StateTopicQueue, snaps: Path
-) -> None:
+def test_an_empty_file_of_the_committing_epoch_hides_a_crashed_lower_epoch(queue: StateTopicQueue, snaps: Path) -> None:
     # epoch 1 wrote txid 2 and crashed before its commit; epoch 2 committed txid 2 with no
     # change. The committing epoch's (empty) file is the one that counts: 99 was never committed.
     queue.append(3, 1, 1, [(("a",), 1)])
@@ -169,9 +169,7 @@ def test_an_empty_file_of_the_committing_epoch_hides_a_crashed_lower_epoch(
     assert snapshot_state(write_snapshot(queue, snaps, committed_txid=2).path) == queue.replay(2) == {("a",): 1}
 
 
-def test_a_snapshot_at_the_same_txid_is_reused_and_a_newer_one_is_an_error(
-    queue: StateTopicQueue, snaps: Path
-) -> None:
+def test_a_snapshot_at_the_same_txid_is_reused_and_a_newer_one_is_an_error(queue: StateTopicQueue, snaps: Path) -> None:
     queue.append(3, 1, 1, [(("a",), 1)])
     queue.append(3, 2, 1, [(("a",), 2)])
     info = write_snapshot(queue, snaps, committed_txid=2)
@@ -188,9 +186,7 @@ def test_an_empty_queue_gives_an_empty_snapshot(queue: StateTopicQueue, snaps: P
 # --- the Parquet file -----------------------------------------------------------------------
 
 
-def test_the_parquet_has_plain_sorted_columns_with_the_bytes_rocksdb_stores(
-    queue: StateTopicQueue, snaps: Path
-) -> None:
+def test_the_parquet_has_plain_sorted_columns_with_the_bytes_rocksdb_stores(queue: StateTopicQueue, snaps: Path) -> None:
     values = {
         ("pear", 2): OpaqueValue(1, 3, None),
         ("äpfel",): TransactionalValue(1, {"n": 1}),
@@ -339,9 +335,8 @@ def test_rebuild_below_the_only_snapshot_is_a_replay_error(queue: StateTopicQueu
     queue.append(3, 1, 1, [(("a",), 1)])
     queue.append(3, 2, 1, [(("a",), 2)])
     write_snapshot(queue, snaps, committed_txid=2)
-    with RocksDBBackingMap(tmp_path / "db") as store:
-        with pytest.raises(ReplayError, match="all newer than the committed txid 1"):
-            rebuild_store(store, queue, committed_txid=1, committed_epoch=1, snapshot_dir=snaps)
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="all newer than the committed txid 1"):
+        rebuild_store(store, queue, committed_txid=1, committed_epoch=1, snapshot_dir=snaps)
 
 
 def test_rebuild_below_the_compaction_is_a_replay_error(queue: StateTopicQueue, snaps: Path, tmp_path: Path) -> None:
@@ -386,9 +381,7 @@ def test_rebuild_from_a_snapshot_logs_progress_with_keys_per_second_at_a_bounded
     assert any("rebuilt state store" in r.getMessage() and "keys/s" in r.getMessage() for r in caplog.records)
 
 
-def test_a_compaction_during_a_rebuild_makes_the_rebuild_read_again(
-    queue: StateTopicQueue, snaps: Path, tmp_path: Path
-) -> None:
+def test_a_compaction_during_a_rebuild_makes_the_rebuild_read_again(queue: StateTopicQueue, snaps: Path, tmp_path: Path) -> None:
     for txid in range(1, 7):
         queue.append(3, txid, 1, [((f"k{txid}",), txid), ((f"k{txid - 1}",), None)])
     expected = queue.replay(committed_txid=6)

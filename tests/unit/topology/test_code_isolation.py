@@ -57,8 +57,9 @@ def _archive(tmp_path: Path, name: str, version: str) -> CodeScope:
     path = tmp_path / f"{name}-{version}-{uuid.uuid4().hex[:8]}.zip"
     path.write_bytes(data)
     digest = hashlib.sha256(data + version.encode()).hexdigest()
-    return CodeScope(digest=digest, code_sha256=hashlib.sha256(data).hexdigest(), archive=str(path),
-                     file_name=path.name, modules=(name,))
+    return CodeScope(
+        digest=digest, code_sha256=hashlib.sha256(data).hexdigest(), archive=str(path), file_name=path.name, modules=(name,)
+    )
 
 
 @pytest.fixture
@@ -129,8 +130,7 @@ def test_the_record_pipeline_imports_from_the_operations_archive(tmp_path, packa
     pipelines = {}
     for version in ("v1", "v2", "v1"):
         scope = _archive(tmp_path, package, version) if version not in pipelines else pipelines[version][0]
-        op = OperationSpec(kind="each", function=f"{package}.ops:tag", fields=("word",), out={"tagged": "string"},
-                           code=scope)
+        op = OperationSpec(kind="each", function=f"{package}.ops:tag", fields=("word",), out={"tagged": "string"}, code=scope)
         pipelines[version] = (scope, RecordPipeline([op]))
         out, dead = pipelines[version][1].run({"word": "w"})
         assert dead is None and out == [{"word": "w", "tagged": f"w-{version}"}]

@@ -79,8 +79,10 @@ def test_persist_and_state_query_plan(tmp_path):
     plan = build_plan(build_wordcount_db(tmp_path, kind="opaque"))
     words = plan.stage(1)
     assert words.kind == "partition" and words.persist.name == "word_counts"
-    assert words.persist.factory == {"class": "stream_ops.examples.wordcount_db:WordCountDB",
-                                     "args": {"path": str(tmp_path / "db"), "kind": "opaque"}}
+    assert words.persist.factory == {
+        "class": "stream_ops.examples.wordcount_db:WordCountDB",
+        "args": {"path": str(tmp_path / "db"), "kind": "opaque"},
+    }
     questions = plan.stage(2)
     assert questions.operations[0].kind == "state_query" and questions.operations[0].query["state"] == "word_counts"
     assert plan.states == {"word_counts": 1, "answers": 3}
@@ -95,9 +97,12 @@ def test_state_query_needs_a_partitioned_persist_and_matching_fields(tmp_path):
         questions.state_query(unpartitioned, ["word"], QueryWordCount(), out={"count": "long"})
 
     t2 = Topology("q2")
-    counts = (t2.source("s", FileTopic(tmp_path / "s"), schema={"sentence": "string"})
-              .each(split, out="word", fields=["sentence"]).group_by("word")
-              .persistent_aggregate(Count(), out="count", state=OpaqueMapState))
+    counts = (
+        t2.source("s", FileTopic(tmp_path / "s"), schema={"sentence": "string"})
+        .each(split, out="word", fields=["sentence"])
+        .group_by("word")
+        .persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    )
     asks = t2.source("q", FileTopic(tmp_path / "q"), schema={"word": "string", "other": "string"})
     with pytest.raises(TopologyDefinitionError, match="keyed by"):
         asks.state_query(counts, ["word", "other"], QueryWordCount(), out="n")

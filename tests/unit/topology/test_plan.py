@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from stream_ops.examples.wordcount import build_wordcount
 from stream_ops import TransactionalMapState
+from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import partition_for, stable_hash
 from stream_ops.topology import Plan, build_plan
 
@@ -15,7 +15,12 @@ def test_wordcount_plan_has_two_stages_and_one_task_per_queue(tmp_path):
     plan = build_plan(build_wordcount(tmp_path / "in", queues=3))
     assert [(s.name, s.kind, s.queues) for s in plan.stages] == [("sentences", "source", 3), ("count", "keyed", 3)]
     assert [(t.task_id, t.stage, t.queue) for t in plan.tasks] == [
-        (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2),
+        (0, 0, 0),
+        (1, 0, 1),
+        (2, 0, 2),
+        (3, 1, 0),
+        (4, 1, 1),
+        (5, 1, 2),
     ]
     source, keyed = plan.stages
     assert source.shuffle is not None and source.shuffle.to_stage == 1 and source.shuffle.key_fields == ("word",)
@@ -40,8 +45,13 @@ def test_stable_hash_is_the_same_in_another_process():
     code = "import json,sys; from stream_ops.hashing import stable_hash; print(json.dumps([stable_hash(k) for k in json.loads(sys.argv[1])]))"
     import json
 
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(keys)], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(keys)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    )
     assert json.loads(out.stdout) == here
 
 

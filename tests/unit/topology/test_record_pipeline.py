@@ -31,11 +31,13 @@ def _op(kind, fn, fields, out):
 
 
 def test_each_filter_map_chain():
-    pipeline = RecordPipeline([
-        _op("each", split_words, ("sentence",), {"word": "string"}),
-        _op("filter", not_the, ("word",), {}),
-        _op("map", upper_record, None, {"word": "string"}),
-    ])
+    pipeline = RecordPipeline(
+        [
+            _op("each", split_words, ("sentence",), {"word": "string"}),
+            _op("filter", not_the, ("word",), {}),
+            _op("map", upper_record, None, {"word": "string"}),
+        ]
+    )
     out, dead = pipeline.run({"sentence": "the cow jumped"})
     assert dead is None
     assert out == [{"word": "COW"}, {"word": "JUMPED"}]
