@@ -716,6 +716,7 @@ EXAMPLE_SENTENCES = "stream_ops.examples.wordcount:SAMPLE_SENTENCES"
 
 def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list[str]]:
     """The topology to demo, its input topic and the sentences to feed (from the project dir)."""
+    from stream_ops.errors import TopologyDefinitionError, TopologyLoadError
     from stream_ops.topology.functions import resolve_function
     from stream_ops.topology.loading import load_topology
 
@@ -723,8 +724,15 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     topology = load_topology(topology_ref)
-    sentences = list(resolve_function(EXAMPLE_SENTENCES)) * repeat
-    return topology, topology.chains[0].source.topic, sentences
+    # resolve_function is typed for functions; EXAMPLE_SENTENCES names a sequence of strings.
+    samples: object = resolve_function(EXAMPLE_SENTENCES)
+    if not isinstance(samples, list | tuple) or not all(isinstance(s, str) for s in samples):
+        raise TopologyLoadError(f"{EXAMPLE_SENTENCES} must be a list or tuple of strings")
+    sentences = list(samples) * repeat
+    source = topology.chains[0].source
+    if source is None:  # chains lists source segments only
+        raise TopologyDefinitionError(f"topology {topology.name!r}: its first chain has no source to feed")
+    return topology, source.topic, sentences
 
 
 @main.command()

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (Python 3.11, Java 17 and git installed).
 #
-# Installs what the tests need and nothing else: the Debian packages of the browser test
-# (chromium), the query-port TLS tests (openssl, to make test certificates) and the cluster
-# test (postgresql) when they are missing and we may install them,
-# then a virtual environment with stream_ops and its test extra, then runs pytest.
+# Installs what the checks and tests need and nothing else: the Debian packages of the browser
+# test (chromium), the query-port TLS tests (openssl, to make test certificates) and the
+# cluster test (postgresql) when they are missing and we may install them, then a virtual
+# environment with stream_ops and its test extra. Then runs ruff (lint and format check),
+# mypy and pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,4 +24,8 @@ fi
 
 python3 -m venv .venv
 .venv/bin/pip install -q -e '.[test,cluster]'
+# Static checks first (seconds), then the suite; configured in pyproject.toml.
+.venv/bin/ruff check stream_ops tests bench definitions
+.venv/bin/ruff format --check stream_ops tests bench definitions
+.venv/bin/mypy
 exec .venv/bin/pytest -q "$@"

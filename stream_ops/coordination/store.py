@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -715,7 +716,7 @@ class ZkStore:
         for part in (p for p in path.split("/") if p):
             node = f"{node}/{part}"
             try:
-                self._write("create", node, lambda n=node: self._client.create_async(n, b"", acl=acl))
+                self._write("create", node, functools.partial(self._client.create_async, node, b"", acl=acl))
             except ZnodeExistsError:
                 self._check_owned(node)
 

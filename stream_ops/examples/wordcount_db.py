@@ -62,7 +62,7 @@ class WordCountState(State):
             if self.kind == "transactional":
                 if stored == txid:
                     continue
-                new = (count + n, None, txid)
+                new: tuple[int, int | None, int | None] = (count + n, None, txid)
             elif self.kind == "opaque":
                 new = (prev + n, prev, txid) if stored == txid else (count + n, count, txid)
             else:

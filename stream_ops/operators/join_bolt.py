@@ -279,7 +279,7 @@ class TumblingWindow:
         """
         try:
             taken = WindowSpec.from_spec(state)
-            records = [(str(stream), dict(record)) for stream, record in state["records"]]
+            records: list[WindowItem] = [(str(stream), dict(record)) for stream, record in state["records"]]
             start = state.get("start")
         except (KeyError, TypeError, ValueError, TopologyDefinitionError) as e:
             raise StateError(f"not a tumbling window snapshot: {e}") from e

@@ -413,10 +413,15 @@ def build_jobs(
     translator = translator or StreamOpsTranslator()
     default = topology_names[0] if topology_names else None
 
-    def defaults(op_name: str, **values: Any) -> dict[str, Any] | None:
+    def defaults(op_name: str, **values: Any) -> dict[str, Any]:
+        """``@dg.job`` keyword arguments: ``config=`` with the launchpad default, or none without a topology.
+
+        Unpacked (``**defaults(...)``) rather than passing ``config=None``: dagster accepts None, but its
+        ``@job`` overload does not declare it.
+        """
         if default is None:
-            return None
-        return {"ops": {op_name: {"config": {"topology": default, **values}}}}
+            return {}
+        return {"config": {"ops": {op_name: {"config": {"topology": default, **values}}}}}
 
     @dg.job(
         name=WORKER_JOB_NAME,
@@ -433,7 +438,7 @@ def build_jobs(
         description="Rebalance a topology over the live worker slots (stream-ops rebalance).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "rebalance"},
-        config=defaults(_REBALANCE_OP),
+        **defaults(_REBALANCE_OP),
     )
     def rebalance_job() -> None:
         _rebalance_op()
@@ -443,7 +448,7 @@ def build_jobs(
         description="Resume a deactivated topology (stream-ops activate).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "activate"},
-        config=defaults(_ACTIVATE_OP),
+        **defaults(_ACTIVATE_OP),
     )
     def activate_job() -> None:
         _activate_op()
@@ -453,7 +458,7 @@ def build_jobs(
         description="Pause a topology; state and checkpoints are kept (stream-ops deactivate).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "deactivate"},
-        config=defaults(_DEACTIVATE_OP),
+        **defaults(_DEACTIVATE_OP),
     )
     def deactivate_job() -> None:
         _deactivate_op()
@@ -463,7 +468,7 @@ def build_jobs(
         description="Kill a topology and remove its znodes; files are kept (stream-ops kill).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "kill"},
-        config=defaults(_KILL_OP),
+        **defaults(_KILL_OP),
     )
     def kill_job() -> None:
         _kill_op()
@@ -476,7 +481,7 @@ def build_jobs(
         "state-topic files the snapshot covers.",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "compact_state"},
-        config=defaults(_COMPACT_OP),
+        **defaults(_COMPACT_OP),
     )
     def compact_job() -> None:
         compact_op()

@@ -86,7 +86,7 @@ def _explain(resource: str, error: ValidationError, names: Mapping[str, str] | N
     return f"invalid {resource} configuration: " + "; ".join(problems)
 
 
-class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+class ZooKeeperResource(dg.ConfigurableResource):
     """How to reach the ZooKeeper ensemble that coordinates stream_ops topologies.
 
     Example:
@@ -173,7 +173,7 @@ class ZooKeeperResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             yield store
 
 
-class StreamClusterResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+class StreamClusterResource(dg.ConfigurableResource):
     """Where the stream_ops cluster keeps its files (shared by workers, nimbus and Dagster).
 
     Only ``root`` is required in practice; the other directories default to sub-directories

@@ -165,7 +165,7 @@ def observe_tick(
     launch_grace_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
-    log: logging.Logger | logging.LoggerAdapter = logger,  # type: ignore[type-arg]
+    log: logging.Logger | logging.LoggerAdapter = logger,
 ) -> HeartbeatTick:
     """Observe the given topologies once (the body of a heartbeat sensor tick).
 
@@ -315,7 +315,7 @@ def observe_tick(
 
 def _live_submissions(
     store: ZkStore,
-    log: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+    log: logging.Logger | logging.LoggerAdapter,
 ) -> dict[str, str] | None:
     """Topology name -> id of its live submission, read once per tick (None: look up one by one).
 

@@ -82,8 +82,8 @@ def acquire(
     epoch = record.epoch + 1
     new_record = record.model_copy(update={"epoch": epoch})
     tx = store.transaction()
-    owner = OwnerRecord(worker_id=worker_id, epoch=epoch, since=clock())
-    tx.create(owner_path, encode_json(owner.to_json_obj()), ephemeral=True)
+    owner_record = OwnerRecord(worker_id=worker_id, epoch=epoch, since=clock())
+    tx.create(owner_path, encode_json(owner_record.to_json_obj()), ephemeral=True)
     tx.set_data(tx_path, encode_json(new_record.to_json_obj()), version=stat.version)
     try:
         store.commit_transaction(tx)

@@ -358,7 +358,7 @@ class QueryServer(ThreadingHTTPServer):
         tls: ssl.SSLContext | None = None,
         limits: QueryLimits | None = None,
     ) -> None:
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), _Handler)  # type: ignore[arg-type]  # finish_request adds the deadline
         self.lookup = lookup
         self.token = token
         self.tls = tls

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from stream_ops.errors import TopologyLoadError
 from stream_ops.operators.join_bolt import JoinBolt, TumblingWindow
-from stream_ops.operators.processing_element import PERuntime, Trigger
+from stream_ops.operators.processing_element import PERuntime, ProcessingElement, Trigger
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import StageSpec
@@ -79,6 +80,8 @@ class ProcessElementProcessor:
         assert stage.process is not None
         spec = stage.process
         pe_class = resolve_function(spec.pe_class, scope=spec.code)
+        if not (isinstance(pe_class, type) and issubclass(pe_class, ProcessingElement)):
+            raise TopologyLoadError(f"{spec.pe_class} is not a ProcessingElement subclass")
         trigger = Trigger.from_spec(spec.trigger) if spec.trigger else None
         self.store = store
         saved = store.multi_get([self.STATE_KEY])[0]

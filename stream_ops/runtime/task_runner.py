@@ -625,9 +625,9 @@ class TaskRunner:
         elif stage.records is not None:
             spec = stage.records
             for record in records:
-                key = [field_value(record, f.split(".")) for f in spec.key_fields]
-                by_queue[partition_for(key, spec.queues)].append(
-                    {"stream": spec.stream, "key": encode_key(key), "record": json.dumps(record, default=str)}
+                key_values = [field_value(record, f.split(".")) for f in spec.key_fields]
+                by_queue[partition_for(key_values, spec.queues)].append(
+                    {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
                 )
             topic = self.layout.shuffle_topic(self.plan.stage(spec.to_stage))
         else:

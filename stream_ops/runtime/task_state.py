@@ -19,7 +19,7 @@ from stream_ops.topics.file_topic import FileTopic
 
 logger = logging.getLogger(__name__)
 
-MAP_STATES = {
+MAP_STATES: dict[str, type[TransactionalMapState | OpaqueMapState | MapState]] = {
     "transactional": TransactionalMapState,
     "opaque": OpaqueMapState,
     "non-transactional": MapState,

@@ -228,7 +228,7 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     return SourceBatchResult(partials=partials, records=records, dead_letters=dead_letters, input_rows=input_rows)
 
 
-def records_batch(df: DataFrame) -> list[tuple[str, str, dict[str, Any]]]:
+def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]:
     """The (stream tag, encoded key, record) rows of a records shuffle batch."""
     return [(row["stream"], row["key"], json.loads(row["record"])) for row in df.collect() if row["record"] is not None]
 

@@ -120,7 +120,7 @@ class _BatchMapState(ABC):
     def multi_put(self, keys: Sequence[Key], values: Sequence[Any]) -> None:
         """Set each key to a value, under the same txid rules as :meth:`multi_update`."""
         check_same_length(keys, values, f"{type(self).__name__}.multi_put")
-        self._apply(keys, [lambda _current, v=value: v for value in values], "multi_put")
+        self._apply(keys, [_constant(value) for value in values], "multi_put")
 
     def multi_update(self, keys: Sequence[Key], fns: Sequence[UpdateFn]) -> list[Any]:
         """Apply one function per key to its current value; returns the new values.
@@ -268,3 +268,12 @@ class MapState(_BatchMapState):
 
     def _wrap(self, stored: Any | None, txid: int, new: Any) -> Any:
         return new
+
+
+def _constant(value: Any) -> UpdateFn:
+    """The update function that sets ``value`` whatever the current value is."""
+
+    def put(_current: Any) -> Any:
+        return value
+
+    return put

@@ -178,7 +178,7 @@ class Plan(_Frozen):
 
 def _stage(segment: Segment, topology: Topology) -> StageSpec:
     operations = tuple(
-        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query)  # type: ignore[arg-type]
+        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query)
         for op in segment.operations
     )
     out = segment.output or {}
@@ -205,7 +205,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         state = StateSpec(
             name=agg.name,
             kind=agg.state_kind,
-            key_fields=agg.group_fields,  # type: ignore[arg-type]
+            key_fields=agg.group_fields,
             value_field=agg.out,
             aggregator=agg.aggregator.to_spec(),
             value_type=agg.value_type,
@@ -225,7 +225,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
     return StageSpec(
         index=segment.index,
         name=segment.name,
-        kind=segment.kind,  # type: ignore[arg-type]
+        kind=segment.kind,
         queues=segment.queues,
         source_path=str(segment.source.topic.path) if segment.source else None,
         input_fields=input_fields,
