@@ -211,10 +211,6 @@ class ClusterStack:
     def cluster(self) -> ClusterConfig:
         return ClusterConfig(root=Path(self.settings["STREAM_OPS_HOME"]))
 
-    @property
-    def spark_master_url(self) -> str:
-        return f"spark://{self.settings['SPARK_MASTER_HOST']}:{self.settings['SPARK_MASTER_PORT']}"
-
     def env(self) -> dict[str, str]:
         """Environment of the scripts: ours, plus where their configuration files are."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAM_OPS_", "SPARK_", "PYSPARK_"))}

@@ -121,6 +121,10 @@ class TransactionFailedError(CoordinationError):
         self.reason = reason
 
 
+class TaskBusyError(TransientError):
+    """Another worker still holds the task's ``/owners`` node (it may be dying)."""
+
+
 class OwnershipLostError(CoordinationError):
     """This worker no longer owns the task; it must stop without writing."""
 

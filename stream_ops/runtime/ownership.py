@@ -18,16 +18,12 @@ from typing import Any
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import BatchInput, OwnerRecord, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
-from stream_ops.errors import CoordinationError, OwnershipLostError, TransientError
+from stream_ops.errors import CoordinationError, OwnershipLostError, TaskBusyError
 
 logger = logging.getLogger(__name__)
 
 RECENT_INPUTS = 16
 """How many committed batches' input fingerprints the transactional record keeps."""
-
-
-class TaskBusyError(TransientError):
-    """Another worker still holds the task's ``/owners`` node (it may be dying)."""
 
 
 @dataclass

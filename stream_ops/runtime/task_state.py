@@ -12,8 +12,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream_ops.state.changelog import StateTopicQueue, rebuild_store
+from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
+from stream_ops.state.restore import rebuild_store
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topics.file_topic import FileTopic
 

@@ -41,6 +41,7 @@ from stream_ops.errors import (
     CoordinationError,
     OwnershipLostError,
     StreamOpsError,
+    TaskBusyError,
     TransientError,
     WorkerError,
     ZnodeExistsError,
@@ -49,7 +50,6 @@ from stream_ops.errors import (
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.runtime.heartbeat import beat
-from stream_ops.runtime.ownership import TaskBusyError
 from stream_ops.runtime.process_limits import raise_open_files_limit
 from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
 from stream_ops.runtime.task_failures import (

@@ -5,12 +5,12 @@ from stream_ops.state.changelog import (
     ChangelogEntry,
     ReplayedChanges,
     StateTopicQueue,
-    rebuild_store,
     replay_changelog,
     replay_changes,
 )
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState, UpdateFn
+from stream_ops.state.restore import rebuild_store
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.snapshot import (
     CompactionResult,

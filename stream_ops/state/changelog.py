@@ -10,10 +10,9 @@ with the largest offset among entries of committed txids, where for each txid on
 owner epoch that wrote a file counts: the committing epoch always wrote one, and any lower
 epoch is the work of an owner that lost the task.
 
-:func:`rebuild_store` restores a store from the latest compacted snapshot of the queue
-(:mod:`stream_ops.state.snapshot`) plus the batches above it, or from the whole queue. It
-loads the bytes the store keeps without a decode/re-encode round trip: snapshot columns as
-they are, and state-topic values cut out of their lines (:func:`replay_encoded_changes`).
+:func:`stream_ops.state.restore.rebuild_store` restores a store from the latest compacted
+snapshot of the queue plus the batches above it, or from the whole queue, with the bytes
+:func:`replay_encoded_changes` cuts out of the lines.
 """
 
 from __future__ import annotations
@@ -21,25 +20,18 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.keys import Key, as_key
-from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
 from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name, parse_batch_file_name
 
-if TYPE_CHECKING:
-    from stream_ops.state.snapshot import RestoreSource
-
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 _FIELDS = ("key", "value", "offset", "txid", "epoch")
 _END = "end"
@@ -708,117 +700,6 @@ def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any
     return [(entry.key, entry.value) for entry in _file_entries(path, file_id, 0)]
 
 
-def rebuild_store(
-    store: RocksDBBackingMap,
-    queue: StateTopicQueue,
-    committed_txid: int,
-    committed_epoch: int,
-    *,
-    snapshot_dir: Path | None = None,
-    require_complete: bool = False,
-    clock: Callable[[], float] = time.monotonic,
-    log_interval: float = 1.0,
-) -> int:
-    """Restore a task's state into an EMPTY store: latest snapshot + state-topic tail, or a full replay.
-
-    With a snapshot at txid S <= ``committed_txid`` (see :mod:`stream_ops.state.snapshot`) the
-    store gets the snapshot's keys overlaid with the changes of txids S < txid <=
-    ``committed_txid``; without one, the whole queue is replayed. Both give exactly the state
-    of DESIGN invariant 5. When ``snapshot_dir`` is None but the queue has been compacted (its
-    covered files deleted), the snapshot directory recorded by the compaction is used, so a
-    caller that does not know about snapshots never replays a truncated queue. The store is
-    loaded with :meth:`RocksDBBackingMap.restore_encoded`: the snapshot's columns already are
-    the stored bytes, and the tail's come from :func:`replay_encoded_changes`, so for a queue
-    written by :meth:`StateTopicQueue.append` the store ends up byte for byte as
-    :meth:`RocksDBBackingMap.restore` of the replayed values leaves it.
-
-    Example:
-        >>> with RocksDBBackingMap(path) as store:
-        ...     rebuild_store(store, StateTopicQueue(topic, 3), committed_txid=41, committed_epoch=5,
-        ...                   snapshot_dir=layout.snapshot_dir(stage, 3))
-        1200
-
-    Args:
-        store: an empty store (see :meth:`RocksDBBackingMap.restore`).
-        queue: the state-topic queue of the task's source queue.
-        committed_txid: the task's committed txid in ZooKeeper.
-        committed_epoch: the owner epoch recorded in the store's marker.
-        snapshot_dir: where the queue's snapshots are written, or None (see above).
-        require_complete: the queue was written by a task runner, which writes a file for
-            every batch: require one for every txid above the snapshot and the committed
-            txid's file of ``committed_epoch`` (see :func:`replay_changes`).
-        clock: seconds, for rate-limiting progress logs and the keys/s figures.
-        log_interval: at most one progress log per this many seconds.
-
-    Returns:
-        The number of keys restored.
-
-    Raises:
-        ReplayError: the state cannot be rebuilt at ``committed_txid``: a corrupt entry or
-            snapshot, a snapshot or compaction newer than ``committed_txid``, or a compacted
-            queue without a snapshot covering the deleted files.
-    """
-    # snapshot.py builds on this module, so it is imported here rather than at the top.
-    from stream_ops.state.snapshot import open_restore_source
-
-    started = clock()
-    where = str(store.path)
-    limiter = _RateLimit(clock, log_interval)
-
-    def on_file(read: int, total: int, entries: int) -> None:
-        if limiter.due():
-            logger.info("rebuilding %s: read %d of %d state-topic files (%d entries)", where, read, total, entries)
-
-    with paused_cyclic_gc():
-        source = open_restore_source(
-            queue,
-            committed_txid,
-            committed_epoch=committed_epoch if require_complete else None,
-            snapshot_dir=snapshot_dir,
-            on_file=on_file,
-            encoded=True,
-        )
-        count = _restore(store, source, queue, committed_txid, committed_epoch, clock, log_interval)
-    seconds = clock() - started
-    logger.info(
-        "rebuilt state store %s: %d keys at txid %d epoch %d in %.2fs (%.0f keys/s)",
-        where,
-        count,
-        committed_txid,
-        committed_epoch,
-        seconds,
-        count / seconds if seconds > 0 else float("inf"),
-    )
-    return count
-
-
-def _restore(
-    store: RocksDBBackingMap,
-    source: RestoreSource,
-    queue: StateTopicQueue,
-    committed_txid: int,
-    committed_epoch: int,
-    clock: Callable[[], float],
-    log_interval: float,
-) -> int:
-    """Bulk-load a :class:`~stream_ops.state.snapshot.RestoreSource` into ``store``, logging progress."""
-    where = str(store.path)
-    try:
-        logger.info(
-            "rebuilding state store %s at txid %d from %s: about %d keys (%s)",
-            where,
-            committed_txid,
-            queue.path,
-            source.total,
-            source.description,
-        )
-        # the bytes the store keeps: snapshot columns as they are, tail values encoded once
-        pairs = _logging_progress(source.encoded_items(), source.total, where, clock, log_interval, started=clock())
-        return store.restore_encoded(pairs, committed_txid, committed_epoch)
-    finally:
-        source.close()
-
-
 @contextmanager
 def paused_cyclic_gc() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while a replay builds millions of objects.
@@ -835,39 +716,3 @@ def paused_cyclic_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-class _RateLimit:
-    """True at most once per ``interval`` seconds of ``clock``."""
-
-    def __init__(self, clock: Callable[[], float], interval: float) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._last = clock()
-
-    def due(self) -> bool:
-        now = self._clock()
-        if now - self._last >= self._interval:
-            self._last = now
-            return True
-        return False
-
-
-def _logging_progress(
-    items: Iterable[_T],
-    total: int,
-    what: str,
-    clock: Callable[[], float],
-    interval: float,
-    *,
-    started: float | None = None,
-) -> Iterator[_T]:
-    """Pass ``items`` through, logging progress and keys/s at most once per ``interval`` seconds."""
-    start = last = clock() if started is None else started
-    for done, item in enumerate(items, 1):
-        yield item
-        now = clock()
-        if now - last >= interval:
-            rate = done / (now - start) if now > start else float("inf")
-            logger.info("rebuilding %s: %d/%d keys (%.0f keys/s)", what, done, total, rate)
-            last = now

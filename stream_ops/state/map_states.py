@@ -77,11 +77,6 @@ class _BatchMapState(ABC):
         self._cache: dict[Key, Any] = {}  # wrapped values read or written in this batch
         self._written: dict[Key, None] = {}  # keys this batch wrote, in first-write order
 
-    @property
-    def current_txid(self) -> int | None:
-        """The txid of the open batch, or None between batches."""
-        return self._txid
-
     def begin_commit(self, txid: int) -> None:
         """Open batch ``txid``; reads, puts and updates are allowed until :meth:`commit`.
 

@@ -324,7 +324,7 @@ def compact_queue(
     Only batch files with txid <= the snapshot's txid are deleted — each holds entries of its
     own txid only, so every file a later txid needs (including uncommitted batches being
     written now) stays. Before deleting, the queue's ``_compacted.json`` is updated to name
-    the snapshot directory, so :func:`~stream_ops.state.changelog.rebuild_store` finds the
+    the snapshot directory, so :func:`~stream_ops.state.restore.rebuild_store` finds the
     snapshot even when its caller passes no ``snapshot_dir``.
 
     Example:

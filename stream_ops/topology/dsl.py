@@ -123,16 +123,6 @@ class AggregateNode:
 
 
 @dataclass(frozen=True)
-class PersistNode:
-    """``partition_persist``: a user State per task, updated once per batch."""
-
-    name: str
-    factory: dict[str, Any]
-    fields: tuple[str, ...]
-    updater: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class ProcessNode:
     """``process``: an S4 processing element per key."""
 

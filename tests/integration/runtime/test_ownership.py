@@ -6,10 +6,10 @@ import pytest
 
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import OwnershipLostError
+from stream_ops.errors import OwnershipLostError, TaskBusyError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime.ownership import TaskBusyError, acquire, commit, release
+from stream_ops.runtime.ownership import acquire, commit, release
 
 
 def test_owner_node_left_by_this_session_is_taken_back(zk_config, zk_store, tmp_path):
