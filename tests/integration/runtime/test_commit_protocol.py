@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from runners import make_runner
 
 from stream_ops import FileTopic, Sum, Topology, TransactionalMapState
 from stream_ops.config import ClusterConfig
@@ -23,32 +24,17 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CommittedBatchLostError, OwnershipLostError, ReplayError, TaskStoppingError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.nimbus.submission import read_storm, submit
+from stream_ops.nimbus.submission import submit
 from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.runtime.ownership import acquire
-from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
+from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.topics.file_topic import batch_file_name
 
 SOURCE_SCHEMA = "sentence string, _corrupt_record string"
 
 
 def _runner(store, spark, cluster, topology_id, worker_id, stage, **settings):
-    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
-    task = next(t for t in plan.tasks if t.stage == stage)
-    connected = threading.Event()
-    connected.set()
-    return TaskRunner(
-        store=store,
-        spark=spark,
-        layout=TopologyLayout(cluster, topology_id),
-        plan=plan,
-        task=task,
-        worker_id=worker_id,
-        settings=RunnerSettings(commit_wait_s=2, **settings),
-        connected=connected,
-    )
+    return make_runner(store, spark, cluster, topology_id, worker_id, stage=stage, **settings)
 
 
 def _sentences(spark, *sentences):

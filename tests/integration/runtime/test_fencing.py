@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 
 import pytest
+from runners import make_runner
 
 from stream_ops import OpaqueMapState, TransactionalMapState
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
@@ -36,21 +37,7 @@ def _shuffle_df(spark, words):
 
 
 def _runner(store, spark, cluster, topology_id, worker_id):
-    storm = read_storm(store, topology_id)
-    plan = load_submission(cluster.resolved_dist_dir(), storm).plan
-    keyed_task = next(t for t in plan.tasks if t.stage == 1)
-    connected = threading.Event()
-    connected.set()
-    return TaskRunner(
-        store=store,
-        spark=spark,
-        layout=TopologyLayout(cluster, topology_id),
-        plan=plan,
-        task=keyed_task,
-        worker_id=worker_id,
-        settings=RunnerSettings(commit_wait_s=2),
-        connected=connected,
-    )
+    return make_runner(store, spark, cluster, topology_id, worker_id, stage=1)
 
 
 @pytest.mark.parametrize("state", [OpaqueMapState, TransactionalMapState])

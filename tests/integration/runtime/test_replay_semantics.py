@@ -13,9 +13,9 @@ at-least-once allows.
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
+from runners import make_runner
 
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
@@ -23,31 +23,14 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import OwnershipLostError
 from stream_ops.examples.wordcount_db import WordCountDB, build_wordcount_db
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.nimbus.submission import read_storm, submit
+from stream_ops.nimbus.submission import submit
 from stream_ops.runtime import task_runner as task_runner_module
-from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 
 WORDS = ["how", "are", "you", "how"]
 
 
 def _runner(store, spark, cluster, topology_id, worker_id, stage_name="words"):
-    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
-    stage = next(s for s in plan.stages if s.name == stage_name)
-    task = plan.task_for(stage.index, 0)
-    connected = threading.Event()
-    connected.set()
-    return TaskRunner(
-        store=store,
-        spark=spark,
-        layout=TopologyLayout(cluster, topology_id),
-        plan=plan,
-        task=task,
-        worker_id=worker_id,
-        settings=RunnerSettings(commit_wait_s=2),
-        connected=connected,
-    )
+    return make_runner(store, spark, cluster, topology_id, worker_id, stage=stage_name)
 
 
 @pytest.mark.parametrize(
