@@ -273,7 +273,7 @@ def parse_worker_log(path: Path, topology_id: str, since: float) -> dict[int, di
         if m and m.group(1) == topology_id:
             found.setdefault(int(m.group(2)), {}).setdefault("owns_at", t)
             continue
-        # the rebuild's own progress lines (stream_ops.state.changelog), matched by task directory
+        # the rebuild's own progress lines (stream_ops.state.state_topic), matched by task directory
         m = STORE_RE.search(line)
         if m and m.group(2) == topology_id:
             key = "read_done_at" if m.group(1) == "rebuilding state store" else "restored_at"

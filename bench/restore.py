@@ -5,7 +5,7 @@ owner epoch, opaque word-count values; each batch adds new words, updates earlie
 deletes a few) plus ``--tail`` later batches touching a small share of the keys, then times:
 
   (a0) the restore path before snapshots: ``StateTopicQueue.replay`` (``entries()`` +
-       ``replay_changelog``) then ``RocksDBBackingMap.restore`` (skip with ``--no-generic``);
+       ``replay_state_topic``) then ``RocksDBBackingMap.restore`` (skip with ``--no-generic``);
   (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots: each
        winning value's stored text is cut out of its state-topic line, keys are encoded once,
        and the bytes go to ``RocksDBBackingMap.restore_encoded`` in key order);
@@ -141,7 +141,7 @@ def build_queue(queue: StateTopicQueue, keys: int, files: int, tail: int, rng: r
 
 
 def generic_restore(store: RocksDBBackingMap, queue: StateTopicQueue, txid: int, epoch: int) -> int:
-    """The restore path before the fast replay: entries() -> replay_changelog -> from_json_obj -> restore."""
+    """The restore path before the fast replay: entries() -> replay_state_topic -> from_json_obj -> restore."""
     return store.restore(queue.replay(txid).items(), txid, epoch)
 
 

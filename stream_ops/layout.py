@@ -72,7 +72,7 @@ class TopologyLayout:
 
     def input_topic(self, plan: Plan, stage: StageSpec) -> FileTopic:
         """The topic a stage reads: its source, or the shuffle topic written by its upstream."""
-        if stage.kind == "source":
+        if stage.reads_source:
             assert stage.source_path is not None
             return FileTopic(stage.source_path, stage.queues)
         return self.shuffle_topic(stage)

@@ -20,8 +20,8 @@ from stream_ops.errors import CoordinationError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
-from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.snapshot import CompactionResult, compact_queue
+from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topology.plan import Plan, StageSpec
 
 logger = logging.getLogger(__name__)

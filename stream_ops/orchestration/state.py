@@ -45,8 +45,8 @@ from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.jobs import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.snapshot import CompactionResult, SnapshotInfo, compact_queue, read_snapshot, write_snapshot
+from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topology.plan import Plan, StageSpec
 
 __all__ = ["STATE_POOL", "StateQueue", "build_compact_op", "resolve_state_queue", "snapshot_metadata", "state_assets"]

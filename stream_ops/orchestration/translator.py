@@ -35,24 +35,12 @@ def python_identifier(text: str) -> str:
 
 def stage_summary(stage: StageSpec) -> str:
     """What a stage does, in a few words (for descriptions and plan tables)."""
-    if stage.kind == "source":
-        what = f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations"
-    elif stage.kind == "keyed" and stage.state is not None:
-        what = f"keeps the {stage.state.kind} map state `{stage.state.name}` keyed by {', '.join(stage.state.key_fields)}"
-    elif stage.kind == "join":
-        what = f"joins the records of stages {list(stage.from_stages)}"
-    elif stage.kind == "process":
-        pe = stage.process.pe_class if stage.process is not None else "a processing element"
-        what = f"runs `{pe}` per key"
-    elif stage.kind == "partition" and stage.persist is not None:
-        what = f"persists each partition into `{stage.persist.name}`"
-    else:
-        what = f"a {stage.kind} stage"
+    what = stage.kind_info.describe(stage)
     if stage.shuffle is not None:
         what += f", shuffles partial aggregates to stage {stage.shuffle.to_stage}"
     elif stage.records is not None:
         what += f", shuffles records to stage {stage.records.to_stage}"
-    elif stage.persist is not None and stage.kind != "partition":
+    elif stage.persist is not None:
         what += f", persists into `{stage.persist.name}`"
     return what
 

@@ -7,6 +7,7 @@ topic with the batch and restored after a move like any keyed state.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any, Protocol
 
@@ -41,6 +42,9 @@ class PartitionProcessor:
 
     tick_interval_s: float | None = None
 
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+        pass
+
     def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return [record for stream, _, record in rows if stream != TICK_STREAM], []
 
@@ -50,9 +54,9 @@ class JoinProcessor:
 
     STATE_KEY = ("__join_window__",)
 
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap) -> None:
-        assert stage.join is not None
-        self.bolt = JoinBolt.from_spec(stage.join)
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+        assert stage.join is not None and store is not None
+        self.bolt = JoinBolt.from_spec(stage.join.bolt_spec())
         self.store = store
         saved = store.multi_get([self.STATE_KEY])[0]
         self.window: TumblingWindow = TumblingWindow.from_state(saved) if saved else self.bolt.tumbling_window()
@@ -76,8 +80,8 @@ class ProcessElementProcessor:
 
     STATE_KEY = ("__processing_elements__",)
 
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap) -> None:
-        assert stage.process is not None
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+        assert stage.process is not None and store is not None
         spec = stage.process
         pe_class = resolve_function(spec.pe_class, scope=spec.code)
         if not (isinstance(pe_class, type) and issubclass(pe_class, ProcessingElement)):
@@ -101,13 +105,13 @@ class ProcessElementProcessor:
         return out, dead
 
 
-def make_processor(stage: StageSpec, store: RocksDBBackingMap | None) -> StageProcessor:
-    """The processor of a join, process or partition stage."""
-    if stage.kind == "partition":
-        return PartitionProcessor()
-    assert store is not None, f"stage {stage.name} keeps state but has no store"
-    if stage.kind == "join":
-        return JoinProcessor(stage, store)
-    if stage.kind == "process":
-        return ProcessElementProcessor(stage, store)
-    raise ValueError(f"stage {stage.name!r} of kind {stage.kind!r} has no record processor")
+def make_processor(stage: StageSpec, store: RocksDBBackingMap | None) -> StageProcessor | None:
+    """The record processor of ``stage``'s kind (see :mod:`stream_ops.topology.stage_kinds`),
+    or None for kinds whose batches Spark computes alone."""
+    ref = stage.kind_info.processor
+    if ref is None:
+        return None
+    module, _, name = ref.partition(":")
+    processor_class = getattr(importlib.import_module(module), name)
+    processor: StageProcessor = processor_class(stage, store)
+    return processor

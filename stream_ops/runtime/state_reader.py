@@ -44,7 +44,7 @@ class StateReader:
         if stage_index is None:
             raise QueryError(f"topology {self.plan.topology!r} has no state {state_name!r}")
         stage = self.plan.stage(stage_index)
-        if stage.kind == "keyed":
+        if stage.state is not None:
             remote = RemoteMapState(self.store, self.topology_id, self.plan, stage_index, self._access)
             return list(query.batch_retrieve(remote, args))
         persist = stage.persist

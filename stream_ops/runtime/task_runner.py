@@ -94,6 +94,23 @@ class TaskStats:
     started_at: float = field(default_factory=time.time)
 
 
+@dataclass
+class _Batch:
+    """What step 2 computed for one batch, filled in as the steps go."""
+
+    rows_in: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """Output records (source, join, process and partition stages)."""
+    partials: list[tuple[str, Any]] = field(default_factory=list)
+    """(encoded key, partial aggregate): Spark's, to shuffle (source) or to apply (keyed)."""
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
+    """The shuffled (stream, key, record) rows a records stage's processor reads."""
+    driver_operations: bool = False
+    """Whether the stage's record operations still have to run on the driver."""
+    updated_keys: int = 0
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     """How a worker runs its tasks' queries."""
@@ -114,7 +131,7 @@ class TaskRunner:
     """Owns one task and runs its streaming query.
 
     Args:
-        store: ZooKeeper access (shared by the worker's runners; kazoo is thread-safe).
+        zk: ZooKeeper access (shared by the worker's runners; kazoo is thread-safe).
         spark: the worker's SparkSession.
         layout: paths of the topology.
         plan: the topology's plan.
@@ -128,7 +145,7 @@ class TaskRunner:
     def __init__(
         self,
         *,
-        store: ZkStore,
+        zk: ZkStore,
         spark: SparkSession,
         layout: TopologyLayout,
         plan: Plan,
@@ -138,7 +155,7 @@ class TaskRunner:
         connected: threading.Event,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self.zk = zk
         self.spark = spark
         self.layout = layout
         self.plan = plan
@@ -188,17 +205,17 @@ class TaskRunner:
         except BaseException:
             self._close_state()
             assert self.ownership is not None
-            release(self.store, self.ownership)
+            release(self.zk, self.ownership)
             raise
 
     def prepare(self) -> None:
         """Take ownership under a new epoch and open (or rebuild) the task's state."""
-        self.ownership = acquire(self.store, self.topology_id, self.task.task_id, self.worker_id, clock=self.clock)
+        self.ownership = acquire(self.zk, self.topology_id, self.task.task_id, self.worker_id, clock=self.clock)
         try:
             self._prepare_state()
         except BaseException:
             self._close_state()
-            release(self.store, self.ownership)
+            release(self.zk, self.ownership)
             raise
 
     def _prepare_state(self) -> None:
@@ -209,7 +226,7 @@ class TaskRunner:
         # of a commit whose owner died before it). Only epochs below ours are touched, and
         # only after checking we still own the task: a stale owner that resumes here never
         # deletes a newer owner's files.
-        verify_owner(self.store, self.ownership)
+        verify_owner(self.zk, self.ownership)
         keep = (committed.committed_txid, committed.committed_epoch) if committed.committed_txid >= 0 else None
         topics = self._output_topics()
         if self.stage.keeps_state:
@@ -243,15 +260,14 @@ class TaskRunner:
                     self.state.restored_keys,
                     time.monotonic() - started,
                 )
-        if stage.kind in ("join", "process", "partition"):
-            self.processor = make_processor(stage, self.state.store if self.state else None)
+        self.processor = make_processor(stage, self.state.store if self.state else None)
         if stage.persist is not None:
             factory = resolve_object(stage.persist.factory)
             self.user_state = factory.make_state(self.task.queue, stage.queues)
             if keep is not None:
                 self._finish_user_state_commit(*keep)
         if any(op.kind == "state_query" for op in stage.operations):
-            self._state_reader = StateReader(self.store, self.topology_id, self.plan, query_config=self.settings.query)
+            self._state_reader = StateReader(self.zk, self.topology_id, self.plan, query_config=self.settings.query)
 
     def maybe_tick(self, now: float) -> bool:
         """Write a tick record into this task's input when its time-based windows or triggers
@@ -273,7 +289,7 @@ class TaskRunner:
                 on the shared checkpoint only while we own the task).
         """
         assert self.ownership is not None
-        verify_owner(self.store, self.ownership)
+        verify_owner(self.zk, self.ownership)
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         self._last_input_ms = latest_file_timestamp(checkpoint)
         self.query = start_stage_query(
@@ -331,7 +347,7 @@ class TaskRunner:
         with self._commit_lock:
             self._close_state()
         if release_ownership and self.ownership is not None:
-            release(self.store, self.ownership)
+            release(self.zk, self.ownership)
         logger.info("task %s/%d stopped on %s", self.topology_id, self.task.task_id, self.worker_id)
 
     def _close_state(self) -> None:
@@ -349,7 +365,10 @@ class TaskRunner:
     # --- per batch -------------------------------------------------------------------------
 
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` callback: run and commit batch ``batch_id`` (the txid)."""
+        """``foreachBatch`` callback: run and commit batch ``batch_id`` (the txid).
+
+        Each step of the commit protocol (module docstring) is one call.
+        """
         with self._batch_lock:
             if self._stopping.is_set():
                 raise TaskStoppingError(
@@ -363,12 +382,23 @@ class TaskRunner:
             if self._already_committed(txid):
                 self.stats.txid_in_flight = None
                 return
-            # Steps 2-6
-            if self.stage.kind == "keyed":
-                rows_in, rows_out = self._keyed_batch(df, txid)
-            else:
-                rows_in, rows_out = self._record_batch(df, txid)
-            self._record_stats(rows_in, rows_out, time.monotonic() - started)
+            # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
+            batch = self._compute_in_spark(df)
+            with self._state_section(txid):
+                epoch = self.ownership.epoch
+                # Step 2, the part that reads and updates the task's state
+                self._compute_on_state(batch, txid)
+                # Step 3
+                rows_out = self._stage_outputs(batch, txid, epoch)
+                commit_started = time.perf_counter()
+                # Step 4
+                self._append_state_changes(txid, epoch)
+                # Step 5
+                self._commit_to_zookeeper(txid, batch.rows_in)
+                # Step 6
+                self._publish_committed(txid, epoch)
+                self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+            self._record_stats(batch.rows_in, rows_out, time.monotonic() - started)
 
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
@@ -435,51 +465,53 @@ class TaskRunner:
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
             yield
 
-    def _commit(self, txid: int, rows: int) -> None:
-        """Steps 4-6: state topic + RocksDB, ZooKeeper commit, publish."""
-        assert self.ownership is not None
-        with self._state_section(txid):
-            commit_started = time.perf_counter()
-            epoch = self.ownership.epoch
-            state = self.state
-            # Step 4
-            if state is not None:
-                changed = state.store.pending_items()
-                state.changelog.append(self.task.task_id, txid, epoch, changed)
-                if changed:
-                    keys = [key for key, _ in changed]
-                    before = state.store.multi_get(keys, include_pending=False)
-                    with self._overlay_lock:
-                        self._committed_overlay = dict(zip(keys, before, strict=True))
-                state.store.flush(txid, epoch)
-            # Step 5
-            self._wait_connected()
-            checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-            outputs = {
-                str(topic.path): sizes
-                for topic in self._output_topics()
-                if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
-            }
-            commit(
-                self.store,
-                self.ownership,
-                txid,
-                offsets=batch_offsets(checkpoint, txid),
-                rows=rows,
-                outputs=outputs,
-                batch_input=batch_input(checkpoint, txid),
-                clock=self.clock,
-            )
+    def _append_state_changes(self, txid: int, epoch: int) -> None:
+        """Step 4: the batch's state changes to the state topic, then RocksDB with the applied marker."""
+        state = self.state
+        if state is None:
+            return
+        changed = state.store.pending_items()
+        state.state_topic.append(self.task.task_id, txid, epoch, changed)
+        if changed:
+            keys = [key for key, _ in changed]
+            before = state.store.multi_get(keys, include_pending=False)
             with self._overlay_lock:
-                self._committed_overlay = {}
-            # Step 6
-            if self.user_state is not None:
-                self.user_state.commit(txid)
-                self._persisted_tuples_path(txid, epoch).unlink(missing_ok=True)
-            self._publish(txid, epoch)
-            if state is not None and state.map_state is not None:
-                state.map_state.commit(txid)
-            self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+                self._committed_overlay = dict(zip(keys, before, strict=True))
+        state.store.flush(txid, epoch)
+
+    def _commit_to_zookeeper(self, txid: int, rows: int) -> None:
+        """Step 5: the ZooKeeper commit transaction (refused for a zombie)."""
+        assert self.ownership is not None
+        epoch = self.ownership.epoch
+        self._wait_connected()
+        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        outputs = {
+            str(topic.path): sizes
+            for topic in self._output_topics()
+            if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
+        }
+        commit(
+            self.zk,
+            self.ownership,
+            txid,
+            offsets=batch_offsets(checkpoint, txid),
+            rows=rows,
+            outputs=outputs,
+            batch_input=batch_input(checkpoint, txid),
+            clock=self.clock,
+        )
+        with self._overlay_lock:
+            self._committed_overlay = {}
+
+    def _publish_committed(self, txid: int, epoch: int) -> None:
+        """Step 6: commit the user State, publish the staged files, commit the map state."""
+        if self.user_state is not None:
+            self.user_state.commit(txid)
+            self._persisted_tuples_path(txid, epoch).unlink(missing_ok=True)
+        self._publish(txid, epoch)
+        state = self.state
+        if state is not None and state.map_state is not None:
+            state.map_state.commit(txid)
 
     def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> None:
         """Apply a batch's tuples to the partition_persist State, without committing it.
@@ -536,63 +568,66 @@ class TaskRunner:
         for topic in self._output_topics():
             topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(str(topic.path), {}))
 
-    def _keyed_batch(self, df: DataFrame, txid: int) -> tuple[int, int]:
-        """Keyed stage: combine the shuffled partials per key into the map state, commit.
+    def _compute_in_spark(self, df: DataFrame) -> _Batch:
+        """Step 2, Spark's part: read the micro-batch as its stage kind's input format."""
+        reads = self.stage.kind_info.reads
+        if reads == "source":
+            result = source_batch(df, self.stage)
+            return _Batch(
+                rows_in=result.input_rows,
+                records=[record for _, record in result.records],
+                partials=result.partials,
+                dead=list(result.dead_letters),
+                driver_operations=needs_driver(self.stage.operations),
+            )
+        if reads == "partials":
+            partials, rows_in = keyed_batch(df, self.stage)
+            return _Batch(rows_in=rows_in, partials=partials)
+        rows = records_batch(df)
+        return _Batch(rows_in=len(rows), rows=rows, driver_operations=True)
+
+    def _compute_on_state(self, batch: _Batch, txid: int) -> None:
+        """Step 2, on the driver: apply the shuffled partials to the map state (Trident's txid
+        rules), or run the stage's processor and its driver-side record operations.
 
         A partial that cannot be combined (null, or of a type the aggregator rejects) goes to
         the dead letters with the reason instead of failing the batch on every replay.
         """
-        assert self.ownership is not None
-        partials, rows_in = keyed_batch(df, self.stage)
-        dead: list[dict[str, Any]] = []
-        keys: list[tuple[Any, ...]] = []
-        updates: list[Callable[[Any], Any]] = []
-        for encoded, value in partials:
-            key = tuple(json.loads(encoded))
-            problem = _uncombinable(self._aggregator, value)
-            if problem is not None:
-                dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
-                continue
-            keys.append(key)
-            updates.append(_combiner(self._aggregator, key, value, dead))
-        with self._state_section(txid):
+        if self.stage.state is not None:
             assert self.state is not None and self.state.map_state is not None
+            keys: list[tuple[Any, ...]] = []
+            updates: list[Callable[[Any], Any]] = []
+            for encoded, value in batch.partials:
+                key = tuple(json.loads(encoded))
+                problem = _uncombinable(self._aggregator, value)
+                if problem is not None:
+                    batch.dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
+                    continue
+                keys.append(key)
+                updates.append(_combiner(self._aggregator, key, value, batch.dead))
             map_state = self.state.map_state
             map_state.begin_commit(txid)
             map_state.multi_update(keys, updates)
-            self._stage_dead_letters(txid, self.ownership.epoch, dead)
-            self._commit(txid, rows_in)
-        return rows_in, len(keys)
+            batch.updated_keys = len(keys)
+            return
+        if self.processor is not None:
+            batch.records, batch.dead = self.processor.process(batch.rows, self.clock())
+        if batch.driver_operations and self.stage.operations:
+            records, letters = run_batch(batch.records, self.stage.operations, self._state_reader)
+            batch.records = records
+            batch.dead.extend({"record": d.record, "error": d.error} for d in letters)
 
-    def _record_batch(self, df: DataFrame, txid: int) -> tuple[int, int]:
-        """Source, join, process and partition stages: compute, stage outputs, commit."""
-        assert self.ownership is not None
-        dead: list[dict[str, Any]] = []
-        partials: list[tuple[str, Any]] = []
-        if self.stage.kind == "source":
-            result = source_batch(df, self.stage)
-            rows_in, partials, dead = result.input_rows, result.partials, list(result.dead_letters)
-            records = [record for _, record in result.records]
-            driver_ops = needs_driver(self.stage.operations)
+    def _stage_outputs(self, batch: _Batch, txid: int, epoch: int) -> int:
+        """Step 3: write the batch's output files (unpublished) or update the user State;
+        returns the number of output rows."""
+        staging_started = time.perf_counter()
+        if self.stage.state is not None:
+            rows_out = batch.updated_keys
         else:
-            rows = records_batch(df)
-            rows_in = len(rows)
-            records = []
-            driver_ops = True
-        with self._state_section(txid):
-            if self.stage.kind != "source":
-                assert self.processor is not None
-                records, dead = self.processor.process(rows, self.clock())
-            if driver_ops and self.stage.operations:
-                records, letters = run_batch(records, self.stage.operations, self._state_reader)
-                dead.extend({"record": d.record, "error": d.error} for d in letters)
-            epoch = self.ownership.epoch
-            staging_started = time.perf_counter()
-            rows_out = self._stage_outputs(txid, epoch, records, partials, dead)
-            self._stage_dead_letters(txid, epoch, dead)
-            self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
-            self._commit(txid, rows_in)
-        return rows_in, rows_out
+            rows_out = self._stage_records(txid, epoch, batch.records, batch.partials, batch.dead)
+        self._stage_dead_letters(txid, epoch, batch.dead)
+        self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
+        return rows_out
 
     def _stage_dead_letters(self, txid: int, epoch: int, dead: list[dict[str, Any]]) -> None:
         """Step 3 for the records of a batch that could not be processed."""
@@ -605,7 +640,7 @@ class TaskRunner:
             "task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters)
         )
 
-    def _stage_outputs(
+    def _stage_records(
         self,
         txid: int,
         epoch: int,
@@ -613,7 +648,7 @@ class TaskRunner:
         partials: list[tuple[str, Any]],
         dead: list[dict[str, Any]],
     ) -> int:
-        """Step 3: write the batch's output files (unpublished) or update the user State."""
+        """Step 3 for the stage's output: shuffle files, or the user State of a partition_persist."""
         stage = self.stage
         by_queue: dict[int, list[dict[str, Any]]] = defaultdict(list)
         if stage.shuffle is not None:

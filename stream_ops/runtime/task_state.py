@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream_ops.state.changelog import StateTopicQueue
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
 from stream_ops.state.restore import rebuild_store
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
+from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topics.file_topic import FileTopic
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class TaskState:
 
     store: RocksDBBackingMap
     map_state: TransactionalMapState | OpaqueMapState | MapState | None
-    changelog: StateTopicQueue
+    state_topic: StateTopicQueue
     restored_keys: int
     rebuilt: bool
 
@@ -56,7 +56,7 @@ def open_task_state(
     ``kind`` is the map-state kind of a keyed stage, or None for a stage whose processor
     keeps its own state in the store (join windows, processing elements).
     """
-    changelog = StateTopicQueue(state_topic, queue)
+    queue_log = StateTopicQueue(state_topic, queue)
     expected = None if committed_txid < 0 else (committed_txid, committed_epoch)
     rebuilt = True
     if store_dir.exists():
@@ -74,7 +74,7 @@ def open_task_state(
         store = RocksDBBackingMap(store_dir)
         if committed_txid >= 0:
             restored = rebuild_store(
-                store, changelog, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
+                store, queue_log, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
             )
     map_state = MAP_STATES[kind](store) if kind is not None else None
-    return TaskState(store=store, map_state=map_state, changelog=changelog, restored_keys=restored, rebuilt=rebuilt)
+    return TaskState(store=store, map_state=map_state, state_topic=queue_log, restored_keys=restored, rebuilt=rebuilt)

@@ -472,7 +472,7 @@ class Worker:
         try:
             plan = self._plan(storm)
             runner = TaskRunner(
-                store=self.store,
+                zk=self.store,
                 spark=self.spark,
                 layout=TopologyLayout(self.cluster, topology_id),
                 plan=plan,

@@ -64,7 +64,7 @@ def start_stage_query(
     """
     fields = dict(stage.input_fields)
     reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger).option("maxFileAge", max_file_age)
-    if stage.kind == "source":
+    if stage.reads_source:
         fields[CORRUPT_COLUMN] = "string"
         reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
     df = reader.schema(schema_ddl(fields)).json(str(input_dir))

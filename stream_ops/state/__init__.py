@@ -1,13 +1,6 @@
 """Keyed state with Trident's txid rules, stored in RocksDB and rebuilt from a state topic."""
 
 from stream_ops.state.backing import BackingMap, MemoryBackingMap
-from stream_ops.state.changelog import (
-    ChangelogEntry,
-    ReplayedChanges,
-    StateTopicQueue,
-    replay_changelog,
-    replay_changes,
-)
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState, UpdateFn
 from stream_ops.state.restore import rebuild_store
@@ -20,6 +13,13 @@ from stream_ops.state.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from stream_ops.state.state_topic import (
+    ReplayedChanges,
+    StateTopicEntry,
+    StateTopicQueue,
+    replay_changes,
+    replay_state_topic,
+)
 from stream_ops.state.values import (
     OpaqueValue,
     TransactionalValue,
@@ -31,7 +31,7 @@ from stream_ops.state.values import (
 
 __all__ = [
     "BackingMap",
-    "ChangelogEntry",
+    "StateTopicEntry",
     "CompactionResult",
     "Key",
     "MapState",
@@ -53,7 +53,7 @@ __all__ = [
     "latest_snapshot",
     "read_snapshot",
     "rebuild_store",
-    "replay_changelog",
+    "replay_state_topic",
     "replay_changes",
     "to_json_obj",
     "write_snapshot",

@@ -1,6 +1,6 @@
 """Restoring a task's state store: the newest snapshot plus the state-topic tail, or a full replay.
 
-Builds on :mod:`stream_ops.state.changelog` (the replay rule over the state topic) and
+Builds on :mod:`stream_ops.state.state_topic` (the replay rule over the state topic) and
 :mod:`stream_ops.state.snapshot` (compacted Parquet snapshots); kept apart from both so neither
 imports the other's caller.
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from stream_ops.state.changelog import StateTopicQueue, paused_cyclic_gc
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.snapshot import RestoreSource, open_restore_source
+from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc
 
 logger = logging.getLogger(__name__)
 

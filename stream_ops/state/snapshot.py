@@ -16,7 +16,7 @@ stores, and only plain types, so Spark (``spark.read.parquet``), DuckDB and pand
 snapshot as a table, and a sorted key column lets them skip row groups on a key lookup.
 
 Compaction is incremental: the new snapshot is the previous one (S0) overlaid with the net
-changes of the batch files with S0 < txid <= S (:func:`~stream_ops.state.changelog.replay_changes`),
+changes of the batch files with S0 < txid <= S (:func:`~stream_ops.state.state_topic.replay_changes`),
 done with Arrow column operations, so each compaction reads only what is new.
 :func:`compact_queue` then deletes the batch files with txid <= S: they are covered.
 Before deleting it records ``_compacted.json`` in the queue directory (hidden from FileTopic
@@ -48,7 +48,8 @@ import pyarrow.parquet as pq
 
 from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_file, make_dirs
 from stream_ops.errors import ReplayError, StateError
-from stream_ops.state.changelog import (
+from stream_ops.state.keys import Key, as_key
+from stream_ops.state.state_topic import (
     EncodedChanges,
     ReplayedChanges,
     StateTopicQueue,
@@ -58,7 +59,6 @@ from stream_ops.state.changelog import (
     replay_encoded_changes,
     stored_value_text,
 )
-from stream_ops.state.keys import Key, as_key
 from stream_ops.state.values import from_json_obj
 
 logger = logging.getLogger(__name__)
@@ -435,7 +435,7 @@ class RestoreSource:
 
         Snapshot rows are passed on as they are — their columns hold exactly the stored bytes —
         after cheap column-wide checks (no nulls, keys JSON lists, values tagged JSON
-        objects); the tail's live values come as :func:`~stream_ops.state.changelog.replay_encoded_changes`
+        objects); the tail's live values come as :func:`~stream_ops.state.state_topic.replay_encoded_changes`
         cut them out of their lines, or are encoded once each.
 
         Raises:
@@ -469,11 +469,11 @@ def open_restore_source(
     The snapshot directory is ``snapshot_dir``, or the one the queue's compaction marker
     names. If a compaction deletes files while the tail is read, the read starts again from
     the newer snapshot. With ``encoded`` the tail is read for
-    :meth:`RestoreSource.encoded_items` (:func:`~stream_ops.state.changelog.replay_encoded_changes`);
+    :meth:`RestoreSource.encoded_items` (:func:`~stream_ops.state.state_topic.replay_encoded_changes`);
     both :meth:`RestoreSource.items` and :meth:`RestoreSource.encoded_items` work either way.
 
     With ``committed_epoch`` (the epoch ZooKeeper recorded for ``committed_txid``) the tail
-    must be complete (see :func:`~stream_ops.state.changelog.replay_changes`).
+    must be complete (see :func:`~stream_ops.state.state_topic.replay_changes`).
 
     Raises:
         ReplayError: only snapshots newer than ``committed_txid`` exist, the queue was

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
+from stream_ops.topology.stage_kinds import StageKind, stage_kind
 
 
 class _Frozen(BaseModel):
@@ -86,7 +87,29 @@ class StateSpec(_Frozen):
     value_type: str
 
 
-StageKind = Literal["source", "keyed", "join", "process", "partition"]
+class JoinClauseSpec(_Frozen):
+    """One stream of a JoinBolt: the first names only its field, the others how they join."""
+
+    stream: str
+    field: str
+    prior: str | None = None
+    how: str | None = None
+
+
+class JoinSpec(_Frozen):
+    """A JoinBolt stage (see :meth:`stream_ops.operators.join_bolt.JoinBolt.to_spec`)."""
+
+    kind: Literal["JoinBolt"] = "JoinBolt"
+    streams: tuple[JoinClauseSpec, ...]
+    select: tuple[str, ...]
+    window: dict[str, float | int | None] | None = None
+    output_stream: str | None = None
+
+    def bolt_spec(self) -> dict[str, Any]:
+        """The description :meth:`JoinBolt.from_spec` rebuilds the bolt from."""
+        return self.model_dump(exclude_none=True) | {"window": self.window, "output_stream": self.output_stream}
+
+
 RECORDS_FIELDS: dict[str, str] = {"stream": "string", "key": "string", "record": "string"}
 """What a records shuffle carries per line: input stream tag, encoded key, record as JSON."""
 
@@ -100,7 +123,8 @@ class StageSpec(_Frozen):
 
     index: int
     name: str
-    kind: StageKind
+    kind: str
+    """A registered stage kind (:mod:`stream_ops.topology.stage_kinds`)."""
     queues: int
     source_path: str | None = None
     input_fields: dict[str, str]
@@ -111,8 +135,19 @@ class StageSpec(_Frozen):
     records: RecordsSpec | None = None
     persist: PersistSpec | None = None
     state: StateSpec | None = None
-    join: dict[str, Any] | None = None
+    join: JoinSpec | None = None
     process: ProcessSpec | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        stage_kind(kind)
+        return kind
+
+    @property
+    def kind_info(self) -> StageKind:
+        """The registry entry of this stage's kind."""
+        return stage_kind(self.kind)
 
     @property
     def from_stage(self) -> int | None:
@@ -121,7 +156,12 @@ class StageSpec(_Frozen):
     @property
     def keeps_state(self) -> bool:
         """Whether the stage's tasks keep state in RocksDB + the state topic."""
-        return self.kind in ("keyed", "join", "process")
+        return self.kind_info.keeps_state
+
+    @property
+    def reads_source(self) -> bool:
+        """Whether the stage reads a user source topic (else its shuffle topic)."""
+        return self.kind_info.reads == "source"
 
 
 class TaskSpec(_Frozen):
@@ -236,7 +276,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         records=records,
         persist=persist,
         state=state,
-        join=segment.join,
+        join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
     )
 

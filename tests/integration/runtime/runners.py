@@ -22,7 +22,7 @@ def make_runner(
     connected = threading.Event()
     connected.set()
     return TaskRunner(
-        store=store,
+        zk=store,
         spark=spark,
         layout=TopologyLayout(cluster, topology_id),
         plan=plan,

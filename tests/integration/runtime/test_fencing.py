@@ -116,7 +116,7 @@ def test_source_stage_zombie_publishes_nothing(spark, zk_config: ZooKeeperConfig
         connected = threading.Event()
         connected.set()
         a = TaskRunner(
-            store=store_a,
+            zk=store_a,
             spark=spark,
             layout=TopologyLayout(cluster, topology_id),
             plan=plan,

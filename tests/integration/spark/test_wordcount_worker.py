@@ -13,7 +13,7 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.runtime.worker import Worker
-from stream_ops.state.changelog import StateTopicQueue
+from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topics.producer import produce
 
 

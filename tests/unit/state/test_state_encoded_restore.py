@@ -1,7 +1,7 @@
 """Restoring from already-encoded bytes: RocksDBBackingMap.restore_encoded and the encoded replay.
 
 The reference everywhere is the generic path: ``StateTopicQueue.replay`` (entries() +
-replay_changelog, DESIGN invariant 5) loaded with ``RocksDBBackingMap.restore``, which encodes
+replay_state_topic, DESIGN invariant 5) loaded with ``RocksDBBackingMap.restore``, which encodes
 every key with ``encode_key`` and every value with ``encode_stored``. The encoded paths must
 leave byte-for-byte the same store.
 """
@@ -25,16 +25,16 @@ from stream_ops.state import (
     RocksDBBackingMap,
     StateTopicQueue,
     TransactionalValue,
-    changelog,
     compact_queue,
     encode_stored,
     from_json_obj,
     rebuild_store,
     replay_changes,
+    state_topic,
     write_snapshot,
 )
-from stream_ops.state.changelog import key_text, replay_encoded_changes, stored_value_text
 from stream_ops.state.snapshot import open_restore_source
+from stream_ops.state.state_topic import key_text, replay_encoded_changes, stored_value_text
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 KEYS: list[tuple[Any, ...]] = [
@@ -81,7 +81,7 @@ def raw_items(path: Path) -> list[tuple[bytes, bytes]]:
 
 
 def generic_restore(path: Path, queue: StateTopicQueue, txid: int, epoch: int) -> int:
-    """The reference: entries() -> replay_changelog -> from_json_obj -> restore (encode_key + encode_stored)."""
+    """The reference: entries() -> replay_state_topic -> from_json_obj -> restore (encode_key + encode_stored)."""
     with RocksDBBackingMap(path) as store:
         return store.restore(queue.replay(txid).items(), txid, epoch)
 
@@ -207,9 +207,9 @@ def test_stored_value_text_rejects_what_is_not_a_stored_value(obj: Any) -> None:
 
 def test_the_shared_encoders_fall_back_to_the_public_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
     encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    assert changelog._one_shot(encoder)(KEYS) == encoder.encode(KEYS)
+    assert state_topic._one_shot(encoder)(KEYS) == encoder.encode(KEYS)
     monkeypatch.setattr(json.encoder, "c_make_encoder", None)
-    assert changelog._one_shot(encoder) == encoder.encode
+    assert state_topic._one_shot(encoder) == encoder.encode
 
 
 # --- replay_encoded_changes ----------------------------------------------------------------
@@ -255,7 +255,7 @@ def test_values_of_lines_append_wrote_are_cut_out_not_encoded_again(
     def no_encoding(obj: Any) -> str:
         raise AssertionError(f"re-encoded {obj!r}")
 
-    monkeypatch.setattr(changelog, "_encode_value_text", no_encoding)
+    monkeypatch.setattr(state_topic, "_encode_value_text", no_encoding)
     encoded = replay_encoded_changes(queue, after_txid=-1, committed_txid=10)
     monkeypatch.undo()
     assert {key: None if obj is None else encode_stored(from_json_obj(obj)) for key, obj in expected.changes.items()} == (

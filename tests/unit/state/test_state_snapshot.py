@@ -25,8 +25,8 @@ from stream_ops.state import (
     latest_snapshot,
     read_snapshot,
     rebuild_store,
-    replay_changelog,
     replay_changes,
+    replay_state_topic,
     write_snapshot,
 )
 from stream_ops.state.snapshot import (
@@ -93,12 +93,12 @@ def test_a_snapshot_holds_exactly_what_replay_gives(queue: StateTopicQueue, snap
     assert latest_snapshot(snaps) == info
 
 
-def test_the_snapshot_equals_replay_changelog_over_the_raw_entries(queue: StateTopicQueue, snaps: Path) -> None:
+def test_the_snapshot_equals_replay_state_topic_over_the_raw_entries(queue: StateTopicQueue, snaps: Path) -> None:
     random_history(queue, random.Random(2), txids=15)
     epochs: dict[int, int] = {}
     for file_id, _ in queue.batch_files():  # the epoch that counts: the highest that wrote a file
         epochs[file_id.txid] = max(file_id.epoch, epochs.get(file_id.txid, 0))
-    expected = replay_changelog(queue.entries(), committed_txid=12, epochs=epochs)
+    expected = replay_state_topic(queue.entries(), committed_txid=12, epochs=epochs)
     info = write_snapshot(queue, snaps, committed_txid=12)
     table = pq.read_table(info.path)
     got = {tuple(json.loads(k)): json.loads(v) for k, v in zip(table["key"].to_pylist(), table["value"].to_pylist())}
@@ -374,7 +374,7 @@ def test_rebuild_from_a_snapshot_logs_progress_with_keys_per_second_at_a_bounded
     compact_queue(queue, snaps, committed_txid=1)
     queue.append(3, 2, 1, [(("k0",), None), (("new",), 1)])
     clock = SteppingClock(0.3)
-    with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.changelog"):
+    with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.state_topic"):
         assert rebuild_store(store, queue, committed_txid=2, committed_epoch=1, snapshot_dir=snaps, clock=clock) == 200
     progress = [r.getMessage() for r in caplog.records if "keys/s)" in r.getMessage() and "/201 keys" in r.getMessage()]
     assert 0 < len(progress) <= clock.now / 1.0

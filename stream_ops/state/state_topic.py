@@ -126,7 +126,7 @@ def stored_value_text(obj: Any, where: object) -> str:
 
 
 @dataclass(frozen=True)
-class ChangelogEntry:
+class StateTopicEntry:
     """One state-topic entry.
 
     Attributes:
@@ -145,8 +145,8 @@ class ChangelogEntry:
     epoch: int
 
 
-def _parse_entry(entry: Any, where: str) -> ChangelogEntry:
-    """A ChangelogEntry from a mapping or an object with the entry's fields."""
+def _parse_entry(entry: Any, where: str) -> StateTopicEntry:
+    """A StateTopicEntry from a mapping or an object with the entry's fields."""
     fields: dict[str, Any] = {}
     for name in _FIELDS:
         if isinstance(entry, Mapping) and name in entry:
@@ -163,18 +163,18 @@ def _parse_entry(entry: Any, where: str) -> ChangelogEntry:
         fields["key"] = as_key(fields["key"])
     except StateError as e:
         raise ReplayError(f"state-topic entry {where}: {e}") from e
-    return ChangelogEntry(**fields)
+    return StateTopicEntry(**fields)
 
 
-def replay_changelog(entries: Iterable[Any], committed_txid: int, *, epochs: Mapping[int, int] | None = None) -> dict[Key, Any]:
-    """The state a changelog describes at ``committed_txid`` (pure; no I/O).
+def replay_state_topic(entries: Iterable[Any], committed_txid: int, *, epochs: Mapping[int, int] | None = None) -> dict[Key, Any]:
+    """The state a state topic describes at ``committed_txid`` (pure; no I/O).
 
     For each key the winner is the entry with the largest offset among entries whose txid is
     at most ``committed_txid`` and whose epoch is the one that counts for that txid; a winning
     tombstone (value None) means the key is absent.
 
     Example:
-        >>> replay_changelog([
+        >>> replay_state_topic([
         ...     {"key": ["a"], "value": 1, "offset": 0, "txid": 1, "epoch": 1},
         ...     {"key": ["a"], "value": 2, "offset": 1, "txid": 2, "epoch": 1},
         ... ], committed_txid=1)
@@ -199,7 +199,7 @@ def replay_changelog(entries: Iterable[Any], committed_txid: int, *, epochs: Map
     if epochs is None:
         for entry in counted:
             top_epoch[entry.txid] = max(entry.epoch, top_epoch.get(entry.txid, entry.epoch))
-    winners: dict[Key, ChangelogEntry] = {}
+    winners: dict[Key, StateTopicEntry] = {}
     for entry in counted:
         if entry.epoch != top_epoch.get(entry.txid):
             continue
@@ -260,7 +260,7 @@ class StateTopicQueue:
         records.append({_END: {"txid": txid, "epoch": epoch, "entries": len(records)}})
         return self._topic.write_file(self._queue, batch_file_name(task_id, txid, epoch), records, overwrite=True)
 
-    def entries(self) -> Iterator[ChangelogEntry]:
+    def entries(self) -> Iterator[StateTopicEntry]:
         """Every entry, offsets counting up across files then lines.
 
         Files are read in (txid, epoch, task) order — the name order when one task writes the
@@ -281,7 +281,7 @@ class StateTopicQueue:
         epochs: dict[int, int] = {}
         for file_id, _ in self._batch_files():
             epochs[file_id.txid] = max(file_id.epoch, epochs.get(file_id.txid, file_id.epoch))
-        state = replay_changelog(self.entries(), committed_txid, epochs=epochs)
+        state = replay_state_topic(self.entries(), committed_txid, epochs=epochs)
         try:
             return {key: from_json_obj(obj) for key, obj in state.items()}
         except StateError as e:
@@ -302,7 +302,7 @@ class StateTopicQueue:
         return sorted(found, key=lambda item: (item[0].txid, item[0].epoch, item[0].task_id, item[1].name))
 
 
-def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[ChangelogEntry]:
+def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[StateTopicEntry]:
     """The entries of one batch file, checked line by line, offsets from ``first_offset``.
 
     The file must end with its end record (see :meth:`StateTopicQueue.append`), naming the
@@ -413,7 +413,7 @@ def replay_changes(
 ) -> ReplayedChanges:
     """The net changes that batches ``after_txid < txid <= committed_txid`` made, from the files.
 
-    Applies the replay rule of :func:`replay_changelog` (DESIGN invariant 5) with the file
+    Applies the replay rule of :func:`replay_state_topic` (DESIGN invariant 5) with the file
     layout in mind, which makes it much cheaper than replaying :meth:`StateTopicQueue.entries`
     (see ``bench/restore.py``): files are read in (txid, epoch, task) order, so a later
     file always holds larger offsets; for each txid only the files of the highest epoch that

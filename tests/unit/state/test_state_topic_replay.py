@@ -10,15 +10,15 @@ import pytest
 
 from stream_ops.errors import ReplayError
 from stream_ops.state import (
-    ChangelogEntry,
     OpaqueValue,
     RocksDBBackingMap,
+    StateTopicEntry,
     StateTopicQueue,
     TransactionalValue,
     rebuild_store,
-    replay_changelog,
+    replay_state_topic,
 )
-from stream_ops.state.changelog import replay_changes
+from stream_ops.state.state_topic import replay_changes
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 
@@ -26,21 +26,21 @@ def entry(key: Any, value: Any, offset: int, txid: int, epoch: int = 1) -> dict[
     return {"key": key, "value": value, "offset": offset, "txid": txid, "epoch": epoch}
 
 
-# --- replay_changelog -----------------------------------------------------------------------
+# --- replay_state_topic -----------------------------------------------------------------------
 
 
 def test_the_largest_offset_wins_per_key() -> None:
     entries = [entry(["a"], 1, 0, 1), entry(["b"], 7, 1, 1), entry(["a"], 2, 2, 2), entry(["a"], 3, 3, 2)]
-    assert replay_changelog(entries, committed_txid=2) == {("a",): 3, ("b",): 7}
+    assert replay_state_topic(entries, committed_txid=2) == {("a",): 3, ("b",): 7}
 
 
 def test_offset_decides_not_the_order_entries_are_given_in() -> None:
-    assert replay_changelog([entry(["a"], 2, 5, 1), entry(["a"], 1, 4, 1)], committed_txid=1) == {("a",): 2}
+    assert replay_state_topic([entry(["a"], 2, 5, 1), entry(["a"], 1, 4, 1)], committed_txid=1) == {("a",): 2}
 
 
 def test_entries_after_the_committed_txid_are_ignored() -> None:
     entries = [entry(["a"], 1, 0, 1), entry(["a"], 2, 1, 2), entry(["b"], 9, 2, 3)]
-    assert replay_changelog(entries, committed_txid=1) == {("a",): 1}
+    assert replay_state_topic(entries, committed_txid=1) == {("a",): 1}
 
 
 def test_the_highest_epoch_of_a_txid_wins_even_against_a_larger_offset() -> None:
@@ -50,7 +50,7 @@ def test_the_highest_epoch_of_a_txid_wins_even_against_a_larger_offset() -> None
         entry(["b"], "dead owner only", 2, 5, epoch=2),  # its other keys do not count either
         entry(["c"], "older txid", 3, 4, epoch=2),  # a lower epoch is fine for another txid
     ]
-    assert replay_changelog(entries, committed_txid=5) == {("a",): "new owner", ("c",): "older txid"}
+    assert replay_state_topic(entries, committed_txid=5) == {("a",): "new owner", ("c",): "older txid"}
 
 
 def test_a_tombstone_deletes_and_a_later_value_revives() -> None:
@@ -61,12 +61,12 @@ def test_a_tombstone_deletes_and_a_later_value_revives() -> None:
         entry(["b"], None, 3, 2),
         entry(["b"], 4, 4, 3),
     ]
-    assert replay_changelog(entries, committed_txid=3) == {("b",): 4}
+    assert replay_state_topic(entries, committed_txid=3) == {("b",): 4}
 
 
 def test_list_keys_become_tuples_and_entry_objects_are_accepted() -> None:
-    entries = [ChangelogEntry(("w", 1), 1, 0, 1, 1), entry(["w", 1], 2, 1, 1), entry(["x", [1, 2]], 3, 2, 1)]
-    assert replay_changelog(entries, committed_txid=1) == {("w", 1): 2, ("x", (1, 2)): 3}
+    entries = [StateTopicEntry(("w", 1), 1, 0, 1, 1), entry(["w", 1], 2, 1, 1), entry(["x", [1, 2]], 3, 2, 1)]
+    assert replay_state_topic(entries, committed_txid=1) == {("w", 1): 2, ("x", (1, 2)): 3}
 
 
 @pytest.mark.parametrize("field", ["key", "value", "offset", "txid", "epoch"])
@@ -74,18 +74,18 @@ def test_an_entry_missing_a_field_is_a_replay_error(field: str) -> None:
     broken = entry(["a"], 1, 0, 1)
     del broken[field]
     with pytest.raises(ReplayError, match=f"entry #1 has no '{field}' field"):
-        replay_changelog([entry(["a"], 1, 0, 1), broken], committed_txid=1)
+        replay_state_topic([entry(["a"], 1, 0, 1), broken], committed_txid=1)
 
 
 @pytest.mark.parametrize("bad", [entry("a", 1, 0, 1), entry(["a"], 1, "0", 1), entry(["a"], 1, 0, -1)])
 def test_a_malformed_entry_is_a_replay_error(bad: dict[str, Any]) -> None:
     with pytest.raises(ReplayError, match="entry #0"):
-        replay_changelog([bad], committed_txid=1)
+        replay_state_topic([bad], committed_txid=1)
 
 
 def test_two_counted_entries_of_a_key_at_one_offset_are_a_replay_error() -> None:
     with pytest.raises(ReplayError, match="share offset 3"):
-        replay_changelog([entry(["a"], 1, 3, 1), entry(["a"], 2, 3, 1)], committed_txid=1)
+        replay_state_topic([entry(["a"], 1, 3, 1), entry(["a"], 2, 3, 1)], committed_txid=1)
 
 
 # --- StateTopicQueue ------------------------------------------------------------------------
@@ -100,8 +100,8 @@ def test_append_writes_one_batch_file_and_entries_read_it_back(queue: StateTopic
     path = queue.append(4, txid=1, epoch=2, items=[(("a",), TransactionalValue(1, 3)), (("b", 1), None)])
     assert path == queue.path / batch_file_name(4, 1, 2)
     assert list(queue.entries()) == [
-        ChangelogEntry(("a",), {"k": "tx", "txid": 1, "val": 3}, offset=0, txid=1, epoch=2),
-        ChangelogEntry(("b", 1), None, offset=1, txid=1, epoch=2),
+        StateTopicEntry(("a",), {"k": "tx", "txid": 1, "val": 3}, offset=0, txid=1, epoch=2),
+        StateTopicEntry(("b", 1), None, offset=1, txid=1, epoch=2),
     ]
 
 
@@ -171,7 +171,7 @@ def test_rebuild_store_logs_progress_at_a_bounded_rate(
 ) -> None:
     queue.append(4, txid=1, epoch=1, items=[((f"k{i}",), i) for i in range(100)])
     clock = SteppingClock(0.25)
-    with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.changelog"):
+    with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.state_topic"):
         rebuild_store(store, queue, committed_txid=1, committed_epoch=1, clock=clock)
     progress = [r for r in caplog.records if "/100 keys" in r.getMessage()]
     assert 0 < len(progress) <= clock.now / 1.0

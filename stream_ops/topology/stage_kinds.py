@@ -1,0 +1,125 @@
+"""The registry of stage kinds: what each kind of stage reads, keeps and runs.
+
+A stage's ``kind`` names one entry here, and every layer asks the entry instead of switching
+on the name: the plan (does it keep state?), the layout and the compiler (which topic and
+which format does it read?), the runtime (which record processor runs its batches?) and the
+Dagster layer (how is it described?). Adding a stage kind is one :func:`register_stage_kind`
+call plus its processor class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from stream_ops.errors import TopologyDefinitionError
+
+if TYPE_CHECKING:
+    from stream_ops.topology.plan import StageSpec
+
+StageInput = Literal["source", "partials", "records"]
+"""What a stage's input topic holds: the user's source records, partial aggregates shuffled
+by key (``key``, ``value``) or whole records shuffled by key (``stream``, ``key``, ``record``)."""
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One kind of stage.
+
+    Attributes:
+        name: the ``kind`` in the plan.
+        reads: what its input topic holds (the source topic for ``"source"``, the stage's
+            shuffle topic otherwise).
+        keeps_state: whether its tasks keep state in RocksDB and the state topic (and so are
+            rebuilt from it after a move).
+        processor: ``"module:Class"`` of the record processor that runs its batches on the
+            driver (constructed with the stage and the task's store), or None when the batch
+            is computed by Spark alone (sources, keyed aggregates). Imported on the worker only.
+        describe: a few words on what a stage of this kind does, for the UI.
+    """
+
+    name: str
+    reads: StageInput
+    keeps_state: bool
+    processor: str | None
+    describe: Callable[[StageSpec], str]
+
+
+_KINDS: dict[str, StageKind] = {}
+
+
+def register_stage_kind(kind: StageKind) -> StageKind:
+    """Add ``kind`` to the registry (a name can be registered once)."""
+    if kind.name in _KINDS:
+        raise ValueError(f"stage kind {kind.name!r} is registered already")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def stage_kind(name: str) -> StageKind:
+    """The registered kind called ``name``.
+
+    Raises:
+        TopologyDefinitionError: no kind has that name (a plan from a newer version, or a typo).
+    """
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise TopologyDefinitionError(f"unknown stage kind {name!r}; known kinds: {sorted(_KINDS)}") from None
+
+
+def stage_kinds() -> tuple[StageKind, ...]:
+    """Every registered kind, in registration order."""
+    return tuple(_KINDS.values())
+
+
+def _describe_source(stage: StageSpec) -> str:
+    return f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations"
+
+
+def _describe_keyed(stage: StageSpec) -> str:
+    state = stage.state
+    if state is None:
+        return "a keyed stage"
+    return f"keeps the {state.kind} map state `{state.name}` keyed by {', '.join(state.key_fields)}"
+
+
+def _describe_join(stage: StageSpec) -> str:
+    return f"joins the records of stages {list(stage.from_stages)}"
+
+
+def _describe_process(stage: StageSpec) -> str:
+    pe = stage.process.pe_class if stage.process is not None else "a processing element"
+    return f"runs `{pe}` per key"
+
+
+def _describe_partition(stage: StageSpec) -> str:
+    return f"receives the records of stage(s) {list(stage.from_stages)} partitioned by key"
+
+
+_PROCESSORS = "stream_ops.runtime.stage_processors"
+
+register_stage_kind(StageKind("source", reads="source", keeps_state=False, processor=None, describe=_describe_source))
+register_stage_kind(StageKind("keyed", reads="partials", keeps_state=True, processor=None, describe=_describe_keyed))
+register_stage_kind(
+    StageKind("join", reads="records", keeps_state=True, processor=f"{_PROCESSORS}:JoinProcessor", describe=_describe_join)
+)
+register_stage_kind(
+    StageKind(
+        "process",
+        reads="records",
+        keeps_state=True,
+        processor=f"{_PROCESSORS}:ProcessElementProcessor",
+        describe=_describe_process,
+    )
+)
+register_stage_kind(
+    StageKind(
+        "partition",
+        reads="records",
+        keeps_state=False,
+        processor=f"{_PROCESSORS}:PartitionProcessor",
+        describe=_describe_partition,
+    )
+)
