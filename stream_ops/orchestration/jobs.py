@@ -44,7 +44,6 @@ from typing import Any
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
-from pydantic import Field
 
 from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.embedded import free_port
@@ -53,6 +52,31 @@ from stream_ops.nimbus.rebalance import rebalance
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import activate, deactivate, find_topology_id, kill
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.run_config import (
+    ACTIVATE_JOB_NAME,
+    ACTIVATE_OP,
+    COMPACT_OP,
+    COMPACT_STATE_JOB_NAME,
+    DEACTIVATE_JOB_NAME,
+    DEACTIVATE_OP,
+    KILL_JOB_NAME,
+    KILL_OP,
+    REBALANCE_JOB_NAME,
+    REBALANCE_OP,
+    ROLE_TAG,
+    TOPOLOGY_TAG,
+    WORKER_JOB_NAME,
+    WORKER_OP,
+    ActivateConfig,
+    CompactStateConfig,
+    KillConfig,
+    RebalanceConfig,
+    WorkerConfig,
+    compact_run_config,
+    rebalance_run_config,
+    worker_run_config,
+)
+from stream_ops.orchestration.state import build_compact_op
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.runtime.worker import Worker
 
@@ -79,116 +103,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-WORKER_JOB_NAME = "stream_ops_worker"
-REBALANCE_JOB_NAME = "stream_ops_rebalance"
-ACTIVATE_JOB_NAME = "stream_ops_activate"
-DEACTIVATE_JOB_NAME = "stream_ops_deactivate"
-KILL_JOB_NAME = "stream_ops_kill"
-COMPACT_STATE_JOB_NAME = "stream_ops_compact_state"
-
-#: Run tag naming the topology a run acts on.
-TOPOLOGY_TAG = "stream_ops/topology"
-#: Run tag naming what a run is for (worker, rebalance, ...).
-ROLE_TAG = "stream_ops/role"
-
-_WORKER_OP = "run_worker"
-_REBALANCE_OP = "rebalance_topology"
-_ACTIVATE_OP = "activate_topology"
-_DEACTIVATE_OP = "deactivate_topology"
-_KILL_OP = "kill_topology"
-_COMPACT_OP = "compact_state"
-
 #: Longest time the worker op waits for the worker to stop after being asked to.
 _WORKER_STOP_TIMEOUT_S = 120.0
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-class ActivateConfig(dg.Config):
-    """Which topology to act on (activate / deactivate)."""
-
-    topology: str = Field(description="Topology name or id, e.g. 'wordcount'.")
-
-
-class KillConfig(ActivateConfig):
-    """Kill a topology."""
-
-    wait_s: float = Field(
-        default=0.0, ge=0, description="Seconds between setting KILLED and removing its znodes (storm kill -w)."
-    )
-
-
-class RebalanceConfig(ActivateConfig):
-    """Rebalance a topology.
-
-    Three ways, chosen from the fields:
-
-    * ``lost_tasks`` given (what the heartbeat sensor sets): the tasks still lost now are
-      reassigned with :func:`reassign`, their slots excluded when the worker is still registered
-      (a stale heartbeat marks a bad slot, as Nimbus's monitor does). Nothing stops.
-    * otherwise ``quiesce`` (default): Storm's rebalance, :func:`rebalance`: REBALANCING for
-      ``wait_s``, sticky reassignment over at most ``workers`` slots, then resume.
-    * ``quiesce: false``: :func:`reassign` only: the fewest moves an even split over the live
-      slots needs, without pausing anything (used by the periodic rebalance schedule).
-    """
-
-    workers: int | None = Field(default=None, ge=1, description="New number of worker slots wanted (stored with the topology).")
-    wait_s: float = Field(default=0.0, ge=0, description="Seconds to stay REBALANCING before reassigning.")
-    quiesce: bool = Field(
-        default=True, description="Pause the topology during the rebalance (Storm's rebalance); false: reassign only."
-    )
-    lost_tasks: list[int] = Field(default_factory=list, description="Tasks the heartbeat sensor saw lost; set by the sensor.")
-    heartbeat_timeout_s: float = Field(
-        default=10.0, gt=0, description="With lost_tasks: a task is still lost if its heartbeat is older than this."
-    )
-
-
-class WorkerConfig(dg.Config):
-    """One worker slot."""
-
-    port: int = Field(default=0, ge=0, le=65535, description="Slot port; 0 picks a free port when the run starts.")
-    stop_spark_session: bool = Field(
-        default=True,
-        description="Stop the SparkSession when the worker ends (dagster-pyspark never does). Turn off only when "
-        "the session is shared with other code in the same process.",
-    )
-    status_poll_s: float = Field(default=1.0, gt=0, description="Seconds between checks whether the run is being terminated.")
-
-
-class CompactStateConfig(ActivateConfig):
-    """Which state queues to compact."""
-
-    stages: list[str] = Field(default_factory=list, description="Keyed stages to compact; empty: all.")
-    queues: list[int] = Field(default_factory=list, description="Queues to compact; empty: all.")
-
-
-def rebalance_run_config(
-    topology: str,
-    *,
-    lost_tasks: Sequence[int] = (),
-    heartbeat_timeout_s: float = 10.0,
-    quiesce: bool = True,
-    workers: int | None = None,
-    wait_s: float = 0.0,
-) -> dict[str, Any]:
-    """Run config of ``stream_ops_rebalance`` (what sensors and schedules request)."""
-    config: dict[str, Any] = {"topology": topology, "quiesce": quiesce, "wait_s": wait_s}
-    if lost_tasks:
-        config.update(lost_tasks=sorted(lost_tasks), heartbeat_timeout_s=heartbeat_timeout_s)
-    if workers is not None:
-        config["workers"] = workers
-    return {"ops": {_REBALANCE_OP: {"config": config}}}
-
-
-def worker_run_config(*, port: int = 0, stop_spark_session: bool = True) -> dict[str, Any]:
-    """Run config of ``stream_ops_worker``."""
-    return {"ops": {_WORKER_OP: {"config": {"port": port, "stop_spark_session": stop_spark_session}}}}
-
-
-def compact_run_config(topology: str, *, stages: Sequence[str] = (), queues: Sequence[int] = ()) -> dict[str, Any]:
-    """Run config of ``stream_ops_compact_state``."""
-    return {"ops": {_COMPACT_OP: {"config": {"topology": topology, "stages": list(stages), "queues": list(queues)}}}}
 
 
 # --- ops ----------------------------------------------------------------------------------------
@@ -200,7 +116,7 @@ def _assignment_md(tasks: dict[int, str]) -> str:
     return "\n".join(lines)
 
 
-@dg.op(name=_ACTIVATE_OP, tags={ROLE_TAG: "activate"})
+@dg.op(name=ACTIVATE_OP, tags={ROLE_TAG: "activate"})
 def _activate_op(context: dg.OpExecutionContext, config: ActivateConfig, zookeeper: ZooKeeperResource) -> str:
     """Resume a deactivated topology (``stream-ops activate``)."""
     with zookeeper.store() as store:
@@ -210,7 +126,7 @@ def _activate_op(context: dg.OpExecutionContext, config: ActivateConfig, zookeep
     return topology_id
 
 
-@dg.op(name=_DEACTIVATE_OP, tags={ROLE_TAG: "deactivate"})
+@dg.op(name=DEACTIVATE_OP, tags={ROLE_TAG: "deactivate"})
 def _deactivate_op(context: dg.OpExecutionContext, config: ActivateConfig, zookeeper: ZooKeeperResource) -> str:
     """Pause a topology: workers stop its queries, state and checkpoints are kept (``stream-ops deactivate``)."""
     with zookeeper.store() as store:
@@ -220,7 +136,7 @@ def _deactivate_op(context: dg.OpExecutionContext, config: ActivateConfig, zooke
     return topology_id
 
 
-@dg.op(name=_KILL_OP, tags={ROLE_TAG: "kill"})
+@dg.op(name=KILL_OP, tags={ROLE_TAG: "kill"})
 def _kill_op(context: dg.OpExecutionContext, config: KillConfig, zookeeper: ZooKeeperResource) -> str:
     """Kill a topology and remove its znodes; files are kept (``stream-ops kill``)."""
     with zookeeper.store() as store:
@@ -230,7 +146,7 @@ def _kill_op(context: dg.OpExecutionContext, config: KillConfig, zookeeper: ZooK
     return topology_id
 
 
-@dg.op(name=_REBALANCE_OP, tags={ROLE_TAG: "rebalance"})
+@dg.op(name=REBALANCE_OP, tags={ROLE_TAG: "rebalance"})
 def _rebalance_op(context: dg.OpExecutionContext, config: RebalanceConfig, zookeeper: ZooKeeperResource) -> dict[str, Any]:
     """Rebalance a topology (see :class:`RebalanceConfig` for the three ways)."""
     with zookeeper.store() as store:
@@ -304,7 +220,7 @@ def _wait_stopped(done: threading.Event, timeout_s: float, log: Any) -> None:
         log.error(f"the worker did not stop within {timeout_s:.0f}s; leaving it to the process exit")
 
 
-@dg.op(name=_WORKER_OP, tags={ROLE_TAG: "worker"})
+@dg.op(name=WORKER_OP, tags={ROLE_TAG: "worker"})
 def _worker_op(
     context: dg.OpExecutionContext,
     config: WorkerConfig,
@@ -408,8 +324,6 @@ def build_jobs(
         >>> [job.name for job in jobs.all][:2]
         ['stream_ops_worker', 'stream_ops_rebalance']
     """
-    from stream_ops.orchestration.state import build_compact_op  # state snapshots, see that module
-
     translator = translator or StreamOpsTranslator()
     default = topology_names[0] if topology_names else None
 
@@ -438,7 +352,7 @@ def build_jobs(
         description="Rebalance a topology over the live worker slots (stream-ops rebalance).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "rebalance"},
-        **defaults(_REBALANCE_OP),
+        **defaults(REBALANCE_OP),
     )
     def rebalance_job() -> None:
         _rebalance_op()
@@ -448,7 +362,7 @@ def build_jobs(
         description="Resume a deactivated topology (stream-ops activate).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "activate"},
-        **defaults(_ACTIVATE_OP),
+        **defaults(ACTIVATE_OP),
     )
     def activate_job() -> None:
         _activate_op()
@@ -458,7 +372,7 @@ def build_jobs(
         description="Pause a topology; state and checkpoints are kept (stream-ops deactivate).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "deactivate"},
-        **defaults(_DEACTIVATE_OP),
+        **defaults(DEACTIVATE_OP),
     )
     def deactivate_job() -> None:
         _deactivate_op()
@@ -468,12 +382,12 @@ def build_jobs(
         description="Kill a topology and remove its znodes; files are kept (stream-ops kill).",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "kill"},
-        **defaults(_KILL_OP),
+        **defaults(KILL_OP),
     )
     def kill_job() -> None:
         _kill_op()
 
-    compact_op = build_compact_op(name=_COMPACT_OP, translator=translator, topology_names=topology_names)
+    compact_op = build_compact_op(name=COMPACT_OP, translator=translator, topology_names=topology_names)
 
     @dg.job(
         name=COMPACT_STATE_JOB_NAME,
@@ -481,7 +395,7 @@ def build_jobs(
         "state-topic files the snapshot covers.",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "compact_state"},
-        **defaults(_COMPACT_OP),
+        **defaults(COMPACT_OP),
     )
     def compact_job() -> None:
         compact_op()

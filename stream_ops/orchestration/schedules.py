@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from stream_ops.orchestration.jobs import ROLE_TAG, TOPOLOGY_TAG, compact_run_config, rebalance_run_config
+from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, compact_run_config, rebalance_run_config
 from stream_ops.orchestration.translator import python_identifier
 
 __all__ = ["build_compaction_schedule", "build_rebalance_schedule"]

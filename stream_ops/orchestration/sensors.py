@@ -47,9 +47,9 @@ from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import find_topology_id, list_topologies
 from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
-from stream_ops.orchestration.jobs import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
+from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [

@@ -42,8 +42,8 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compaction_lock
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
-from stream_ops.orchestration.jobs import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.run_config import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.state.snapshot import CompactionResult, SnapshotInfo, compact_queue, read_snapshot, write_snapshot
 from stream_ops.state.state_topic import StateTopicQueue
