@@ -48,6 +48,11 @@ class TopologyLayout:
         """Staged tuples of a partition_persist stage's batches, kept until its State committed them."""
         return FileTopic(self.topics_dir / f"persist-{stage.index:03d}-{stage.name}", stage.queues, durable=self.cluster.fsync)
 
+    def sink_delivery_topic(self, stage: StageSpec, sink: str) -> FileTopic:
+        """Batches of a function sink: staged before the commit, published after it, and deleted
+        once the user function returned for them (one queue per task of the stage)."""
+        return FileTopic(self.topics_dir / f"sink-{stage.index:03d}-{sink}", stage.queues, durable=self.cluster.fsync)
+
     def snapshot_dir(self, keyed_stage: StageSpec, queue: int) -> Path:
         """Compacted snapshots of one queue of a keyed stage's state topic (shared, like the topic).
 

@@ -88,7 +88,7 @@ class BatchInput(_Record):
 class TransactionalRecord(_Record):
     """``/transactional/{id}/{task}``: the last committed txid and the owner epoch history.
 
-    ``outputs`` names the files the committed batch staged (topic path -> queue -> bytes), so
+    ``outputs`` names the files the committed batch staged (output root path -> file key, e.g. a queue number or a relative path -> bytes), so
     publishing them can prove none was lost; ``inputs`` holds the input fingerprints of the
     last few committed batches, so a batch id Spark re-plans with other input is caught.
     """
@@ -100,7 +100,7 @@ class TransactionalRecord(_Record):
     offsets: list[Any] = Field(default_factory=list)
     committed_at: float | None = None
     rows: int = 0
-    outputs: dict[str, dict[int, int]] = Field(default_factory=dict)
+    outputs: dict[str, dict[str, int]] = Field(default_factory=dict)
     inputs: list[BatchInput] = Field(default_factory=list)
 
     def input_of(self, txid: int) -> BatchInput | None:

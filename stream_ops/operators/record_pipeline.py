@@ -1,8 +1,11 @@
-"""Run a stage's each/map/filter operations on one record at a time (pure Python).
+"""Run a stage's each/map/filter/peek operations on one record at a time (pure Python).
 
-The Spark compiler calls this inside ``mapInArrow``; it is kept free of Spark so it is tested
-directly. A record that makes a user function raise, or returns something that does not fit
-the declared output fields, is not lost: it comes back as a :class:`DeadLetter`.
+A stage's operations form a tree (each reads the stage's input or an earlier operation); the
+stage's outputs *tap* points of it. The Spark compiler calls this inside ``mapInArrow``; it is
+kept free of Spark so it is tested directly. A record that makes a user function raise, or
+returns something that does not fit the declared output fields, is not lost: it comes back
+as a :class:`DeadLetter`, and none of its outputs (on any branch) go out, so a record is
+either processed whole or dead-lettered.
 """
 
 from __future__ import annotations
@@ -45,36 +48,51 @@ def _as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
     raise _OutputShapeError(f"{kind} returned {value!r}, which does not fit the output fields {list(out)}")
 
 
+INPUT = -1
+"""The tap of the stage's input records."""
+
+
+def operation_inputs(operations: Sequence[OperationSpec]) -> list[int]:
+    """The tap each operation reads (an unset ``input`` is the operation before it)."""
+    return [i - 1 if op.input is None else op.input for i, op in enumerate(operations)]
+
+
 class RecordPipeline:
-    """The compiled operations of one stage.
+    """The compiled operations of one stage, and the taps its outputs read.
 
     Example:
         >>> pipeline = RecordPipeline(plan.stage(0).operations)
         >>> outputs, dead = pipeline.run({"sentence": "how are you"})
     """
 
-    def __init__(self, operations: Sequence[OperationSpec]) -> None:
+    def __init__(self, operations: Sequence[OperationSpec], taps: Sequence[int] | None = None) -> None:
         self._steps: list[tuple[OperationSpec, Callable[..., Any]]] = [
             # A worker's plan binds each operation to its verified archive (op.code): in a Spark
             # Python worker too, the function is imported from that archive only.
             (op, resolve_function(op.function, scope=op.code))
             for op in operations
         ]
+        self._inputs = operation_inputs(operations)
+        self.taps: tuple[int, ...] = tuple(taps) if taps is not None else (len(operations) - 1,)
 
     def run(self, record: Record) -> tuple[list[Record], DeadLetter | None]:
-        """Apply every operation to ``record``; returns the outputs or a dead letter."""
-        current: list[Record] = [record]
-        for op, fn in self._steps:
+        """Apply every operation to ``record``; returns the first tap's outputs or a dead letter."""
+        by_tap, letter = self.run_taps(record)
+        return by_tap[self.taps[0]] if letter is None else [], letter
+
+    def run_taps(self, record: Record) -> tuple[dict[int, list[Record]], DeadLetter | None]:
+        """Apply every operation to ``record``; returns each tap's outputs, or a dead letter
+        (and no outputs at all) when any operation fails."""
+        values: dict[int, list[Record]] = {INPUT: [record]}
+        for index, (op, fn) in enumerate(self._steps):
             following: list[Record] = []
-            for rec in current:
+            for rec in values[self._inputs[index]]:
                 try:
                     following.extend(self._apply(op, fn, rec))
                 except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
-                    return [], DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
-            current = following
-            if not current:
-                break
-        return current, None
+                    return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
+            values[index] = following
+        return {tap: values[tap] for tap in self.taps}, None
 
     def run_all(self, records: Iterable[Record]) -> tuple[list[Record], list[DeadLetter]]:
         """Apply the operations to many records."""
@@ -91,6 +109,9 @@ class RecordPipeline:
     def _apply(op: OperationSpec, fn: Callable[..., Any], record: Record) -> Iterable[Record]:
         args = _arguments(record, op.fields)
         out = list(op.out)
+        if op.kind == "peek":
+            fn(dict(record))
+            return [record]
         if op.kind == "filter":
             return [record] if fn(*args) else []
         if op.kind == "map":
@@ -116,44 +137,53 @@ def run_batch(
     records: Iterable[Record],
     operations: Sequence[OperationSpec],
     read_state: StateReader | None = None,
-) -> tuple[list[Record], list[DeadLetter]]:
+    taps: Sequence[int] | None = None,
+) -> tuple[dict[int, list[Record]], list[DeadLetter]]:
     """Apply operations one at a time over a whole batch (state queries read in bulk).
 
-    Per-record operations behave exactly as in :class:`RecordPipeline`; a ``state_query``
-    calls ``batch_retrieve`` once for all records that reach it, then ``execute`` per record.
+    Per-record operations behave exactly as in :class:`RecordPipeline` (their dead letters
+    carry the record the failing operation read); a ``state_query`` calls ``batch_retrieve``
+    once for all records that reach it, then ``execute`` per record. Returns each tap's
+    records (``taps`` defaults to the last operation).
     """
+    values: dict[int, list[Record]] = {INPUT: list(records)}
+    dead: list[DeadLetter] = []
+    inputs = operation_inputs(operations)
+    for index, op in enumerate(operations):
+        current = values[inputs[index]]
+        if op.kind != "state_query" or not current:
+            values[index], more = RecordPipeline([op]).run_all(current) if current else ([], [])
+            dead.extend(more)
+            continue
+        values[index] = _query_state(op, current, read_state, dead)
+    wanted = tuple(taps) if taps is not None else (len(operations) - 1,)
+    return {tap: values[tap] for tap in wanted}, dead
+
+
+def _query_state(
+    op: OperationSpec, current: list[Record], read_state: StateReader | None, dead: list[DeadLetter]
+) -> list[Record]:
+    """The records a ``state_query`` emits for ``current`` (failures appended to ``dead``)."""
     from stream_ops.operators.trident_state import Collector
     from stream_ops.topology.functions import resolve_object
 
-    current: list[Record] = list(records)
-    dead: list[DeadLetter] = []
-    for op in operations:
-        if not current:
-            break
-        if op.kind != "state_query":
-            pipeline = RecordPipeline([op])
-            current, more = pipeline.run_all(current)
-            dead.extend(more)
-            continue
-        assert op.query is not None and op.fields is not None
-        if read_state is None:
-            raise ValueError(f"state_query on {op.query['state']!r} needs a state reader")
-        query = resolve_object(op.query["function"])
-        args = [{f: rec.get(f) for f in op.fields} for rec in current]
+    assert op.query is not None and op.fields is not None
+    if read_state is None:
+        raise ValueError(f"state_query on {op.query['state']!r} needs a state reader")
+    query = resolve_object(op.query["function"])
+    args = [{f: rec.get(f) for f in op.fields} for rec in current]
+    try:
+        results = read_state(op.query["state"], query, args)
+    except Exception as e:  # noqa: BLE001 - a failing lookup dead-letters the batch's records
+        dead.extend(DeadLetter(rec, f"state_query {op.query['state']}: {type(e).__name__}: {e}") for rec in current)
+        return []
+    following: list[Record] = []
+    out = list(op.out)
+    for rec, result in zip(current, results, strict=True):
+        collector = Collector(out)
         try:
-            results = read_state(op.query["state"], query, args)
-        except Exception as e:  # noqa: BLE001 - a failing lookup dead-letters the batch's records
-            dead.extend(DeadLetter(rec, f"state_query {op.query['state']}: {type(e).__name__}: {e}") for rec in current)
-            current = []
-            break
-        following: list[Record] = []
-        out = list(op.out)
-        for rec, result in zip(current, results, strict=True):
-            collector = Collector(out)
-            try:
-                query.execute(rec, result, collector)
-                following.extend({**rec, **_as_fields(v, out, f"state_query {op.function}")} for v in collector.emitted)
-            except Exception as e:  # noqa: BLE001 - user code
-                dead.append(DeadLetter(rec, f"state_query {op.function}: {type(e).__name__}: {e}"))
-        current = following
-    return current, dead
+            query.execute(rec, result, collector)
+            following.extend({**rec, **_as_fields(v, out, f"state_query {op.function}")} for v in collector.emitted)
+        except Exception as e:  # noqa: BLE001 - user code
+            dead.append(DeadLetter(rec, f"state_query {op.function}: {type(e).__name__}: {e}"))
+    return following

@@ -21,7 +21,7 @@ import re
 
 import dagster as dg
 
-from stream_ops.topology.plan import Plan, StageSpec
+from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, StageSpec
 
 __all__ = ["StreamOpsTranslator", "python_identifier", "stage_summary"]
 
@@ -35,14 +35,17 @@ def python_identifier(text: str) -> str:
 
 def stage_summary(stage: StageSpec) -> str:
     """What a stage does, in a few words (for descriptions and plan tables)."""
-    what = stage.kind_info.describe(stage)
-    if stage.shuffle is not None:
-        what += f", shuffles partial aggregates to stage {stage.shuffle.to_stage}"
-    elif stage.records is not None:
-        what += f", shuffles records to stage {stage.records.to_stage}"
-    elif stage.persist is not None:
-        what += f", persists into `{stage.persist.name}`"
-    return what
+    parts = [stage.kind_info.describe(stage)]
+    for output in stage.outputs:
+        if isinstance(output, ShuffleSpec):
+            parts.append(f"shuffles partial aggregates to stage {output.to_stage}")
+        elif isinstance(output, RecordsSpec):
+            parts.append(f"shuffles records to stage {output.to_stage}")
+        elif isinstance(output, PersistSpec):
+            parts.append(f"persists into `{output.name}`")
+        else:
+            parts.append(f"writes the {output.format} sink `{output.name}`")
+    return ", ".join(parts)
 
 
 class StreamOpsTranslator:

@@ -123,7 +123,7 @@ def commit(
     *,
     offsets: list[Any],
     rows: int,
-    outputs: dict[str, dict[int, int]] | None = None,
+    outputs: dict[str, dict[str, int]] | None = None,
     batch_input: BatchInput | None = None,
     clock: Callable[[], float] = time.time,
 ) -> TransactionalRecord:
@@ -132,7 +132,7 @@ def commit(
     Args:
         offsets: Spark's source offsets of the batch.
         rows: input rows of the batch.
-        outputs: the files the batch staged (topic path -> queue -> bytes).
+        outputs: the files the batch staged (output root path -> file key, e.g. a queue number or a relative path -> bytes).
         batch_input: the fingerprint of the batch's input files, kept among the recent ones.
 
     Raises:

@@ -37,7 +37,6 @@ import logging
 import re
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,21 +49,21 @@ from pyspark.sql.streaming import StreamingQuery
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
-from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.join_bolt import lookup as field_value
-from stream_ops.operators.record_pipeline import needs_driver, run_batch
+from stream_ops.operators.record_pipeline import run_batch
 from stream_ops.operators.trident_state import Collector, State
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
+from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, count_newer_files, latest_file_timestamp
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
-from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.topics.file_topic import batch_file_name
+from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_object
-from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
+from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +99,13 @@ class _Batch:
 
     rows_in: int
     records: list[dict[str, Any]] = field(default_factory=list)
-    """Output records (source, join, process and partition stages)."""
+    """The records at the stage's input tap, when its operations run on the driver."""
+    outputs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Records per stage output index."""
+    output_partials: dict[int, list[tuple[str, Any]]] = field(default_factory=dict)
+    """Partial aggregates Spark computed per partials output."""
     partials: list[tuple[str, Any]] = field(default_factory=list)
-    """(encoded key, partial aggregate): Spark's, to shuffle (source) or to apply (keyed)."""
+    """(encoded key, partial aggregate) a keyed stage applies to its state."""
     dead: list[dict[str, Any]] = field(default_factory=list)
     rows: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
     """The shuffled (stream, key, record) rows a records stage's processor reads."""
@@ -184,8 +187,8 @@ class TaskRunner:
         self._commit_lock = threading.RLock()
         self._stopping = threading.Event()
         self._last_input_ms = 0
-        spec = self.stage.state.aggregator if self.stage.state else self.stage.shuffle.aggregator if self.stage.shuffle else None
-        self._aggregator = aggregator_from_spec(spec) if spec else None
+        self._aggregator = aggregator_from_spec(self.stage.state.aggregator) if self.stage.state else None
+        self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
 
     @property
     def topology_id(self) -> str:
@@ -240,6 +243,7 @@ class TaskRunner:
         )
         if keep is not None:
             self._publish(*keep)
+            self.outputs.after_publish()  # function sinks: batches published but not yet delivered
         stage = self.stage
         if stage.keeps_state:
             started = time.monotonic()
@@ -455,6 +459,7 @@ class TaskRunner:
         else:
             self._publish(txid, committed.committed_epoch)
             self._finish_user_state_commit(txid, committed.committed_epoch)
+            self.outputs.after_publish()
         return True
 
     @contextmanager
@@ -486,7 +491,7 @@ class TaskRunner:
         self._wait_connected()
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         outputs = {
-            str(topic.path): sizes
+            topic.output_id: sizes
             for topic in self._output_topics()
             if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
         }
@@ -512,6 +517,7 @@ class TaskRunner:
         state = self.state
         if state is not None and state.map_state is not None:
             state.map_state.commit(txid)
+        self.outputs.after_publish()
 
     def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> None:
         """Apply a batch's tuples to the partition_persist State, without committing it.
@@ -553,33 +559,31 @@ class TaskRunner:
         self.user_state.commit(txid)
         path.unlink(missing_ok=True)
 
-    def _output_topics(self) -> list[FileTopic]:
-        topics = [self.layout.dead_letter_topic()]
-        if self.stage.shuffle is not None:
-            topics.append(self.layout.shuffle_topic(self.plan.stage(self.stage.shuffle.to_stage)))
-        if self.stage.records is not None:
-            topics.append(self.layout.shuffle_topic(self.plan.stage(self.stage.records.to_stage)))
-        return topics
+    def _output_topics(self) -> list[StagedOutput]:
+        return self.outputs.staged_outputs()
 
     def _publish(self, txid: int, epoch: int) -> None:
         """Publish committed batch ``txid``'s staged files, checked against its commit record."""
         assert self.ownership is not None
         recorded = self.ownership.committed.outputs
         for topic in self._output_topics():
-            topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(str(topic.path), {}))
+            topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(topic.output_id, {}))
 
     def _compute_in_spark(self, df: DataFrame) -> _Batch:
         """Step 2, Spark's part: read the micro-batch as its stage kind's input format."""
         reads = self.stage.kind_info.reads
         if reads == "source":
             result = source_batch(df, self.stage)
-            return _Batch(
-                rows_in=result.input_rows,
-                records=[record for _, record in result.records],
-                partials=result.partials,
-                dead=list(result.dead_letters),
-                driver_operations=needs_driver(self.stage.operations),
-            )
+            batch = _Batch(rows_in=result.input_rows, dead=list(result.dead_letters))
+            if result.inputs is not None:
+                batch.records, batch.driver_operations = result.inputs, True
+            else:
+                for index, items in result.outputs.items():
+                    if isinstance(self.stage.outputs[index], ShuffleSpec):
+                        batch.output_partials[index] = items
+                    else:
+                        batch.outputs[index] = items
+            return batch
         if reads == "partials":
             partials, rows_in = keyed_batch(df, self.stage)
             return _Batch(rows_in=rows_in, partials=partials)
@@ -612,9 +616,11 @@ class TaskRunner:
             return
         if self.processor is not None:
             batch.records, batch.dead = self.processor.process(batch.rows, self.clock())
-        if batch.driver_operations and self.stage.operations:
-            records, letters = run_batch(batch.records, self.stage.operations, self._state_reader)
-            batch.records = records
+        if batch.driver_operations:
+            stage = self.stage
+            taps = [stage.tap_of(output) for output in stage.outputs]
+            by_tap, letters = run_batch(batch.records, stage.operations, self._state_reader, taps)
+            batch.outputs = {index: by_tap[tap] for index, tap in enumerate(taps)}
             batch.dead.extend({"record": d.record, "error": d.error} for d in letters)
 
     def _stage_outputs(self, batch: _Batch, txid: int, epoch: int) -> int:
@@ -624,7 +630,10 @@ class TaskRunner:
         if self.stage.state is not None:
             rows_out = batch.updated_keys
         else:
-            rows_out = self._stage_records(txid, epoch, batch.records, batch.partials, batch.dead)
+            rows_out = self.outputs.stage_batch(txid, epoch, batch.outputs, batch.output_partials, batch.dead)
+            for index, output in enumerate(self.stage.outputs):
+                if isinstance(output, PersistSpec):
+                    rows_out += self._stage_persisted(txid, epoch, output, batch.outputs.get(index, []))
         self._stage_dead_letters(txid, epoch, batch.dead)
         self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
         return rows_out
@@ -640,42 +649,14 @@ class TaskRunner:
             "task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters)
         )
 
-    def _stage_records(
-        self,
-        txid: int,
-        epoch: int,
-        records: list[dict[str, Any]],
-        partials: list[tuple[str, Any]],
-        dead: list[dict[str, Any]],
-    ) -> int:
-        """Step 3 for the stage's output: shuffle files, or the user State of a partition_persist."""
-        stage = self.stage
-        by_queue: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        if stage.shuffle is not None:
-            if not partials and records:
-                partials = _partials_of(records, stage.shuffle.key_fields, self._aggregator, dead)
-            for key, value in partials:
-                by_queue[partition_for(json.loads(key), stage.shuffle.queues)].append({"key": key, "value": value})
-            topic = self.layout.shuffle_topic(self.plan.stage(stage.shuffle.to_stage))
-        elif stage.records is not None:
-            spec = stage.records
-            for record in records:
-                key_values = [field_value(record, f.split(".")) for f in spec.key_fields]
-                by_queue[partition_for(key_values, spec.queues)].append(
-                    {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
-                )
-            topic = self.layout.shuffle_topic(self.plan.stage(spec.to_stage))
-        else:
-            assert stage.persist is not None
-            tuples = [{f: record.get(f) for f in stage.persist.fields} for record in records]
-            # The tuples are staged so that a crash between the ZooKeeper commit and the
-            # State's commit (step 6) can apply them again; see _finish_user_state_commit.
-            self.layout.persist_topic(stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)
-            self._update_user_state(txid, tuples)
-            return len(tuples)
-        for queue, lines in sorted(by_queue.items()):
-            topic.stage_batch(queue, self.task.task_id, txid, epoch, lines)
-        return sum(len(lines) for lines in by_queue.values())
+    def _stage_persisted(self, txid: int, epoch: int, persist: PersistSpec, records: list[dict[str, Any]]) -> int:
+        """Step 3 for a partition_persist: stage the tuples, then update the user State."""
+        tuples = [{f: record.get(f) for f in persist.fields} for record in records]
+        # The tuples are staged so that a crash between the ZooKeeper commit and the
+        # State's commit (step 6) can apply them again; see _finish_user_state_commit.
+        self.layout.persist_topic(self.stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)
+        self._update_user_state(txid, tuples)
+        return len(tuples)
 
     def _record_stats(self, rows_in: int, rows_out: int, seconds: float) -> None:
         stats = self.stats
@@ -711,22 +692,6 @@ class TaskRunner:
             overlay = self._committed_overlay
             values = state.store.multi_get(keys, include_pending=False)
         return [_unwrap(overlay.get(k, v)) for k, v in zip(keys, values, strict=True)]
-
-
-def _partials_of(
-    records: list[dict[str, Any]], key_fields: tuple[str, ...], aggregator: Any, dead: list[dict[str, Any]]
-) -> list[tuple[str, Any]]:
-    """Partial aggregates per key of records computed in the driver; a record the aggregator
-    rejects (e.g. a null Sum field) is appended to ``dead`` with the reason."""
-    partial: dict[str, Any] = {}
-    for record in records:
-        try:
-            key = encode_key([record.get(f) for f in key_fields])
-            value = aggregator.init(record)
-            partial[key] = value if key not in partial else aggregator.combine(partial[key], value)
-        except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
-            dead.append({"record": record, "error": f"partials: {type(e).__name__}: {e}"})
-    return list(partial.items())
 
 
 def _uncombinable(aggregator: Any, partial: Any) -> str | None:

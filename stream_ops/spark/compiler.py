@@ -4,14 +4,16 @@ A task is one ``readStream`` of its input queue directory with a ``foreachBatch`
 the callback (the runtime's commit protocol) asks this module for the batch's results:
 
 * source stage: records parsed against the source schema (malformed ones kept in a corrupt
-  column), each/map/filter applied in ``mapInArrow``, and a partial aggregate per key computed
-  by Spark, collected to the driver together with the dead letters and the input count;
+  column), the operation tree applied in ``mapInArrow``, and per stage output its records or
+  its partial aggregate per key (computed by Spark when the stage has that one output),
+  collected to the driver together with the dead letters and the input count;
 * keyed stage: the shuffled partial aggregates combined per key by Spark.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
-from stream_ops.topology.plan import OperationSpec, StageSpec
+from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
 _MISSING = object()
@@ -81,31 +83,68 @@ def start_stage_query(
 class SourceBatchResult:
     """What a source-stage batch produced, collected to the driver."""
 
-    partials: list[tuple[str, Any]]
-    """(encoded key, partial aggregate) per key, for a stage that shuffles partials."""
-    records: list[tuple[str | None, dict[str, Any]]]
-    """(encoded key or None, record) per output record, for the other outputs."""
+    outputs: dict[int, list[Any]]
+    """Stage output index -> its records (dicts), or for a partials output its (encoded key,
+    partial aggregate) pairs. Empty when ``inputs`` is set."""
     dead_letters: list[dict[str, Any]]
     """{"record": ..., "error": ...} per bad record (repeated records repeated)."""
     input_rows: int
+    inputs: list[dict[str, Any]] | None = None
+    """The parsed input records, when the stage's operations must run on the driver."""
+
+
+@dataclass(frozen=True)
+class _OutputPlan:
+    """What the executors compute for one stage output."""
+
+    index: int
+    tap: int
+    key_fields: tuple[str, ...] | None
+    """Key fields of a partials output (pre-aggregated per key); None: whole records."""
+    aggregator: dict[str, Any] | None
+
+
+def _output_plans(stage: StageSpec) -> list[_OutputPlan]:
+    plans = []
+    for index, output in enumerate(stage.outputs):
+        tap = stage.tap_of(output)
+        if isinstance(output, ShuffleSpec):
+            plans.append(_OutputPlan(index, tap, output.key_fields, output.aggregator))
+        else:
+            plans.append(_OutputPlan(index, tap, None, None))
+    return plans
+
+
+def _combine_into(partial: dict[Any, Any], aggregator: Any, key_values: tuple[Any, ...], value: Any) -> None:
+    """Combine ``value`` into ``partial[key]`` (keys that cannot be hashed are encoded)."""
+    try:
+        slot: Any = key_values
+        previous = partial.get(slot, _MISSING)
+    except TypeError:  # unhashable key values (lists, dicts)
+        slot = encode_key(list(key_values))
+        previous = partial.get(slot, _MISSING)
+    partial[slot] = value if previous is _MISSING else aggregator.combine(previous, value)
 
 
 def _stage_rows(
     operations: tuple[OperationSpec, ...],
+    outputs: list[_OutputPlan],
     mode: str,
-    key_fields: tuple[str, ...],
-    aggregator_spec: dict[str, Any] | None,
     value_type: str,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of a source stage (runs in Spark's Python workers).
 
-    ``mode`` is ``"partials"`` (emit key and the aggregator's value per output record),
-    ``"records"`` (emit key and the record as JSON) or ``"raw"`` (emit the parsed input
-    record as JSON, for stages whose operations run in the driver). Bad records come out as
-    ``dead``; one extra row per Arrow batch carries the input count.
+    ``mode`` is ``"typed"`` (one partials output: its partial aggregate in the typed ``value``
+    column, for Spark to combine), ``"outputs"`` (per output: a partials output's pre-aggregated
+    partial as JSON, or each record as JSON, in ``record``, tagged with ``out``) or ``"raw"``
+    (the parsed input record as JSON, for stages whose operations run on the driver). Trident
+    combines partial aggregates before it shuffles: per Arrow batch, one row per output and
+    distinct key instead of one per record. Bad records come out as ``dead``; one extra row per
+    Arrow batch carries the input count.
     """
     out_schema = pa.schema(
         [
+            ("out", pa.int32()),
             ("key", pa.string()),
             ("value", _ARROW_TYPES[value_type]),
             ("dead", pa.string()),
@@ -115,63 +154,62 @@ def _stage_rows(
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pipeline = RecordPipeline(operations if mode != "raw" else ())
-        aggregator = aggregator_from_spec(aggregator_spec) if aggregator_spec else None
+        pipeline = RecordPipeline(operations if mode != "raw" else (), [o.tap for o in outputs] if mode != "raw" else None)
+        aggregators = {o.index: aggregator_from_spec(o.aggregator) for o in outputs if o.aggregator is not None}
         for batch in batches:
-            keys: list[str | None] = []
-            values: list[Any] = []
-            dead: list[str | None] = []
-            recs: list[str | None] = []
+            columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
-            def add(key: str | None, value: Any, letter: str | None, rec: str | None) -> None:
+            def add(out: int | None, key: str | None, value: Any, letter: str | None, rec: str | None) -> None:
                 # called only within this iteration, so the lists of this batch are the ones bound
-                keys.append(key)  # noqa: B023
-                values.append(value)  # noqa: B023
-                dead.append(letter)  # noqa: B023
-                recs.append(rec)  # noqa: B023
+                for column, item in zip(columns, (out, key, value, letter, rec), strict=True):  # noqa: B023
+                    column.append(item)
 
             records = batch.to_pylist()
-            # Trident combines partial aggregates before it shuffles: per Arrow batch, one row
-            # per distinct key instead of one per output record.
-            partial: dict[Any, Any] = {}
+            partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
-                    add(None, None, json.dumps({"record": corrupt, "error": "does not parse against the source schema"}), None)
+                    error = {"record": corrupt, "error": "does not parse against the source schema"}
+                    add(None, None, None, json.dumps(error), None)
                     continue
-                outputs, letter = pipeline.run(record)
+                if mode == "raw":
+                    add(None, None, None, None, json.dumps(record, default=str))
+                    continue
+                by_tap, letter = pipeline.run_taps(record)
                 if letter is not None:
-                    add(None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
+                    add(None, None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
                     continue
-                for out in outputs:
-                    try:
-                        if mode == "partials":
-                            assert aggregator is not None
-                            key_values = tuple(out[f] for f in key_fields)
-                            value = aggregator.init(out)
-                            try:
-                                slot: Any = key_values
-                                previous = partial.get(slot, _MISSING)
-                            except TypeError:  # unhashable key values (lists, dicts)
-                                slot = encode_key(list(key_values))
-                                previous = partial.get(slot, _MISSING)
-                            partial[slot] = value if previous is _MISSING else aggregator.combine(previous, value)
-                        else:
-                            key = encode_key([out[f] for f in key_fields]) if key_fields else None
-                            add(key, None, None, json.dumps(out, default=str))
-                    except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
-                        add(
-                            None,
-                            None,
-                            json.dumps({"record": record, "error": f"{mode}: {type(e).__name__}: {e}"}, default=str),
-                            None,
-                        )
-            for slot, value in partial.items():
-                add(slot if isinstance(slot, str) else encode_key(list(slot)), value, None, None)
-            add(None, None, None, None)
-            inputs: list[int | None] = [None] * (len(keys) - 1) + [len(records)]
+                # A record whose outputs fail to aggregate is dead-lettered whole, from every output.
+                staged: list[tuple[int, Any, Any]] = []
+                try:
+                    for o in outputs:
+                        for out in by_tap[o.tap]:
+                            if o.key_fields is None:
+                                staged.append((o.index, None, out))
+                            else:
+                                staged.append((o.index, tuple(out[f] for f in o.key_fields), aggregators[o.index].init(out)))
+                except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
+                    error = {"record": record, "error": f"partials: {type(e).__name__}: {e}"}
+                    add(None, None, None, json.dumps(error, default=str), None)
+                    continue
+                for index, key_values, item in staged:
+                    if key_values is None:
+                        add(index, None, None, None, json.dumps(item, default=str))
+                    else:
+                        _combine_into(partials[index], aggregators[index], key_values, item)
+            for index, partial in partials.items():
+                for slot, value in partial.items():
+                    key = slot if isinstance(slot, str) else encode_key(list(slot))
+                    if mode == "typed":
+                        add(index, key, value, None, None)
+                    else:
+                        add(index, key, None, None, json.dumps(value, default=str))
+            add(None, None, None, None, None)
+            inputs: list[int | None] = [None] * (len(columns[0]) - 1) + [len(records)]
+            out_col, keys, values, dead, recs = columns
             yield pa.RecordBatch.from_arrays(
                 [
+                    pa.array(out_col, pa.int32()),
                     pa.array(keys, pa.string()),
                     pa.array(values, _ARROW_TYPES[value_type]),
                     pa.array(dead, pa.string()),
@@ -184,19 +222,28 @@ def _stage_rows(
     return run
 
 
+def _typed_partials(stage: StageSpec) -> ShuffleSpec | None:
+    """The stage's one output when Spark can combine its partials itself (the fast path)."""
+    if len(stage.outputs) != 1 or needs_driver(stage.operations):
+        return None
+    output = stage.outputs[0]
+    if not isinstance(output, ShuffleSpec) or aggregator_from_spec(output.aggregator).spark_function is None:
+        return None
+    return output
+
+
 def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     """Run a source stage's operations (and partial aggregation) on one micro-batch."""
-    driver_side = needs_driver(stage.operations)
-    if stage.shuffle is not None and not driver_side:
-        shuffle = stage.shuffle
-        spark_fn = aggregator_from_spec(shuffle.aggregator).spark_function
-        fn = _stage_rows(stage.operations, "partials", shuffle.key_fields, shuffle.aggregator, shuffle.value_type)
-        out_ddl = f"key string, value {shuffle.value_type}, dead string, inputs long, record string"
+    typed = _typed_partials(stage)
+    columns = "out int, key string, value {}, dead string, inputs long, record string"
+    if typed is not None:
+        spark_fn = aggregator_from_spec(typed.aggregator).spark_function
+        fn = _stage_rows(stage.operations, _output_plans(stage), "typed", typed.value_type)
         rows = (
-            df.mapInArrow(fn, out_ddl)
-            .groupBy("key", "dead")
+            df.mapInArrow(fn, columns.format(typed.value_type))
+            .groupBy("out", "key", "dead")
             .agg(
-                getattr(F, spark_fn)("value").alias("value"),
+                getattr(F, str(spark_fn))("value").alias("value"),
                 F.count(F.lit(1)).alias("n"),
                 F.sum("inputs").alias("inputs"),
                 F.lit(None).cast("string").alias("record"),
@@ -204,16 +251,12 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
             .collect()
         )
     else:
-        mode = "raw" if driver_side else "records"
-        key_fields = stage.records.key_fields if (stage.records is not None and not driver_side) else ()
-        fn = _stage_rows(stage.operations, mode, key_fields, None, "string")
-        rows = (
-            df.mapInArrow(fn, "key string, value string, dead string, inputs long, record string")
-            .withColumn("n", F.lit(1))
-            .collect()
-        )
-    partials: list[tuple[str, Any]] = []
-    records: list[tuple[str | None, dict[str, Any]]] = []
+        mode = "raw" if needs_driver(stage.operations) else "outputs"
+        fn = _stage_rows(stage.operations, _output_plans(stage), mode, "string")
+        rows = df.mapInArrow(fn, columns.format("string")).withColumn("n", F.lit(1)).collect()
+    outputs: dict[int, list[Any]] = {index: [] for index in range(len(stage.outputs))}
+    combined: dict[int, dict[str, Any]] = defaultdict(dict)
+    raw: list[dict[str, Any]] = []
     dead_letters: list[dict[str, Any]] = []
     input_rows = 0
     for row in rows:
@@ -221,11 +264,23 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
             dead_letters.extend([json.loads(row["dead"])] * int(row["n"]))
         elif row["inputs"] is not None:
             input_rows += int(row["inputs"] or 0)
-        elif row["record"] is not None:
-            records.append((row["key"], json.loads(row["record"])))
+        elif row["out"] is None and row["record"] is not None:
+            raw.append(json.loads(row["record"]))
+        elif row["key"] is not None and typed is not None:
+            outputs[row["out"]].append((row["key"], row["value"]))
         elif row["key"] is not None:
-            partials.append((row["key"], row["value"]))
-    return SourceBatchResult(partials=partials, records=records, dead_letters=dead_letters, input_rows=input_rows)
+            # a partial pre-aggregated per Arrow batch: combine the batches' partials per key
+            index, value = row["out"], json.loads(row["record"])
+            aggregator = aggregator_from_spec(stage.outputs[index].aggregator)
+            partial = combined[index]
+            partial[row["key"]] = aggregator.combine(partial[row["key"]], value) if row["key"] in partial else value
+        elif row["record"] is not None:
+            outputs[row["out"]].append(json.loads(row["record"]))
+    for index, partial in combined.items():
+        outputs[index].extend(partial.items())
+    if typed is None and needs_driver(stage.operations):
+        return SourceBatchResult(outputs={}, dead_letters=dead_letters, input_rows=input_rows, inputs=raw)
+    return SourceBatchResult(outputs=outputs, dead_letters=dead_letters, input_rows=input_rows)
 
 
 def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]:

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,11 @@ class FileTopic:
     def root(self) -> Path:
         return Path(self.path)
 
+    @property
+    def output_id(self) -> str:
+        """The topic's identity in commit records (:class:`~stream_ops.topics.staged_output.StagedOutput`)."""
+        return str(self.path)
+
     def queue_path(self, queue: int) -> Path:
         """Directory of one queue."""
         if not 0 <= queue < self.queues:
@@ -149,18 +154,19 @@ class FileTopic:
         write_json_lines_atomically(target, records, durable=self.durable)
         return target
 
-    def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[int, int]:
-        """Queue -> size in bytes of each staged file of (task, txid, epoch): what a commit records."""
+    def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
+        """Queue number (as text) -> size in bytes of each staged file of (task, txid, epoch):
+        what a commit records."""
         name = batch_file_name(task_id, txid, epoch)
-        sizes: dict[int, int] = {}
+        sizes: dict[str, int] = {}
         for queue in range(self.queues):
             try:
-                sizes[queue] = (self.pending_path(queue) / name).stat().st_size
+                sizes[str(queue)] = (self.pending_path(queue) / name).stat().st_size
             except FileNotFoundError:
                 continue
         return sizes
 
-    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: dict[int, int]) -> int:
+    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: Mapping[str, int] | Mapping[int, int]) -> int:
         """Move the staged files of a committed (task, txid, epoch) into their queues.
 
         ``expected`` is what the commit recorded (:meth:`staged_sizes`): every queue named must
@@ -180,7 +186,7 @@ class FileTopic:
         name = batch_file_name(task_id, txid, epoch)
         moved = 0
         touched: list[Path] = []
-        for queue, size in sorted(expected.items()):
+        for queue, size in sorted((int(q), size) for q, size in expected.items()):
             staged = self.pending_path(queue) / name
             target = self.queue_path(queue) / name
             if not target.exists():

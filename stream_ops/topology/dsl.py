@@ -18,9 +18,11 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stream_ops.errors import TopologyDefinitionError
@@ -107,6 +109,8 @@ class OperationNode:
     fields: tuple[str, ...] | None
     out: dict[str, str]
     query: dict[str, Any] | None = None
+    input: int = -1
+    """The operation of the same stage this one reads (-1: the stage's input)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,25 @@ class Segment:
     process: ProcessNode | None = None
     inputs: list[tuple[int, str | None]] = field(default_factory=list)
     operations: list[OperationNode] = field(default_factory=list)
-    output: dict[str, Any] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """Where records leave the stage; each has a ``tap``: the operation it takes records from."""
+
+    def consumed(self, tap: int) -> bool:
+        """Whether an operation or an output reads ``tap``."""
+        return any(op.input == tap for op in self.operations) or any(o["tap"] == tap for o in self.outputs)
+
+    def dangling(self) -> str | None:
+        """A description of a tap whose records go nowhere, or None.
+
+        Every operation must be read by another or by an output; a stage without operations
+        must have an output unless it keeps its results itself (a keyed stage's state).
+        """
+        for index, op in enumerate(self.operations):
+            if not self.consumed(index):
+                return f"after {op.kind}({op.function})"
+        if not self.operations and not self.outputs and self.kind != "keyed":
+            return "of its input"
+        return None
 
 
 # --- public DSL ----------------------------------------------------------------------------
@@ -165,6 +187,7 @@ class Topology:
         self._segments: list[Segment] = []
         self._queries: dict[str, StateHandle] = {}
         self._states: dict[str, StateHandle] = {}
+        self._sinks: dict[str, str] = {}
 
     def _segment(self, **kwargs: Any) -> Segment:
         name = kwargs["name"]
@@ -235,9 +258,34 @@ class Topology:
             stream._connect(
                 {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (join_field,), "stream": stream_name},
                 f"{what} stream {stream_name!r}",
+                stream_tag=stream_name,
             )
-            segment.inputs.append((stream._segment.index, stream_name))
         return Stream(self, segment, out_fields)
+
+    def merge(self, *streams: Stream) -> Stream:
+        """One stream of the records of ``streams`` (Trident's ``merge``): they must carry the
+        same fields with the same types.
+
+        No stage is added: an operation on the merged stream runs in each merged stream's
+        stage, and a consumer (a shuffle, a sink) reads from all of them.
+        """
+        what = f"merge() in topology {self.name!r}"
+        if len(streams) < 2:
+            raise TopologyDefinitionError(f"{what}: merge at least two streams")
+        for stream in streams:
+            if not isinstance(stream, Stream) or stream._topology is not self:
+                raise TopologyDefinitionError(f"{what}: {stream!r} is not a stream of this topology")
+        first = streams[0]
+        for stream in streams[1:]:
+            if stream._fields != first._fields:  # names and types; order does not matter
+                raise TopologyDefinitionError(
+                    f"{what}: streams must have the same fields to merge; stage {first._segment.name!r} has "
+                    f"{first._fields}, stage {stream._segment.name!r} has {stream._fields}"
+                )
+        taps = [tap for stream in streams for tap in stream._taps]
+        if len({(tap.segment.index, tap.op) for tap in taps}) != len(taps):
+            raise TopologyDefinitionError(f"{what}: a stream is merged twice; its records would be counted twice")
+        return Stream(self, taps, first._fields)
 
     def query(self, name: str, state: StateHandle) -> None:
         """Expose a state for key lookups (Trident's DRPC ``stateQuery``).
@@ -269,6 +317,16 @@ class Topology:
     def states(self) -> dict[str, StateHandle]:
         return dict(self._states)
 
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """Names of the topology's sinks."""
+        return tuple(self._sinks)
+
+    def _add_sink(self, name: str, what: str) -> None:
+        if name in self._sinks:
+            raise TopologyDefinitionError(f"{what}: topology {self.name!r} already has a sink named {name!r}; pass name=")
+        self._sinks[name] = what
+
     def _add_state(self, handle: StateHandle) -> StateHandle:
         if handle.name in self._states:
             raise TopologyDefinitionError(f"topology {self.name!r}: state {handle.name!r} is declared twice")
@@ -282,14 +340,31 @@ def _check_queues(n: Any, what: str) -> int:
     return n
 
 
-class Stream:
-    """A stream of records (field name -> value) with a known set of fields."""
+@dataclass(frozen=True)
+class _Tap:
+    """A point of a stage's operation tree: its input (``op == -1``) or an operation's output."""
 
-    def __init__(self, topology: Topology, segment: Segment, fields: Mapping[str, str]) -> None:
+    segment: Segment
+    op: int
+
+
+class Stream:
+    """A stream of records (field name -> value) with a known set of fields.
+
+    A stream may have several consumers (fan-out): each operation or output reads the same
+    records. A merged stream (:meth:`Topology.merge`) has one tap per merged stream; an
+    operation on it runs on each, and a consumer reads all of them.
+    """
+
+    def __init__(self, topology: Topology, taps: Segment | Sequence[_Tap], fields: Mapping[str, str]) -> None:
         self._topology = topology
-        self._segment = segment
+        self._taps: tuple[_Tap, ...] = (_Tap(taps, -1),) if isinstance(taps, Segment) else tuple(taps)
         self._fields = dict(fields)
-        self._consumed = False
+
+    @property
+    def _segment(self) -> Segment:
+        """The stage of the first tap (names and default queue counts come from it)."""
+        return self._taps[0].segment
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -299,20 +374,23 @@ class Stream:
     def _what(self, op: str) -> str:
         return f"{op}() on stage {self._segment.name!r}"
 
-    def _take(self, what: str) -> None:
-        if self._consumed:
-            raise TopologyDefinitionError(f"{what}: this stream already continues elsewhere; a stream has one consumer here")
-        self._consumed = True
-
     def _extend(self, node: OperationNode, fields: Mapping[str, str]) -> Stream:
-        self._take(self._what(node.kind))
-        self._segment.operations.append(node)
-        return Stream(self._topology, self._segment, fields)
+        taps = []
+        for tap in self._taps:
+            tap.segment.operations.append(replace(node, input=tap.op))
+            taps.append(_Tap(tap.segment, len(tap.segment.operations) - 1))
+        return Stream(self._topology, taps, fields)
 
-    def _connect(self, output: dict[str, Any], what: str) -> None:
-        """End this stream's stage with ``output`` (a shuffle or a sink)."""
-        self._take(what)
-        self._segment.output = output
+    def _connect(self, output: dict[str, Any], what: str, *, stream_tag: str | None = None) -> None:
+        """Send this stream's records to ``output`` (a shuffle into a new stage, or a sink).
+
+        A shuffle into stage ``output["to_stage"]`` records each tap's stage as an input of
+        that stage (tagged ``stream_tag`` for joins).
+        """
+        for tap in self._taps:
+            tap.segment.outputs.append({**output, "tap": tap.op})
+            if "to_stage" in output:
+                self._topology._segments[output["to_stage"]].inputs.append((tap.segment.index, stream_tag))
 
     def _check_fields(self, names: Iterable[str], what: str) -> tuple[str, ...]:
         names = tuple(names)
@@ -384,8 +462,6 @@ class Stream:
         if len(set(keys)) != len(keys):
             raise TopologyDefinitionError(f"{what}: a field is named twice in {list(keys)}")
         n = _check_queues(self._segment.queues if queues is None else queues, what)
-        if self._consumed:
-            raise TopologyDefinitionError(f"{what}: this stream already continues elsewhere")
         return GroupedStream(self, keys, n)
 
     def partition_by(self, *fields: str, queues: int | None = None, name: str | None = None) -> Stream:
@@ -398,9 +474,10 @@ class Stream:
         stage_name = _check_name("stage", name or f"{self._segment.name}-by-{'-'.join(keys)}")
         segment = self._topology._segment(name=stage_name, kind="partition", queues=n, fields=dict(self._fields))
         self._connect(
-            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": keys, "stream": self._segment.name}, what
+            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": keys, "stream": self._segment.name},
+            what,
+            stream_tag=self._segment.name,
         )
-        segment.inputs.append((self._segment.index, self._segment.name))
         return Stream(self._topology, segment, self._fields)
 
     def process(
@@ -443,9 +520,10 @@ class Stream:
             process=ProcessNode(ref, key, trigger.to_spec() if trigger else None, ttl_seconds),
         )
         self._connect(
-            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,), "stream": self._segment.name}, what
+            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,), "stream": self._segment.name},
+            what,
+            stream_tag=self._segment.name,
         )
-        segment.inputs.append((self._segment.index, self._segment.name))
         return Stream(self._topology, segment, out_fields)
 
     def partition_persist(
@@ -466,6 +544,16 @@ class Stream:
             name: the state's name (defaults to the factory's class name).
         """
         what = self._what("partition_persist")
+        if len({tap.segment.index for tap in self._taps}) > 1:
+            raise TopologyDefinitionError(
+                f"{what}: the stream merges records of several stages, so one partition's State would be written by "
+                "tasks of several stages; partition_by(...) the merged stream first"
+            )
+        if any(o["kind"] == "persist" for o in self._segment.outputs):
+            raise TopologyDefinitionError(
+                f"{what}: stage {self._segment.name!r} already persists into a State; a stage persists into one, so "
+                "partition_by(...) the stream into a new stage for the second"
+            )
         selected = self._check_fields(fields, what)
         factory_ref = object_ref(state_factory, what=f"{what} state factory")
         updater_ref = object_ref(updater, what=f"{what} updater")
@@ -519,6 +607,96 @@ class Stream:
             f"{self._what('persistent_aggregate')}: call group_by(...) first; an aggregate needs key fields"
         )
 
+    # --- sinks: where records leave the topology, exactly once per txid -----------------------
+
+    def peek(self, fn: Callable[[dict[str, Any]], Any]) -> Stream:
+        """Call ``fn(record)`` on every record and pass the records on unchanged (Trident's
+        ``peek``), for debugging; it runs where the stage's operations run (Spark's Python
+        workers for a source stage), and again for a replayed batch."""
+        what = self._what("peek")
+        ref = function_ref(fn, what=what)
+        return self._extend(OperationNode("peek", ref, None, {}), self._fields)
+
+    def to_parquet(
+        self, path: str | os.PathLike[str], *, partition_by: Sequence[str] | None = None, name: str | None = None
+    ) -> None:
+        """Write the stream to Parquet files under ``path``, exactly once per batch.
+
+        Each task writes one file per batch (and partition directory), named by (task, txid,
+        epoch) and renamed into place only after the batch commits, so ``spark.read.parquet(path)``
+        or DuckDB read a consistent table while the topology runs; ``path/_committed/`` lists
+        each task's committed files. ``partition_by`` fields become ``field=value`` directories.
+        """
+        what = self._what("to_parquet")
+        keys = self._check_fields(partition_by or (), what)
+        if len(keys) == len(self._fields):
+            raise TopologyDefinitionError(f"{what}: partition_by names every field; the files would have no columns")
+        self._add_sink(what, name, {"format": "parquet", "path": os.fspath(path), "partition_by": keys})
+
+    def to_topic(self, topic: FileTopic, *, name: str | None = None) -> None:
+        """Write the stream into ``topic`` (JSON lines) for another topology to read as a source.
+
+        A batch's records are spread over the topic's queues by a hash of each record and
+        published after the batch commits. One topology should write a topic: the files are
+        named by task and txid, which another topology's tasks would repeat.
+        """
+        what = self._what("to_topic")
+        if not isinstance(topic, FileTopic):
+            raise TopologyDefinitionError(f"{what}: topic must be a FileTopic, got {type(topic).__name__}")
+        self._add_sink(what, name, {"format": "topic", "path": os.fspath(topic.path), "queues": topic.queues})
+
+    def sink(self, fn: Callable[..., Any], *, name: str | None = None) -> None:
+        """Call ``fn(txid, records)`` (or ``fn(txid, records, partition)``) once per batch,
+        after the batch commits, for systems that can be written idempotently by txid.
+
+        The contract: after a crash ``fn`` is called again with the same txid and the same
+        records, until it returns; it must make a second call for a txid a no-op (e.g. upsert
+        rows keyed by (partition, txid), or record the last txid written in the same
+        transaction). txids count per task, so a stage of several tasks must take the third
+        ``partition`` argument (the task's queue) and key by it too. An exception from ``fn``
+        stops the task; it retries when the task starts again.
+        """
+        what = self._what("sink")
+        ref = function_ref(fn, what=what)
+        arity = _positional_arity(fn, what)
+        queues = max(tap.segment.queues for tap in self._taps)
+        if arity == 2 and (queues > 1 or len(self._taps) > 1):
+            raise TopologyDefinitionError(
+                f"{what}: {ref} takes (txid, records), but this stream is written by several tasks whose txids repeat; "
+                "take a third parameter, partition, and write idempotently by (partition, txid)"
+            )
+        self._add_sink(what, name, {"format": "function", "function": ref, "arity": arity})
+
+    def print(self, *, name: str | None = None) -> None:
+        """Log every record to the worker log (logger ``stream_ops.print``, INFO) after its
+        batch commits (Storm's printer bolt), for debugging."""
+        self._add_sink(self._what("print"), name, {"format": "print"})
+
+    def _add_sink(self, what: str, name: str | None, spec: dict[str, Any]) -> None:
+        sink_name = _check_name("sink", name or f"{self._segment.name}-{spec['format']}")
+        self._topology._add_sink(sink_name, what)
+        self._connect({"kind": "sink", "name": sink_name, "fields": dict(self._fields), **spec}, what)
+
+
+def _positional_arity(fn: Callable[..., Any], what: str) -> int:
+    """2 or 3: how many positional arguments a sink function takes."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        raise TopologyDefinitionError(f"{what}: cannot read the parameters of {fn!r}") from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 3
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= 3 and len(positional) >= 3:
+        return 3
+    if len(required) <= 2 and len(positional) >= 2:
+        return 2
+    raise TopologyDefinitionError(
+        f"{what}: a sink function takes (txid, records) or (txid, records, partition); {fn!r} takes {len(positional)} "
+        "positional parameters"
+    )
+
 
 def _class_name(obj: Any) -> str:
     return obj.__name__ if isinstance(obj, type) else type(obj).__name__
@@ -529,7 +707,8 @@ def _partition_keys(topology: Topology, segment: Segment) -> tuple[str, ...] | N
     if segment.kind == "source" or not segment.inputs:
         return None
     upstream = topology._segments[segment.inputs[0][0]]
-    return tuple(upstream.output["key_fields"]) if upstream.output else None
+    feeding = [o for o in upstream.outputs if o.get("to_stage") == segment.index]
+    return tuple(feeding[0]["key_fields"]) if feeding else None
 
 
 class GroupedStream:
@@ -539,6 +718,28 @@ class GroupedStream:
         self._stream = stream
         self.keys = keys
         self.queues = queues
+
+    def _not_a_stream(self, op: str) -> TopologyDefinitionError:
+        return TopologyDefinitionError(
+            f"{self._stream._what(op)}: a grouped stream only feeds persistent_aggregate; call {op}() on the stream "
+            f"before group_by({', '.join(map(repr, self.keys))}), or on new_values() of the aggregate"
+        )
+
+    def to_parquet(self, *args: Any, **kwargs: Any) -> None:
+        """Not allowed: a grouped stream is not a stream of records."""
+        raise self._not_a_stream("to_parquet")
+
+    def to_topic(self, *args: Any, **kwargs: Any) -> None:
+        """Not allowed: a grouped stream is not a stream of records."""
+        raise self._not_a_stream("to_topic")
+
+    def sink(self, *args: Any, **kwargs: Any) -> None:
+        """Not allowed: a grouped stream is not a stream of records."""
+        raise self._not_a_stream("sink")
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Not allowed: a grouped stream is not a stream of records."""
+        raise self._not_a_stream("print")
 
     def persistent_aggregate(
         self,
@@ -589,7 +790,6 @@ class GroupedStream:
             aggregate=node,
         )
         stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues, "key_fields": self.keys}, what)
-        segment.inputs.append((stream._segment.index, None))
         handle = StateHandle(topology, state_name, self.keys, out, kind="map", stage=segment.index)
         return topology._add_state(handle)
 

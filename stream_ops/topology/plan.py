@@ -2,17 +2,22 @@
 
 A stage is cut at every shuffle. A stage reads a source topic or a shuffle topic, runs its
 processor (none, a keyed aggregate, a windowed join or a processing element), then its record
-operations, and ends in one output: partial aggregates per key to a keyed stage, whole
-records keyed by a field to a join/process/partition stage (both partitioned by
-``stable_hash(key) % queues``), or a partition_persist sink. Keyed stages end in their state. One task per (stage, queue); task ids are integers over the whole topology, in stage
-order. The plan is plain data (JSON) so workers rebuild it without the user's topology object.
+operations, which form a tree: each operation reads the stage's input or one earlier operation
+(a stream with two consumers is two operations reading the same one). Every output of the
+stage *taps* one point of that tree: partial aggregates per key to a keyed stage, whole
+records keyed by fields to a join/process/partition stage (both partitioned by
+``stable_hash(key) % queues``), a partition_persist State, or a sink (Parquet files, a topic,
+a user function, the log). Stages and their shuffles form a DAG; a merge of streams is a stage
+read by several upstream stages. One task per (stage, queue); task ids are integers over the
+whole topology, in stage order. The plan is plain data (JSON) so workers rebuild it without the
+user's topology object.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.topology.code_scope import CodeScope
@@ -24,15 +29,22 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class OperationSpec(_Frozen):
-    """One record operation: ``each``, ``map``, ``filter`` of a referenced function, or a
-    ``state_query`` (``query`` names the state and the query function)."""
+INPUT = -1
+"""The tap of a stage's input records (for a records stage: what its processor emits)."""
 
-    kind: Literal["each", "map", "filter", "state_query"]
+
+class OperationSpec(_Frozen):
+    """One record operation: ``each``, ``map``, ``filter``, ``peek`` of a referenced function,
+    or a ``state_query`` (``query`` names the state and the query function)."""
+
+    kind: Literal["each", "map", "filter", "peek", "state_query"]
     function: str
     fields: tuple[str, ...] | None
     out: dict[str, str]
     query: dict[str, Any] | None = None
+    input: int | None = None
+    """Index of the operation whose output this one reads, :data:`INPUT` for the stage's input,
+    None for the operation before it (a chain)."""
     code: CodeScope | None = Field(None, exclude=True)
     """The verified archive ``function`` resolves in (set by a worker, never in plan.json)."""
 
@@ -40,6 +52,9 @@ class OperationSpec(_Frozen):
 class ShuffleSpec(_Frozen):
     """How a stage partially aggregates and shuffles its records to a keyed stage."""
 
+    kind: Literal["partials"] = "partials"
+    tap: int | None = None
+    """The operation whose output goes out (:data:`INPUT`: the stage's input; None: the last)."""
     to_stage: int
     queues: int
     key_fields: tuple[str, ...]
@@ -50,6 +65,8 @@ class ShuffleSpec(_Frozen):
 class RecordsSpec(_Frozen):
     """How a stage shuffles whole records to a join / process / partition stage."""
 
+    kind: Literal["records"] = "records"
+    tap: int | None = None
     to_stage: int
     queues: int
     key_fields: tuple[str, ...]
@@ -59,10 +76,42 @@ class RecordsSpec(_Frozen):
 class PersistSpec(_Frozen):
     """A partition_persist sink: a user State per task."""
 
+    kind: Literal["persist"] = "persist"
+    tap: int | None = None
     name: str
     factory: dict[str, Any]
     fields: tuple[str, ...]
     updater: dict[str, Any]
+
+
+SinkFormat = Literal["parquet", "topic", "function", "print"]
+
+
+class SinkSpec(_Frozen):
+    """Where a stream's records leave the topology, exactly once per txid.
+
+    ``parquet``: files under ``path`` (hive-partitioned by ``partition_by``); ``topic``: a
+    FileTopic of ``queues`` queues at ``path`` that another topology can read; ``function``:
+    a user function called after each commit with the batch (``function`` is its reference,
+    ``arity`` 2 for ``fn(txid, records)`` or 3 for ``fn(txid, records, partition)``);
+    ``print``: records to the worker log after each commit.
+    """
+
+    kind: Literal["sink"] = "sink"
+    tap: int | None = None
+    name: str
+    format: SinkFormat
+    fields: dict[str, str]
+    path: str | None = None
+    partition_by: tuple[str, ...] = ()
+    queues: int | None = None
+    function: str | None = None
+    arity: int = 2
+    code: CodeScope | None = Field(None, exclude=True)
+    """The verified archive ``function`` resolves in (set by a worker, never in plan.json)."""
+
+
+OutputSpec = Annotated[ShuffleSpec | RecordsSpec | PersistSpec | SinkSpec, Field(discriminator="kind")]
 
 
 class ProcessSpec(_Frozen):
@@ -117,8 +166,8 @@ RECORDS_FIELDS: dict[str, str] = {"stream": "string", "key": "string", "record":
 class StageSpec(_Frozen):
     """A stage: what it reads, what it does per record and where its results go.
 
-    Exactly one output is set for stages that are not keyed: ``shuffle`` (partial aggregates
-    to a keyed stage), ``records`` (records to a join/process/partition stage) or ``persist``.
+    ``outputs`` are where its records go (see the module docstring); a keyed stage keeps its
+    results in ``state``.
     """
 
     index: int
@@ -131,9 +180,7 @@ class StageSpec(_Frozen):
     fields: dict[str, str] = {}
     from_stages: tuple[int, ...] = ()
     operations: tuple[OperationSpec, ...] = ()
-    shuffle: ShuffleSpec | None = None
-    records: RecordsSpec | None = None
-    persist: PersistSpec | None = None
+    outputs: tuple[OutputSpec, ...] = ()
     state: StateSpec | None = None
     join: JoinSpec | None = None
     process: ProcessSpec | None = None
@@ -157,6 +204,29 @@ class StageSpec(_Frozen):
     def keeps_state(self) -> bool:
         """Whether the stage's tasks keep state in RocksDB + the state topic."""
         return self.kind_info.keeps_state
+
+    def input_of(self, op_index: int) -> int:
+        """The tap operation ``op_index`` reads (:data:`INPUT` or an earlier operation)."""
+        op = self.operations[op_index]
+        return op_index - 1 if op.input is None else op.input
+
+    def tap_of(self, output: OutputSpec) -> int:
+        """The operation whose records ``output`` takes (:data:`INPUT` for the stage's input)."""
+        return len(self.operations) - 1 if output.tap is None else output.tap
+
+    def outputs_of(self, kind: type[Any]) -> list[Any]:
+        """The outputs of one spec class, e.g. ``stage.outputs_of(SinkSpec)``."""
+        return [o for o in self.outputs if isinstance(o, kind)]
+
+    @property
+    def persist(self) -> PersistSpec | None:
+        """The stage's partition_persist output (a stage persists into at most one State)."""
+        return next(iter(self.outputs_of(PersistSpec)), None)
+
+    @property
+    def downstream(self) -> tuple[int, ...]:
+        """Indices of the stages this stage's shuffles feed."""
+        return tuple(sorted({o.to_stage for o in self.outputs if isinstance(o, ShuffleSpec | RecordsSpec)}))
 
     @property
     def reads_source(self) -> bool:
@@ -193,6 +263,11 @@ class Plan(_Frozen):
     """The verified code archive every reference of this plan is bound to (see
     :func:`stream_ops.topology.plan_code.bind_plan`); None for a plan as submitted."""
 
+    @model_validator(mode="after")
+    def _a_dag(self) -> Plan:
+        check_stage_graph(self.topology, self.stages)
+        return self
+
     def stage(self, index: int) -> StageSpec:
         return self.stages[index]
 
@@ -216,29 +291,64 @@ class Plan(_Frozen):
         return cls.model_validate_json(text)
 
 
+def check_stage_graph(topology: str, stages: tuple[StageSpec, ...]) -> None:
+    """Refuse a plan whose stages do not form a DAG or whose operations and outputs point
+    nowhere (a hand-edited or corrupted plan; the DSL cannot build one).
+
+    Raises:
+        TopologyDefinitionError: naming the stage and the problem (for a cycle, its stages).
+    """
+    for position, stage in enumerate(stages):
+        where = f"topology {topology!r} stage {stage.name!r}"
+        if stage.index != position:
+            raise TopologyDefinitionError(f"{where}: has index {stage.index} at position {position}")
+        for i in range(len(stage.operations)):
+            if not INPUT <= stage.input_of(i) < i:
+                raise TopologyDefinitionError(f"{where}: operation {i} reads operation {stage.input_of(i)}, not an earlier one")
+        for output in stage.outputs:
+            if not INPUT <= stage.tap_of(output) < len(stage.operations):
+                raise TopologyDefinitionError(f"{where}: an output taps operation {stage.tap_of(output)}, which is not there")
+        for target in stage.downstream:
+            if not 0 <= target < len(stages):
+                raise TopologyDefinitionError(f"{where}: shuffles to stage {target}, which is not there")
+    visiting: list[int] = []
+    done: set[int] = set()
+
+    def visit(index: int) -> None:
+        if index in done:
+            return
+        if index in visiting:
+            cycle = [stages[i].name for i in visiting[visiting.index(index) :]] + [stages[index].name]
+            raise TopologyDefinitionError(f"topology {topology!r}: its stages form a cycle: {' -> '.join(cycle)}")
+        visiting.append(index)
+        for target in stages[index].downstream:
+            visit(target)
+        visiting.pop()
+        done.add(index)
+
+    for stage in stages:
+        visit(stage.index)
+
+
+def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
+    spec = dict(output)
+    if spec["kind"] == "partials":
+        agg = topology.segments[spec["to_stage"]].aggregate
+        assert agg is not None
+        spec.update(aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
+        return ShuffleSpec.model_validate(spec)
+    if spec["kind"] == "records":
+        return RecordsSpec.model_validate(spec)
+    if spec["kind"] == "persist":
+        return PersistSpec.model_validate(spec)
+    return SinkSpec.model_validate(spec)
+
+
 def _stage(segment: Segment, topology: Topology) -> StageSpec:
     operations = tuple(
-        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query)
+        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query, input=op.input)
         for op in segment.operations
     )
-    out = segment.output or {}
-    shuffle = records = persist = None
-    if out.get("kind") == "partials":
-        agg = topology.segments[out["to_stage"]].aggregate
-        assert agg is not None
-        shuffle = ShuffleSpec(
-            to_stage=out["to_stage"],
-            queues=out["queues"],
-            key_fields=tuple(out["key_fields"]),
-            aggregator=agg.aggregator.to_spec(),
-            value_type=agg.value_type,
-        )
-    elif out.get("kind") == "records":
-        records = RecordsSpec(
-            to_stage=out["to_stage"], queues=out["queues"], key_fields=tuple(out["key_fields"]), stream=out["stream"]
-        )
-    elif out.get("kind") == "persist":
-        persist = PersistSpec(name=out["name"], factory=out["factory"], fields=tuple(out["fields"]), updater=out["updater"])
     state = None
     if segment.aggregate is not None:
         agg = segment.aggregate
@@ -270,11 +380,9 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         source_path=str(segment.source.topic.path) if segment.source else None,
         input_fields=input_fields,
         fields=dict(segment.fields),
-        from_stages=tuple(i for i, _ in segment.inputs),
+        from_stages=tuple(dict.fromkeys(i for i, _ in segment.inputs)),
         operations=operations,
-        shuffle=shuffle,
-        records=records,
-        persist=persist,
+        outputs=tuple(_output_spec(o, topology) for o in segment.outputs),
         state=state,
         join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
@@ -286,17 +394,18 @@ def build_plan(topology: Topology) -> Plan:
 
     Raises:
         TopologyDefinitionError: the topology has no source, or a stream ends without
-            anything that keeps its results.
+            a consumer (its records would go nowhere).
     """
     segments = topology.segments
     if not any(s.kind == "source" for s in segments):
         raise TopologyDefinitionError(f"topology {topology.name!r} has no source; add one with topology.source(...)")
     for segment in segments:
-        if segment.kind != "keyed" and segment.output is None:
+        dangling = segment.dangling()
+        if dangling is not None:
             raise TopologyDefinitionError(
-                f"topology {topology.name!r}: the stream of stage {segment.name!r} ends without persistent_aggregate "
-                "or partition_persist, so nothing would be kept; group_by(...).persistent_aggregate(...) or "
-                "partition_persist(...) it"
+                f"topology {topology.name!r}: the stream {dangling} in stage {segment.name!r} ends without a consumer, "
+                "so its records would go nowhere; end it in a sink (to_parquet, to_topic, sink, print), "
+                "group_by(...).persistent_aggregate(...) or partition_persist(...)"
             )
     stages = tuple(_stage(segment, topology) for segment in segments)
     tasks: list[TaskSpec] = []

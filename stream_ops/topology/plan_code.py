@@ -1,9 +1,9 @@
 """The code references of a plan: listing them, checking them, binding them to an archive.
 
-A plan names user code in five places: each/map/filter/state_query functions
+A plan names user code in six places: each/map/filter/peek/state_query functions
 (``OperationSpec.function``), a state_query's query function (``query["function"]``), a
-partition_persist State factory and updater (``PersistSpec.factory`` / ``updater``) and a
-processing element class (``ProcessSpec.pe_class``). :func:`plan_references` is the one list
+partition_persist State factory and updater (``PersistSpec.factory`` / ``updater``), a
+processing element class (``ProcessSpec.pe_class``) and a sink function (``SinkSpec.function``). :func:`plan_references` is the one list
 of them: the code archive ships their modules, a worker checks them against the archive, and
 :func:`bind_plan` ties every one of them to the archive's :class:`CodeScope`, so that every
 place that resolves one (driver or Spark Python worker) imports from that archive only.
@@ -19,7 +19,7 @@ from typing import Any
 
 from stream_ops.errors import TopologyLoadError
 from stream_ops.topology.code_scope import CODE_KEY, STREAM_OPS_PACKAGE, CodeScope
-from stream_ops.topology.plan import OperationSpec, PersistSpec, Plan, StageSpec
+from stream_ops.topology.plan import OperationSpec, OutputSpec, PersistSpec, Plan, SinkSpec, StageSpec
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ def plan_references(plan: Plan) -> list[PlanReference]:
             found.append(PlanReference(f"{where} state updater", _class_of(stage.persist.updater, where)))
         if stage.process is not None:
             found.append(PlanReference(f"{where} processing element", stage.process.pe_class))
+        for sink in stage.outputs_of(SinkSpec):
+            if sink.function is not None:
+                found.append(PlanReference(f"{where} sink {sink.name!r} function", sink.function))
     return found
 
 
@@ -84,6 +87,7 @@ def bound_places(plan: Plan) -> list[str]:
             places.append(f"{where} partition_persist")
         if stage.process is not None and stage.process.code is not None:
             places.append(f"{where} processing element")
+        places += [f"{where} sink {sink.name!r}" for sink in stage.outputs_of(SinkSpec) if sink.code is not None]
     return places
 
 
@@ -99,9 +103,10 @@ def bind_plan(plan: Plan, scope: CodeScope) -> Plan:
 
 
 def _bind_stage(stage: StageSpec, scope: CodeScope) -> StageSpec:
-    update: dict[str, Any] = {"operations": tuple(_bind_operation(op, scope) for op in stage.operations)}
-    if stage.persist is not None:
-        update["persist"] = _bind_persist(stage.persist, scope)
+    update: dict[str, Any] = {
+        "operations": tuple(_bind_operation(op, scope) for op in stage.operations),
+        "outputs": tuple(_bind_output(output, scope) for output in stage.outputs),
+    }
     if stage.process is not None:
         update["process"] = stage.process.model_copy(update={"code": scope})
     return stage.model_copy(update=update)
@@ -112,6 +117,14 @@ def _bind_operation(op: OperationSpec, scope: CodeScope) -> OperationSpec:
     if op.query is not None:
         update["query"] = {**op.query, "function": {**op.query["function"], CODE_KEY: scope}}
     return op.model_copy(update=update)
+
+
+def _bind_output(output: OutputSpec, scope: CodeScope) -> OutputSpec:
+    if isinstance(output, PersistSpec):
+        return _bind_persist(output, scope)
+    if isinstance(output, SinkSpec) and output.function is not None:
+        return output.model_copy(update={"code": scope})
+    return output
 
 
 def _bind_persist(persist: PersistSpec, scope: CodeScope) -> PersistSpec:

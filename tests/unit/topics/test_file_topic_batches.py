@@ -48,7 +48,7 @@ def test_publish_moves_what_the_commit_recorded_and_touches_the_files(topic: Fil
     week_ago = time.time() - 8 * 86400
     os.utime(staged, (week_ago, week_ago))  # staged long ago: Spark's maxFileAge would skip it
     expected = topic.staged_sizes(3, 7, 2)
-    assert expected == {1: staged.stat().st_size}
+    assert expected == {"1": staged.stat().st_size}
 
     assert topic.publish_batch(3, 7, 2, expected) == 1
     published = topic.queue_path(1) / batch_file_name(3, 7, 2)

@@ -171,7 +171,8 @@ def test_check_references_names_the_reference_outside_the_archive():
     stages = list(plan.stages)
     persist = next(s for s in stages if s.persist is not None)
     tampered_persist = persist.persist.model_copy(update={"factory": {"class": "subprocess:Popen", "args": {"args": ["id"]}}})
-    stages[persist.index] = persist.model_copy(update={"persist": tampered_persist})
+    outputs = tuple(tampered_persist if o is persist.persist else o for o in persist.outputs)
+    stages[persist.index] = persist.model_copy(update={"outputs": outputs})
     tampered = plan.model_copy(update={"stages": tuple(stages)})
     with pytest.raises(TopologyLoadError, match="'subprocess:Popen'.*neither in the submitted code archive"):
         check_references(tampered, ("userpkg",))

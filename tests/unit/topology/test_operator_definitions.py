@@ -24,10 +24,10 @@ def _two_sources(tmp_path):
 def test_join_plan_routes_both_streams_by_their_join_field(tmp_path):
     plan = build_plan(build_uuid_join(tmp_path, queues=2))
     s1, s2, join, keyed = plan.stages
-    assert (s1.records.to_stage, s1.records.stream, s1.records.key_fields) == (2, "spout1", ("uuid",))
-    assert (s2.records.to_stage, s2.records.stream) == (2, "spout2")
+    assert (s1.outputs[0].to_stage, s1.outputs[0].stream, s1.outputs[0].key_fields) == (2, "spout1", ("uuid",))
+    assert (s2.outputs[0].to_stage, s2.outputs[0].stream) == (2, "spout2")
     assert join.kind == "join" and join.from_stages == (0, 1) and join.keeps_state
-    assert join.shuffle is not None and join.shuffle.to_stage == 3
+    assert [o.kind for o in join.outputs] == ["partials"] and join.outputs[0].to_stage == 3
     assert keyed.state.name == "joined"
 
 
@@ -61,7 +61,7 @@ def test_process_plan_and_errors(tmp_path):
     pe = plan.stage(1)
     assert pe.kind == "process" and pe.process.key_field == "word" and pe.process.ttl_seconds == 60
     assert pe.process.trigger == {"every_events": 2, "every_seconds": 5}
-    assert plan.stage(0).records.key_fields == ("word",)
+    assert plan.stage(0).outputs[0].key_fields == ("word",)
 
     t = Topology("p")
     words = t.source("s", FileTopic(tmp_path / "s"), schema={"sentence": "string"}).each(split, out="word", fields=["sentence"])

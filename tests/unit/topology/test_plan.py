@@ -23,7 +23,8 @@ def test_wordcount_plan_has_two_stages_and_one_task_per_queue(tmp_path):
         (5, 1, 2),
     ]
     source, keyed = plan.stages
-    assert source.shuffle is not None and source.shuffle.to_stage == 1 and source.shuffle.key_fields == ("word",)
+    (shuffle,) = source.outputs
+    assert shuffle.kind == "partials" and shuffle.to_stage == 1 and shuffle.key_fields == ("word",)
     assert keyed.state is not None and keyed.state.kind == "opaque" and keyed.from_stage == 0
     assert plan.queries["words"].stage == 1
 

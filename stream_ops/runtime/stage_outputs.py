@@ -1,0 +1,180 @@
+"""Where one task's batch results go: steps 3 and 6 of the commit protocol for every output.
+
+A stage's outputs (shuffles into other stages, sinks) are written per batch as files staged
+under (task, txid, epoch), recorded in the ZooKeeper commit and published after it (see
+:mod:`stream_ops.topics.staged_output`). Outputs of one stage that share a destination (two
+branches into the same keyed stage, a merged stream into one sink) are written as one file,
+since a file name is per (task, txid, epoch).
+
+Two sinks act after the publish: a function sink calls the user's function with each
+published batch and deletes it once the function returned (so a crash in between calls it
+again with the same txid and records), and ``print`` logs the batch's records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from stream_ops.hashing import encode_key, partition_for
+from stream_ops.layout import TopologyLayout
+from stream_ops.operators.aggregators import aggregator_from_spec
+from stream_ops.operators.join_bolt import lookup as field_value
+from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name
+from stream_ops.topics.staged_output import StagedOutput
+from stream_ops.topology.functions import resolve_function
+from stream_ops.topology.plan import Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
+
+logger = logging.getLogger(__name__)
+print_logger = logging.getLogger("stream_ops.print")
+
+Record = dict[str, Any]
+Partial = tuple[str, Any]
+
+
+class StageOutputs:
+    """The outputs of one task: what it stages per batch and what it does after a commit."""
+
+    def __init__(self, *, plan: Plan, stage: StageSpec, task: TaskSpec, layout: TopologyLayout) -> None:
+        self.plan = plan
+        self.stage = stage
+        self.task = task
+        self.layout = layout
+        self._aggregators = {
+            i: aggregator_from_spec(o.aggregator) for i, o in enumerate(stage.outputs) if isinstance(o, ShuffleSpec)
+        }
+        self._shuffles: dict[int, FileTopic] = {}
+        self._sinks: dict[str, StagedOutput] = {}
+        self._functions: dict[str, tuple[FileTopic, SinkSpec]] = {}
+        for output in stage.outputs:
+            if isinstance(output, ShuffleSpec | RecordsSpec):
+                self._shuffles[output.to_stage] = layout.shuffle_topic(plan.stage(output.to_stage))
+            elif isinstance(output, SinkSpec) and output.format == "parquet":
+                from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
+
+                assert output.path is not None
+                self._sinks[output.name] = ParquetSink(
+                    output.path, output.fields, partition_by=output.partition_by, durable=layout.cluster.fsync
+                )
+            elif isinstance(output, SinkSpec) and output.format == "topic":
+                assert output.path is not None and output.queues is not None
+                self._sinks[output.name] = FileTopic(output.path, output.queues, durable=layout.cluster.fsync)
+            elif isinstance(output, SinkSpec) and output.format == "function":
+                self._functions[output.name] = (layout.sink_delivery_topic(stage, output.name), output)
+        self._printed: list[tuple[int, str, list[Record]]] = []
+
+    def staged_outputs(self) -> list[StagedOutput]:
+        """Every output this task stages files in (the dead-letter topic included)."""
+        outputs: list[StagedOutput] = [self.layout.dead_letter_topic()]
+        outputs += self._shuffles.values()
+        outputs += self._sinks.values()
+        outputs += [topic for topic, _ in self._functions.values()]
+        return outputs
+
+    # --- step 3 --------------------------------------------------------------------------------
+
+    def stage_batch(
+        self,
+        txid: int,
+        epoch: int,
+        records: dict[int, list[Record]],
+        partials: dict[int, list[Partial]],
+        dead: list[Record],
+    ) -> int:
+        """Stage the batch's files for every output except partition_persist; returns the rows
+        written. ``records`` are per output index; ``partials`` hold the partial aggregates of
+        partials outputs Spark computed already (others are computed here from ``records``)."""
+        shuffle_lines: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
+        sink_records: dict[str, list[Record]] = defaultdict(list)
+        for index, output in enumerate(self.stage.outputs):
+            if isinstance(output, ShuffleSpec):
+                pairs = partials[index] if index in partials else self._partials_of(index, records.get(index, []), dead)
+                for key, value in pairs:
+                    queue = partition_for(json.loads(key), output.queues)
+                    shuffle_lines[output.to_stage][queue].append({"key": key, "value": value})
+            elif isinstance(output, RecordsSpec):
+                for record in records.get(index, []):
+                    key_values = [field_value(record, f.split(".")) for f in output.key_fields]
+                    shuffle_lines[output.to_stage][partition_for(key_values, output.queues)].append(
+                        {"stream": output.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
+                    )
+            elif isinstance(output, SinkSpec):
+                sink_records[output.name].extend(records.get(index, []))
+        rows = 0
+        for to_stage, by_queue in shuffle_lines.items():
+            for queue, lines in sorted(by_queue.items()):
+                self._shuffles[to_stage].stage_batch(queue, self.task.task_id, txid, epoch, lines)
+                rows += len(lines)
+        for name, batch in sink_records.items():
+            rows += self._stage_sink(name, txid, epoch, batch)
+        return rows
+
+    def _stage_sink(self, name: str, txid: int, epoch: int, batch: list[Record]) -> int:
+        if not batch:
+            return 0
+        task_id = self.task.task_id
+        sink = self._sinks.get(name)
+        if isinstance(sink, FileTopic):
+            by_queue: dict[int, list[Record]] = defaultdict(list)
+            for record in batch:
+                by_queue[partition_for([json.dumps(record, sort_keys=True, default=str)], sink.queues)].append(record)
+            for queue, lines in sorted(by_queue.items()):
+                sink.stage_batch(queue, task_id, txid, epoch, lines)
+        elif sink is not None:  # Parquet
+            sink.stage_batch(task_id, txid, epoch, batch)  # type: ignore[attr-defined]
+        elif name in self._functions:
+            self._functions[name][0].stage_batch(self.task.queue, task_id, txid, epoch, batch)
+        else:  # print: logged once the batch committed
+            self._printed.append((txid, name, batch))
+        return len(batch)
+
+    def _partials_of(self, index: int, records: list[Record], dead: list[Record]) -> list[Partial]:
+        """Partial aggregates per key of records computed on the driver; a record the
+        aggregator rejects (e.g. a null Sum field) is appended to ``dead`` with the reason."""
+        output = self.stage.outputs[index]
+        assert isinstance(output, ShuffleSpec)
+        aggregator = self._aggregators[index]
+        partial: dict[str, Any] = {}
+        for record in records:
+            try:
+                key = encode_key([field_value(record, f.split(".")) for f in output.key_fields])
+                value = aggregator.init(record)
+                partial[key] = value if key not in partial else aggregator.combine(partial[key], value)
+            except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
+                dead.append({"record": record, "error": f"partials: {type(e).__name__}: {e}"})
+        return list(partial.items())
+
+    # --- step 6, after the publish --------------------------------------------------------------
+
+    def after_publish(self) -> None:
+        """Deliver what the published batches owe: function sinks (every published batch of
+        this task not yet delivered, oldest first) and the ``print`` sink's records."""
+        for topic, spec in self._functions.values():
+            self._deliver(topic, spec)
+        for txid, name, batch in self._printed:
+            for record in batch:
+                print_logger.info("%s task %d txid %d: %s", name, self.task.task_id, txid, json.dumps(record, default=str))
+        self._printed.clear()
+
+    def _deliver(self, topic: FileTopic, spec: SinkSpec) -> None:
+        assert spec.function is not None
+        fn: Callable[..., Any] = resolve_function(spec.function, scope=spec.code)
+        for path in topic.files(self.task.queue):
+            found = parse_batch_file_name(path.name)
+            if found is None or found.task_id != self.task.task_id:
+                continue
+            records = [record for _, _, record in _read_file(path)]
+            if spec.arity == 3:
+                fn(found.txid, records, self.task.queue)
+            else:
+                fn(found.txid, records)
+            path.unlink()
+            logger.debug("sink %s: txid %d of task %d delivered", spec.name, found.txid, self.task.task_id)
+
+
+def _read_file(path: Any) -> list[tuple[Any, int, Record]]:
+    with open(path, encoding="utf-8") as f:
+        return [(path, n, json.loads(line)) for n, line in enumerate(f) if line.strip()]
