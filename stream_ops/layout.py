@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stream_ops.config import ClusterConfig
+from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topology.plan import Plan, StageSpec
 
@@ -48,10 +49,10 @@ class TopologyLayout:
         """Staged tuples of a partition_persist stage's batches, kept until its State committed them."""
         return FileTopic(self.topics_dir / f"persist-{stage.index:03d}-{stage.name}", stage.queues, durable=self.cluster.fsync)
 
-    def sink_delivery_topic(self, stage: StageSpec, sink: str) -> FileTopic:
-        """Batches of a function sink: staged before the commit, published after it, and deleted
+    def sink_delivery_topic(self, stage: StageSpec, sink: str) -> DeliveryTopic:
+        """Batches of a function sink: staged before the commit, published after it, and removed
         once the user function returned for them (one queue per task of the stage)."""
-        return FileTopic(self.topics_dir / f"sink-{stage.index:03d}-{sink}", stage.queues, durable=self.cluster.fsync)
+        return DeliveryTopic(self.topics_dir / f"sink-{stage.index:03d}-{sink}", stage.queues, durable=self.cluster.fsync)
 
     def snapshot_dir(self, keyed_stage: StageSpec, queue: int) -> Path:
         """Compacted snapshots of one queue of a keyed stage's state topic (shared, like the topic).

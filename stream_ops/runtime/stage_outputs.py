@@ -23,7 +23,8 @@ from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.join_bolt import lookup as field_value
-from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name
+from stream_ops.topics.delivery_topic import DeliveryTopic
+from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
@@ -48,7 +49,7 @@ class StageOutputs:
         }
         self._shuffles: dict[int, FileTopic] = {}
         self._sinks: dict[str, StagedOutput] = {}
-        self._functions: dict[str, tuple[FileTopic, SinkSpec]] = {}
+        self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
         for output in stage.outputs:
             if isinstance(output, ShuffleSpec | RecordsSpec):
                 self._shuffles[output.to_stage] = layout.shuffle_topic(plan.stage(output.to_stage))
@@ -159,22 +160,14 @@ class StageOutputs:
                 print_logger.info("%s task %d txid %d: %s", name, self.task.task_id, txid, json.dumps(record, default=str))
         self._printed.clear()
 
-    def _deliver(self, topic: FileTopic, spec: SinkSpec) -> None:
+    def _deliver(self, topic: DeliveryTopic, spec: SinkSpec) -> None:
         assert spec.function is not None
         fn: Callable[..., Any] = resolve_function(spec.function, scope=spec.code)
-        for path in topic.files(self.task.queue):
-            found = parse_batch_file_name(path.name)
-            if found is None or found.task_id != self.task.task_id:
-                continue
-            records = [record for _, _, record in _read_file(path)]
+        queue, task_id = self.task.queue, self.task.task_id
+        for txid, records in topic.undelivered(queue, task_id):
             if spec.arity == 3:
-                fn(found.txid, records, self.task.queue)
+                fn(txid, records, queue)
             else:
-                fn(found.txid, records)
-            path.unlink()
-            logger.debug("sink %s: txid %d of task %d delivered", spec.name, found.txid, self.task.task_id)
-
-
-def _read_file(path: Any) -> list[tuple[Any, int, Record]]:
-    with open(path, encoding="utf-8") as f:
-        return [(path, n, json.loads(line)) for n, line in enumerate(f) if line.strip()]
+                fn(txid, records)
+            topic.mark_delivered(queue, task_id, txid)
+            logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)

@@ -8,16 +8,17 @@ from typing import Any
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
+from stream_ops.runtime.user_code import load_user_code
 
 
 def make_runner(
     store: ZkStore, spark: Any, cluster: ClusterConfig, topology_id: str, worker_id: str, *, stage: int | str, **settings: Any
 ) -> TaskRunner:
-    """The runner of queue 0 of ``stage`` (an index or a stage name), always connected."""
-    plan = load_submission(cluster.resolved_dist_dir(), read_storm(store, topology_id)).plan
+    """The runner of queue 0 of ``stage`` (an index or a stage name), always connected; its
+    plan is bound to the submission's verified code archive, as a worker's is."""
+    plan = load_user_code(cluster, read_storm(store, topology_id), spark)
     index = stage if isinstance(stage, int) else next(s.index for s in plan.stages if s.name == stage)
     connected = threading.Event()
     connected.set()

@@ -61,3 +61,34 @@ def test_wrong_output_shape_is_a_dead_letter():
     pipeline = RecordPipeline([_op("map", upper_record, None, {"word": "string", "extra": "long"})])
     _, dead = pipeline.run({"word": "x"})
     assert dead is not None and "expected" in dead.error
+
+
+def short_word(word: str) -> bool:
+    if word == "boom":
+        raise ValueError("no short booms")
+    return len(word) < 4
+
+
+def test_a_tree_gives_each_tap_its_records():
+    each = _op("each", split_words, ("sentence",), {"word": "string"})
+    ops = [
+        each,
+        _op("filter", not_the, ("word",), {}).model_copy(update={"input": 0}),
+        _op("filter", short_word, ("word",), {}).model_copy(update={"input": 0}),
+    ]
+    pipeline = RecordPipeline(ops, taps=[1, 2, -1])
+    by_tap, letter = pipeline.run_taps({"sentence": "the fox jumps"})
+    assert letter is None
+    assert [r["word"] for r in by_tap[1]] == ["fox", "jumps"]
+    assert [r["word"] for r in by_tap[2]] == ["the", "fox"]
+    assert by_tap[-1] == [{"sentence": "the fox jumps"}]
+
+
+def test_a_failure_on_one_branch_dead_letters_the_record_for_every_branch():
+    ops = [
+        _op("each", split_words, ("sentence",), {"word": "string"}),
+        _op("filter", short_word, ("word",), {}).model_copy(update={"input": 0}),
+    ]
+    by_tap, letter = RecordPipeline(ops, taps=[0, 1]).run_taps({"sentence": "a boom"})
+    assert by_tap == {}
+    assert letter is not None and letter.record == {"sentence": "a boom"} and "no short booms" in letter.error

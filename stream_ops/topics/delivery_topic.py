@@ -1,0 +1,60 @@
+"""A topic of batches handed to a consumer once each: the queue of a function sink.
+
+Batches are staged and published like any :class:`~stream_ops.topics.file_topic.FileTopic`
+batch; the task then hands each published batch to the user's function and removes it. A
+marker per task (``.delivered-t<task>`` in the queue, the last txid handed over) remembers what
+was delivered, so publishing a delivered batch again (a replay after a crash) is a no-op and
+a batch is removed only after its function call returned. A crash between the call and the
+marker calls the function again with the same txid: the sink contract is at-least-once per
+txid, made exactly-once by a function that writes idempotently by txid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name, write_json_lines_atomically
+
+
+@dataclass(frozen=True)
+class DeliveryTopic(FileTopic):
+    """A FileTopic whose published batches are delivered once, oldest first, then removed."""
+
+    def _marker(self, queue: int, task_id: int) -> Path:
+        return self.queue_path(queue) / f".delivered-t{task_id:05d}"
+
+    def delivered_txid(self, queue: int, task_id: int) -> int:
+        """The last txid of ``task_id`` delivered from ``queue`` (-1 if none)."""
+        try:
+            return int(json.loads(self._marker(queue, task_id).read_text(encoding="utf-8"))["txid"])
+        except FileNotFoundError:
+            return -1
+
+    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: Mapping[str, int] | Mapping[int, int]) -> int:
+        """Publish as :meth:`FileTopic.publish_batch`, except batches delivered already."""
+        pending = {int(q): size for q, size in expected.items() if txid > self.delivered_txid(int(q), task_id)}
+        return super().publish_batch(task_id, txid, epoch, pending)
+
+    def undelivered(self, queue: int, task_id: int) -> Iterator[tuple[int, list[dict]]]:
+        """(txid, records) of each published batch of ``task_id`` not yet delivered, by txid."""
+        delivered = self.delivered_txid(queue, task_id)
+        for path in self.files(queue):
+            found = parse_batch_file_name(path.name)
+            if found is None or found.task_id != task_id:
+                continue
+            if found.txid <= delivered:
+                path.unlink(missing_ok=True)  # delivered before a crash that left the file
+                continue
+            with open(path, encoding="utf-8") as f:
+                yield found.txid, [json.loads(line) for line in f if line.strip()]
+
+    def mark_delivered(self, queue: int, task_id: int, txid: int) -> None:
+        """Record ``txid`` as delivered (durably), then remove its batch file."""
+        write_json_lines_atomically(self._marker(queue, task_id), [{"txid": txid}], durable=self.durable)
+        for path in self.files(queue):
+            found = parse_batch_file_name(path.name)
+            if found is not None and found.task_id == task_id and found.txid == txid:
+                path.unlink(missing_ok=True)
