@@ -49,11 +49,13 @@ class WordCountState(State):
         self._db.execute("commit")
         self._txid = None
 
-    def increment(self, counts: Mapping[str, int]) -> None:
-        """Add ``counts`` under the current batch's txid, by the rules of this kind."""
+    def increment(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """Add ``counts`` under the current batch's txid, by the rules of this kind; returns
+        the new count of each word."""
         txid = self._txid
         if txid is None:
             raise RuntimeError("increment outside begin_commit/commit")
+        totals: dict[str, int] = {}
         for word, n in counts.items():
             row = self._db.execute("select count, prev, txid from counts where word = ?", (word,)).fetchone()
             count, prev, stored = row if row else (0, 0, -1)
@@ -61,6 +63,7 @@ class WordCountState(State):
                 raise TxidOrderError(f"word {word!r} stored at txid {stored}, batch {txid} is older")
             if self.kind == "transactional":
                 if stored == txid:
+                    totals[word] = count
                     continue
                 new: tuple[int, int | None, int | None] = (count + n, None, txid)
             elif self.kind == "opaque":
@@ -68,6 +71,8 @@ class WordCountState(State):
             else:
                 new = (count + n, None, None)
             self._db.execute("insert or replace into counts values (?, ?, ?, ?)", (word, *new))
+            totals[word] = new[0]
+        return totals
 
     def get(self, words: list[str]) -> list[int | None]:
         """Current counts of ``words`` (None for unknown words)."""
@@ -96,11 +101,13 @@ class WordCountDB(StateFactory):
 
 
 class WordCountUpdater(StateUpdater):
-    """Counts the words of a batch and adds them to the partition's database."""
+    """Counts the words of a batch and adds them to the partition's database; emits each
+    counted word with its new count (``out={"word": "string", "count": "long"}``)."""
 
     def update_state(self, state: State, tuples: list[Mapping[str, Any]], collector: Collector) -> None:
         assert isinstance(state, WordCountState)
-        state.increment(Counter(t["word"] for t in tuples))
+        for word, count in state.increment(Counter(t["word"] for t in tuples)).items():
+            collector.emit((word, count))
 
 
 class QueryWordCount(QueryFunction):

@@ -28,7 +28,7 @@ class DeadLetter:
     error: str
 
 
-class _OutputShapeError(Exception):
+class _OutputShapeError(ValueError):
     """A user function returned something that does not match the declared fields."""
 
 
@@ -36,7 +36,9 @@ def _arguments(record: Record, fields: tuple[str, ...] | None) -> tuple[Any, ...
     return (record,) if fields is None else tuple(record[f] for f in fields)
 
 
-def _as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
+def as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
+    """``value`` as a record of the ``out`` fields (a value for one field, a tuple/list or a
+    mapping for several); raises ValueError when it does not fit."""
     if len(out) == 1 and not isinstance(value, Mapping):
         return {out[0]: value}
     if isinstance(value, Mapping):
@@ -115,13 +117,13 @@ class RecordPipeline:
         if op.kind == "filter":
             return [record] if fn(*args) else []
         if op.kind == "map":
-            return [_as_fields(fn(*args), out, f"map {op.function}")]
+            return [as_fields(fn(*args), out, f"map {op.function}")]
         results = fn(*args)
         if results is None:
             return []
         if isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
             raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
-        return [{**record, **_as_fields(value, out, f"each {op.function}")} for value in results]
+        return [{**record, **as_fields(value, out, f"each {op.function}")} for value in results]
 
 
 StateReader = Callable[[str, Any, list[Record]], list[Any]]
@@ -183,7 +185,7 @@ def _query_state(
         collector = Collector(out)
         try:
             query.execute(rec, result, collector)
-            following.extend({**rec, **_as_fields(v, out, f"state_query {op.function}")} for v in collector.emitted)
+            following.extend({**rec, **as_fields(v, out, f"state_query {op.function}")} for v in collector.emitted)
         except Exception as e:  # noqa: BLE001 - user code
             dead.append(DeadLetter(rec, f"state_query {op.function}: {type(e).__name__}: {e}"))
     return following

@@ -27,7 +27,7 @@ from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_function
-from stream_ops.topology.plan import Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
+from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
 print_logger = logging.getLogger("stream_ops.print")
@@ -50,10 +50,10 @@ class StageOutputs:
         self._shuffles: dict[int, FileTopic] = {}
         self._sinks: dict[str, StagedOutput] = {}
         self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
+        for shuffle in stage.shuffles:
+            self._shuffles[shuffle.to_stage] = layout.shuffle_topic(plan.stage(shuffle.to_stage))
         for output in stage.outputs:
-            if isinstance(output, ShuffleSpec | RecordsSpec):
-                self._shuffles[output.to_stage] = layout.shuffle_topic(plan.stage(output.to_stage))
-            elif isinstance(output, SinkSpec) and output.format == "parquet":
+            if isinstance(output, SinkSpec) and output.format == "parquet":
                 from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
 
                 assert output.path is not None
@@ -84,10 +84,12 @@ class StageOutputs:
         records: dict[int, list[Record]],
         partials: dict[int, list[Partial]],
         dead: list[Record],
+        emitted: dict[int, list[Record]] | None = None,
     ) -> int:
         """Stage the batch's files for every output except partition_persist; returns the rows
         written. ``records`` are per output index; ``partials`` hold the partial aggregates of
-        partials outputs Spark computed already (others are computed here from ``records``)."""
+        partials outputs Spark computed already (others are computed here from ``records``);
+        ``emitted`` are the records a partition_persist updater emitted, per output index."""
         shuffle_lines: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
         sink_records: dict[str, list[Record]] = defaultdict(list)
         for index, output in enumerate(self.stage.outputs):
@@ -97,11 +99,9 @@ class StageOutputs:
                     queue = partition_for(json.loads(key), output.queues)
                     shuffle_lines[output.to_stage][queue].append({"key": key, "value": value})
             elif isinstance(output, RecordsSpec):
-                for record in records.get(index, []):
-                    key_values = [field_value(record, f.split(".")) for f in output.key_fields]
-                    shuffle_lines[output.to_stage][partition_for(key_values, output.queues)].append(
-                        {"stream": output.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
-                    )
+                self._shuffle_records(output, records.get(index, []), shuffle_lines[output.to_stage])
+            elif isinstance(output, PersistSpec) and output.emits is not None:
+                self._shuffle_records(output.emits, (emitted or {}).get(index, []), shuffle_lines[output.emits.to_stage])
             elif isinstance(output, SinkSpec):
                 sink_records[output.name].extend(records.get(index, []))
         rows = 0
@@ -112,6 +112,16 @@ class StageOutputs:
         for name, batch in sink_records.items():
             rows += self._stage_sink(name, txid, epoch, batch)
         return rows
+
+    def _shuffle_records(self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]]) -> None:
+        """Whole records to a records stage, by their key fields (without any: to the queue of
+        the same number as this task's, modulo the queues, so partitions stay apart)."""
+        for record in records:
+            key_values = [field_value(record, f.split(".")) for f in spec.key_fields]
+            queue = partition_for(key_values, spec.queues) if spec.key_fields else self.task.queue % spec.queues
+            by_queue[queue].append(
+                {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
+            )
 
     def _stage_sink(self, name: str, txid: int, epoch: int, batch: list[Record]) -> int:
         if not batch:

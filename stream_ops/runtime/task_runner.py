@@ -51,7 +51,7 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.record_pipeline import run_batch
+from stream_ops.operators.record_pipeline import as_fields, run_batch
 from stream_ops.operators.trident_state import Collector, State
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
 from stream_ops.runtime.stage_outputs import StageOutputs
@@ -519,7 +519,7 @@ class TaskRunner:
             state.map_state.commit(txid)
         self.outputs.after_publish()
 
-    def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> None:
+    def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> Collector:
         """Apply a batch's tuples to the partition_persist State, without committing it.
 
         The State keeps them uncommitted (e.g. in a database transaction) until step 6, so no
@@ -527,7 +527,9 @@ class TaskRunner:
         """
         assert self.stage.persist is not None and self.user_state is not None
         self.user_state.begin_commit(txid)
-        resolve_object(self.stage.persist.updater).update_state(self.user_state, tuples, Collector())
+        collector = Collector(tuple(self.stage.persist.emit_fields or ()))
+        resolve_object(self.stage.persist.updater).update_state(self.user_state, tuples, collector)
+        return collector
 
     def _persisted_tuples_path(self, txid: int, epoch: int) -> Path:
         return self.layout.persist_topic(self.stage).pending_path(self.task.queue) / batch_file_name(
@@ -598,23 +600,8 @@ class TaskRunner:
         the dead letters with the reason instead of failing the batch on every replay.
         """
         if self.stage.state is not None:
-            assert self.state is not None and self.state.map_state is not None
-            keys: list[tuple[Any, ...]] = []
-            updates: list[Callable[[Any], Any]] = []
-            for encoded, value in batch.partials:
-                key = tuple(json.loads(encoded))
-                problem = _uncombinable(self._aggregator, value)
-                if problem is not None:
-                    batch.dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
-                    continue
-                keys.append(key)
-                updates.append(_combiner(self._aggregator, key, value, batch.dead))
-            map_state = self.state.map_state
-            map_state.begin_commit(txid)
-            map_state.multi_update(keys, updates)
-            batch.updated_keys = len(keys)
-            return
-        if self.processor is not None:
+            self._update_map_state(batch, txid)
+        elif self.processor is not None:
             batch.records, batch.dead = self.processor.process(batch.rows, self.clock())
         if batch.driver_operations:
             stage = self.stage
@@ -623,17 +610,43 @@ class TaskRunner:
             batch.outputs = {index: by_tap[tap] for index, tap in enumerate(taps)}
             batch.dead.extend({"record": d.record, "error": d.error} for d in letters)
 
+    def _update_map_state(self, batch: _Batch, txid: int) -> None:
+        """Apply a keyed stage's combined partials to its map state (Trident's txid rules);
+        with a ``new_values()`` stream, its input is each updated key with its new value."""
+        assert self.state is not None and self.state.map_state is not None and self.stage.state is not None
+        keys: list[tuple[Any, ...]] = []
+        updates: list[Callable[[Any], Any]] = []
+        for encoded, value in batch.partials:
+            key = tuple(json.loads(encoded))
+            problem = _uncombinable(self._aggregator, value)
+            if problem is not None:
+                batch.dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
+                continue
+            keys.append(key)
+            updates.append(_combiner(self._aggregator, key, value, batch.dead))
+        map_state = self.state.map_state
+        map_state.begin_commit(txid)
+        new_values = map_state.multi_update(keys, updates)
+        batch.updated_keys = len(keys)
+        if self.stage.outputs:
+            spec = self.stage.state
+            batch.records = [
+                {**dict(zip(spec.key_fields, key, strict=True)), spec.value_field: value}
+                for key, value in zip(keys, new_values, strict=True)
+            ]
+            batch.driver_operations = True
+
     def _stage_outputs(self, batch: _Batch, txid: int, epoch: int) -> int:
-        """Step 3: write the batch's output files (unpublished) or update the user State;
-        returns the number of output rows."""
+        """Step 3: update the partition_persist State (uncommitted), write the batch's output
+        files (unpublished); returns the number of output rows."""
         staging_started = time.perf_counter()
-        if self.stage.state is not None:
-            rows_out = batch.updated_keys
-        else:
-            rows_out = self.outputs.stage_batch(txid, epoch, batch.outputs, batch.output_partials, batch.dead)
-            for index, output in enumerate(self.stage.outputs):
-                if isinstance(output, PersistSpec):
-                    rows_out += self._stage_persisted(txid, epoch, output, batch.outputs.get(index, []))
+        rows_out = batch.updated_keys
+        emitted: dict[int, list[dict[str, Any]]] = {}
+        for index, output in enumerate(self.stage.outputs):
+            if isinstance(output, PersistSpec):
+                emitted[index] = self._stage_persisted(txid, epoch, output, batch.outputs.get(index, []), batch.dead)
+                rows_out += len(batch.outputs.get(index, []))
+        rows_out += self.outputs.stage_batch(txid, epoch, batch.outputs, batch.output_partials, batch.dead, emitted)
         self._stage_dead_letters(txid, epoch, batch.dead)
         self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
         return rows_out
@@ -649,14 +662,24 @@ class TaskRunner:
             "task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters)
         )
 
-    def _stage_persisted(self, txid: int, epoch: int, persist: PersistSpec, records: list[dict[str, Any]]) -> int:
-        """Step 3 for a partition_persist: stage the tuples, then update the user State."""
+    def _stage_persisted(
+        self, txid: int, epoch: int, persist: PersistSpec, records: list[dict[str, Any]], dead: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Step 3 for a partition_persist: stage the tuples, then update the user State; returns
+        the records its updater emitted (an emitted value that does not fit ``out=`` is a dead letter)."""
         tuples = [{f: record.get(f) for f in persist.fields} for record in records]
         # The tuples are staged so that a crash between the ZooKeeper commit and the
         # State's commit (step 6) can apply them again; see _finish_user_state_commit.
         self.layout.persist_topic(self.stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)
-        self._update_user_state(txid, tuples)
-        return len(tuples)
+        collector = self._update_user_state(txid, tuples)
+        out = list(persist.emit_fields or {})
+        emitted: list[dict[str, Any]] = []
+        for value in collector.emitted if out else ():
+            try:
+                emitted.append(as_fields(value, out, f"{persist.name} updater"))
+            except ValueError as e:
+                dead.append({"record": {"emitted": value}, "error": str(e)})
+        return emitted
 
     def _record_stats(self, rows_in: int, rows_out: int, seconds: float) -> None:
         stats = self.stats

@@ -533,6 +533,7 @@ class Stream:
         updater: Any,
         *,
         name: str | None = None,
+        out: str | Sequence[str] | Mapping[str, str] | None = None,
     ) -> StateHandle:
         """Update a user State once per batch and partition (Trident's ``partitionPersist``).
 
@@ -542,6 +543,8 @@ class Stream:
             fields: the fields passed to the updater.
             updater: a :class:`~stream_ops.operators.StateUpdater` class or dataclass instance.
             name: the state's name (defaults to the factory's class name).
+            out: the fields of what the updater emits with ``collector.emit(...)`` (Trident's
+                function fields); needed to use the emitted records through ``new_values()``.
         """
         what = self._what("partition_persist")
         if len({tap.segment.index for tap in self._taps}) > 1:
@@ -558,11 +561,13 @@ class Stream:
         factory_ref = object_ref(state_factory, what=f"{what} state factory")
         updater_ref = object_ref(updater, what=f"{what} updater")
         state_name = _check_name("state", name or _class_name(state_factory).lower())
-        handle = StateHandle(self._topology, state_name, selected, "", kind="persist", stage=self._segment.index)
-        self._topology._add_state(handle)
-        self._connect(
-            {"kind": "persist", "name": state_name, "factory": factory_ref, "fields": selected, "updater": updater_ref}, what
+        emit_fields = _field_types(out, what) if out is not None else None
+        handle = StateHandle(
+            self._topology, state_name, selected, "", kind="persist", stage=self._segment.index, emit_fields=emit_fields
         )
+        self._topology._add_state(handle)
+        persist = {"kind": "persist", "name": state_name, "factory": factory_ref, "fields": selected, "updater": updater_ref}
+        self._connect({**persist, "emit_fields": emit_fields}, what)
         return handle
 
     def state_query(
@@ -808,3 +813,40 @@ class StateHandle:
     value_field: str
     kind: str = "map"
     stage: int = -1
+    emit_fields: dict[str, str] | None = None
+    """partition_persist: the fields of what its updater emits (``out=``)."""
+
+    def new_values(self) -> Stream:
+        """The stream of what each batch changed in this state (Trident's ``newValuesStream``).
+
+        For a ``persistent_aggregate`` state: per batch, every updated key with its new value
+        (the key fields and the aggregate's field), emitted after the batch's state update and
+        running in the stage that keeps the state. For a ``partition_persist`` state: what its
+        updater emits with ``collector.emit(...)`` (fields declared with ``out=``), shuffled into
+        a stage of its own with one task per partition.
+        """
+        topology = self.topology
+        segment = topology._segments[self.stage]
+        what = f"new_values() of state {self.name!r}"
+        if self.kind == "map":
+            return Stream(topology, segment, segment.fields)
+        if self.emit_fields is None:
+            raise TopologyDefinitionError(f"{what}: declare the fields its updater emits with partition_persist(..., out=...)")
+        persist = next(o for o in segment.outputs if o["kind"] == "persist")
+        if persist.get("emits") is None:
+            values = topology._segment(
+                name=_check_name("stage", f"{self.name}-values"),
+                kind="partition",
+                queues=segment.queues,
+                fields=dict(self.emit_fields),
+            )
+            persist["emits"] = {
+                "kind": "records",
+                "tap": -1,
+                "to_stage": values.index,
+                "queues": values.queues,
+                "key_fields": (),
+                "stream": self.name,
+            }
+            values.inputs.append((segment.index, self.name))
+        return Stream(topology, topology._segments[persist["emits"]["to_stage"]], self.emit_fields)

@@ -82,6 +82,10 @@ class PersistSpec(_Frozen):
     factory: dict[str, Any]
     fields: tuple[str, ...]
     updater: dict[str, Any]
+    emit_fields: dict[str, str] | None = None
+    """The fields of the records the updater emits (``out=``)."""
+    emits: RecordsSpec | None = None
+    """Where the emitted records go (the stage of the state's ``new_values()``), if used."""
 
 
 SinkFormat = Literal["parquet", "topic", "function", "print"]
@@ -224,9 +228,16 @@ class StageSpec(_Frozen):
         return next(iter(self.outputs_of(PersistSpec)), None)
 
     @property
+    def shuffles(self) -> list[ShuffleSpec | RecordsSpec]:
+        """Every shuffle out of this stage (a partition_persist's emitted records included)."""
+        found: list[ShuffleSpec | RecordsSpec] = [o for o in self.outputs if isinstance(o, ShuffleSpec | RecordsSpec)]
+        found += [o.emits for o in self.outputs if isinstance(o, PersistSpec) and o.emits is not None]
+        return found
+
+    @property
     def downstream(self) -> tuple[int, ...]:
         """Indices of the stages this stage's shuffles feed."""
-        return tuple(sorted({o.to_stage for o in self.outputs if isinstance(o, ShuffleSpec | RecordsSpec)}))
+        return tuple(sorted({o.to_stage for o in self.shuffles}))
 
     @property
     def reads_source(self) -> bool:
@@ -340,7 +351,8 @@ def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
     if spec["kind"] == "records":
         return RecordsSpec.model_validate(spec)
     if spec["kind"] == "persist":
-        return PersistSpec.model_validate(spec)
+        emits = spec.get("emits")
+        return PersistSpec.model_validate({**spec, "emits": RecordsSpec.model_validate(emits) if emits else None})
     return SinkSpec.model_validate(spec)
 
 

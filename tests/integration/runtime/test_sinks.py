@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from runners import make_runner
 
-from stream_ops import FileTopic, Topology
+from stream_ops import Count, FileTopic, OpaqueMapState, Topology
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import OwnershipLostError
+from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.runtime import task_runner as task_runner_module
 
@@ -54,6 +55,18 @@ def write_words(txid, records):
 
 def split(sentence):
     return sentence.split()
+
+
+def append_counts(txid, records):
+    with sqlite3.connect(DB) as db:
+        db.execute("create table if not exists emitted (txid integer, word text, n integer)")
+        db.executemany("insert into emitted values (?, ?, ?)", [(txid, r["word"], r["count"]) for r in records])
+
+
+def write_counts(txid, records):
+    with sqlite3.connect(DB) as db:
+        db.execute("create table if not exists counts (txid integer, word text, n integer, primary key (txid, word))")
+        db.executemany("insert or replace into counts values (?, ?, ?)", [(txid, r["word"], r["count"]) for r in records])
 """
 
 
@@ -180,3 +193,103 @@ def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_p
     assert _topic_words(out) == ["live", "words"]
     staged = [p for p in (tmp_path / "words-out" / ".pending").rglob("*") if p.is_file()]
     assert all("-e000001" not in p.name for p in staged) or staged == [], staged
+
+
+def _partials(spark, counts: dict[str, int]):
+    return spark.createDataFrame([(encode_key([w]), n) for w, n in counts.items()], "key string, value long")
+
+
+def test_new_values_of_a_count_reach_a_sink_once_per_txid_through_a_zombie_and_a_replay(
+    spark, zk_config, cluster, tmp_path, sink_package, monkeypatch
+):
+    ops, db, _ = sink_package
+    t = Topology("counts")
+    counts = (
+        t.source("sentences", FileTopic(tmp_path / "in", 1), schema={"sentence": "string"})
+        .each(ops.split, out="word", fields=["sentence"])
+        .group_by("word")
+        .persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    )
+    counts.new_values().sink(ops.write_counts, name="counts")
+    with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
+        topology_id = submit(admin, cluster, t, workers=1)
+        forget("sinkpkg")
+        a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage="count")
+        a.prepare()
+        a.process_batch(_partials(spark, {"how": 2}), 0)
+        paused, resume = threading.Event(), threading.Event()
+        real_commit = task_runner_module.commit
+
+        def pausing_commit(store, ownership, txid, **kwargs):
+            if ownership.worker_id == "host-a:1":
+                paused.set()
+                resume.wait(30)
+            return real_commit(store, ownership, txid, **kwargs)
+
+        monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
+        errors: list[BaseException] = []
+
+        def run_a():
+            try:
+                a.process_batch(_partials(spark, {"how": 1, "are": 1}), 1)
+            except BaseException as e:  # noqa: BLE001 - the test inspects it
+                errors.append(e)
+
+        thread = threading.Thread(target=run_a)
+        thread.start()
+        assert paused.wait(60)
+        admin.delete(ZkPaths.owner(topology_id, a.task.task_id))
+        b = make_runner(admin, spark, cluster, topology_id, "host-b:2", stage="count")
+        b.prepare()  # rebuilds the state at txid 0 from the state topic
+        b.process_batch(_partials(spark, {"how": 1, "are": 1}), 1)
+        b.process_batch(_partials(spark, {"how": 1, "are": 1}), 1)  # Spark re-delivers the committed batch
+        resume.set()
+        thread.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], OwnershipLostError)
+        b.stop()
+        a._close_state()
+    with sqlite3.connect(db) as conn:
+        assert sorted(conn.execute("select txid, word, n from counts")) == [(0, "how", 2), (1, "are", 1), (1, "how", 3)]
+
+
+def _records(spark, stream: str, records: list[dict]):
+    import json
+
+    rows = [(stream, encode_key([r["word"]]), json.dumps(r)) for r in records]
+    return spark.createDataFrame(rows, "stream string, key string, record string")
+
+
+def test_what_a_partition_persist_updater_emits_flows_through_new_values_once(
+    spark, zk_config, cluster, tmp_path, sink_package
+):
+    from stream_ops.examples.wordcount_db import WordCountDB, WordCountUpdater
+
+    ops, db, _ = sink_package
+    t = Topology("persisted")
+    words = (
+        t.source("sentences", FileTopic(tmp_path / "in", 1), schema={"sentence": "string"})
+        .each(ops.split, out="word", fields=["sentence"])
+        .partition_by("word", queues=1, name="words")
+    )
+    state = words.partition_persist(
+        WordCountDB(str(tmp_path / "db")), ["word"], WordCountUpdater(), name="counts", out={"word": "string", "count": "long"}
+    )
+    state.new_values().sink(ops.append_counts, name="counts-out")
+    with ZkStore.connect(zk_config) as admin:
+        topology_id = submit(admin, cluster, t, workers=1)
+        forget("sinkpkg")
+        persisting = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage="words")
+        persisting.prepare()
+        persisting.process_batch(_records(spark, "sentences", [{"word": "how"}, {"word": "how"}]), 0)
+        persisting.process_batch(_records(spark, "sentences", [{"word": "how"}, {"word": "are"}]), 1)
+        persisting.stop()
+        values = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage="counts-values")
+        values.prepare()
+        queue_dir = values.input_dir
+        shuffled = spark.read.schema("stream string, key string, record string").json(str(queue_dir))
+        values.process_batch(shuffled, 0)
+        values.stop()
+    with sqlite3.connect(db) as conn:
+        rows = sorted(conn.execute("select txid, word, n from emitted"))
+    # both batches' emissions arrive in one batch of the values stage
+    assert rows == [(0, "are", 1), (0, "how", 2), (0, "how", 3)]

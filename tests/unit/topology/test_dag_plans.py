@@ -128,3 +128,48 @@ def test_a_plan_whose_stages_form_a_cycle_is_refused_naming_them(tmp_path):
     data["stages"][1]["outputs"] = [RecordsSpec(tap=5, to_stage=0, queues=2, key_fields=(), stream="x").model_dump()]
     with pytest.raises(TopologyDefinitionError, match="taps operation 5, which is not there"):
         Plan.model_validate(data)
+
+
+def test_new_values_of_an_aggregate_run_in_its_keyed_stage_and_can_be_aggregated_again(tmp_path):
+    t = Topology("chained")
+    counts = (
+        _source(t, tmp_path)
+        .each(split, out="word", fields=["sentence"])
+        .group_by("word")
+        .persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    )
+    changed = counts.new_values()
+    assert changed.fields == ("word", "count")
+    changed.print(name="changes")
+    changed.group_by("count").persistent_aggregate(Count(), out="words", state=OpaqueMapState, name="histogram")
+    plan = build_plan(t)
+    keyed = plan.stage(1)
+    assert [o.kind for o in keyed.outputs] == ["sink", "partials"]
+    assert all(keyed.tap_of(o) == INPUT for o in keyed.outputs)
+    assert plan.stage(2).name == "histogram" and plan.stage(2).from_stages == (1,)
+
+
+def test_new_values_of_a_partition_persist_need_its_emitted_fields(tmp_path):
+    from stream_ops.examples.wordcount_db import WordCountDB, WordCountUpdater
+
+    t = Topology("persisted")
+    words = _source(t, tmp_path).each(split, out="word", fields=["sentence"]).partition_by("word")
+    plain = words.partition_persist(WordCountDB(str(tmp_path / "db")), ["word"], WordCountUpdater, name="plain")
+    with pytest.raises(
+        TopologyDefinitionError, match=r"declare the fields its updater emits with partition_persist\(..., out=...\)"
+    ):
+        plain.new_values()
+    t2 = Topology("persisted2")
+    words2 = _source(t2, tmp_path).each(split, out="word", fields=["sentence"]).partition_by("word")
+    state = words2.partition_persist(
+        WordCountDB(str(tmp_path / "db")), ["word"], WordCountUpdater, name="db", out={"word": "string", "n": "long"}
+    )
+    values = state.new_values()
+    assert values.fields == ("word", "n")
+    assert state.new_values()._segment is values._segment  # one stage however often it is asked for
+    values.print()
+    plan = build_plan(t2)
+    persisting = plan.stage(1)
+    assert persisting.persist is not None and persisting.persist.emits is not None
+    assert plan.stage(persisting.persist.emits.to_stage).name == "db-values"
+    assert persisting.downstream == (2,)
