@@ -26,7 +26,7 @@ from stream_ops.nimbus.submission import submit
 from stream_ops.runtime import task_runner as task_runner_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from user_packages import forget, import_ops, write_package  # noqa: E402
+from user_packages import forget, import_ops, write_package
 
 SOURCE_SCHEMA = "sentence string, _corrupt_record string"
 
