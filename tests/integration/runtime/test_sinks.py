@@ -259,9 +259,7 @@ def _records(spark, stream: str, records: list[dict]):
     return spark.createDataFrame(rows, "stream string, key string, record string")
 
 
-def test_what_a_partition_persist_updater_emits_flows_through_new_values_once(
-    spark, zk_config, cluster, tmp_path, sink_package
-):
+def test_what_a_partition_persist_updater_emits_flows_through_new_values_once(spark, zk_config, cluster, tmp_path, sink_package):
     from stream_ops.examples.wordcount_db import WordCountDB, WordCountUpdater
 
     ops, db, _ = sink_package
