@@ -188,6 +188,7 @@ class Topology:
         self._queries: dict[str, StateHandle] = {}
         self._states: dict[str, StateHandle] = {}
         self._sinks: dict[str, str] = {}
+        self._named: dict[str, Stream] = {}
 
     def _segment(self, **kwargs: Any) -> Segment:
         name = kwargs["name"]
@@ -215,13 +216,17 @@ class Topology:
         _check_name("source", name)
         if any(s.source is not None and s.source.name == name for s in self._segments):
             raise TopologyDefinitionError(f"topology {self.name!r}: source {name!r} is declared twice")
+        if name in self._named:
+            raise TopologyDefinitionError(f"topology {self.name!r}: a stream named {name!r} exists already")
         if not isinstance(topic, FileTopic):
             raise TopologyDefinitionError(f"source {name!r}: topic must be a FileTopic, got {type(topic).__name__}")
         types = _field_types(schema, f"source {name!r} schema")
         segment = self._segment(
             name=name, kind="source", queues=topic.queues, fields=dict(types), source=SourceNode(name, topic, types)
         )
-        return Stream(self, segment, types)
+        stream = Stream(self, segment, types)
+        self._named[name] = stream
+        return stream
 
     def join(self, bolt: Any, *, queues: int | None = None, name: str | None = None, **streams: Stream) -> Stream:
         """Join streams with a Storm :class:`~stream_ops.operators.JoinBolt` (windowed hash join).
@@ -249,7 +254,12 @@ class Topology:
         stage_name = _check_name("join", name or f"join-{'-'.join(bolt.streams)}")
         n = queues if queues is not None else max(s._segment.queues for s in streams.values())
         _check_queues(n, what)
-        out_fields = {f: "string" for f in bolt.output_fields}
+        out_fields = _join_output_types(bolt, streams)
+        output_stream = bolt.output_stream
+        if output_stream in self._named:
+            raise TopologyDefinitionError(
+                f"{what}: its output stream {output_stream!r} is a name taken already; with_output_stream('another')"
+            )
         segment = self._segment(name=stage_name, kind="join", queues=n, fields=out_fields, join=spec)
         for stream_name in bolt.streams:
             stream = streams[stream_name]
@@ -260,7 +270,22 @@ class Topology:
                 f"{what} stream {stream_name!r}",
                 stream_tag=stream_name,
             )
-        return Stream(self, segment, out_fields)
+        joined = Stream(self, segment, out_fields)
+        if output_stream != "default":
+            self._named[output_stream] = joined
+        return joined
+
+    def stream(self, name: str) -> Stream:
+        """The stream called ``name``: a source, or a JoinBolt's ``with_output_stream`` name
+        (Storm's stream ids), e.g. to join it again downstream.
+
+        Raises:
+            TopologyDefinitionError: no stream has that name.
+        """
+        found = self._named.get(name)
+        if found is None:
+            raise TopologyDefinitionError(f"topology {self.name!r} has no stream named {name!r}; named: {sorted(self._named)}")
+        return found
 
     def merge(self, *streams: Stream) -> Stream:
         """One stream of the records of ``streams`` (Trident's ``merge``): they must carry the
@@ -332,6 +357,20 @@ class Topology:
             raise TopologyDefinitionError(f"topology {self.name!r}: state {handle.name!r} is declared twice")
         self._states[handle.name] = handle
         return handle
+
+
+def _join_output_types(bolt: Any, streams: Mapping[str, Stream]) -> dict[str, str]:
+    """The type of each field a JoinBolt emits, from the joined streams' fields: a field read
+    from a named stream has that stream's type, one read from "the first stream that has it"
+    the type of the first joined stream declaring it; a nested path (``user.id``) is typed
+    ``string`` unless every stream that could provide it agrees (nested types are not declared)."""
+    types: dict[str, str] = {}
+    for selector in bolt.selectors:
+        candidates = [selector.stream] if selector.stream is not None else list(bolt.streams)
+        found = [streams[c]._fields.get(selector.path[0]) for c in candidates if c in streams]
+        declared = [t for t in found if t is not None]
+        types[selector.name] = declared[0] if declared and len(selector.path) == 1 else "string"
+    return types
 
 
 def _check_queues(n: Any, what: str) -> int:

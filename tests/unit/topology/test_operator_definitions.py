@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops import Count, FileTopic, Min, OpaqueMapState, Topology
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.examples.counter_pe import WordCounterPE, build_counter
 from stream_ops.examples.uuid_join import build_uuid_join
@@ -120,3 +120,27 @@ def test_factory_with_unserialisable_state_is_rejected(tmp_path):
     words = t.source("s", FileTopic(tmp_path / "s"), schema={"word": "string"}).partition_by("word")
     with pytest.raises(TopologyDefinitionError):
         words.partition_persist(Stateful(), ["word"], WordCountUpdater())
+
+
+def test_join_output_types_come_from_the_joined_streams_and_the_output_stream_is_named(tmp_path):
+    t = Topology("typed")
+    a = t.source("a", FileTopic(tmp_path / "a", 1), schema={"id": "long", "ts": "long", "name": "string"})
+    b = t.source("b", FileTopic(tmp_path / "b", 1), schema={"id": "long", "amount": "double"})
+    bolt = (
+        JoinBolt("a", "id")
+        .join("b", "id", "a")
+        .select("a:id, ts, b:amount, name as who, a:name.first")
+        .with_tumbling_window(count=2)
+        .with_output_stream("orders")
+    )
+    joined = t.join(bolt, a=a, b=b)
+    assert joined._fields == {"id": "long", "ts": "long", "amount": "double", "who": "string", "name.first": "string"}
+    assert t.stream("orders") is joined and t.stream("a") is a
+    with pytest.raises(TopologyDefinitionError, match="no stream named 'nope'"):
+        t.stream("nope")
+    again = JoinBolt("a", "id").join("b", "id", "a").select("a:id").with_tumbling_window(count=2).with_output_stream("orders")
+    with pytest.raises(TopologyDefinitionError, match="output stream 'orders' is a name taken already"):
+        t.join(again, a=a, b=b)
+    # Min over a joined long compares numbers: the aggregate's value type is the field's
+    joined.group_by("id").persistent_aggregate(Min("ts"), out="first", state=OpaqueMapState)
+    assert build_plan(t).stage(3).state.value_type == "long"
