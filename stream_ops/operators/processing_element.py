@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.topology.field_paths import value_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ class PERuntime:
         """Feed records seen at processing time ``now``; returns the records emitted, in order."""
         out: list[Record] = []
         for record in records:
-            key = record.get(self.key_field) if isinstance(record, Mapping) else None
+            key = value_or_none(record, self.key_field) if isinstance(record, Mapping) else None
             if key is None or not isinstance(key, (str, int, float)):
                 self._dead(key, record, f"record has no usable key field {self.key_field!r} (got {key!r})")
                 continue

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stream_ops.topology.field_paths import value_at, value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec
 
@@ -33,7 +34,7 @@ class _OutputShapeError(ValueError):
 
 
 def _arguments(record: Record, fields: tuple[str, ...] | None) -> tuple[Any, ...]:
-    return (record,) if fields is None else tuple(record[f] for f in fields)
+    return (record,) if fields is None else tuple(value_at(record, f) for f in fields)
 
 
 def as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
@@ -173,7 +174,7 @@ def _query_state(
     if read_state is None:
         raise ValueError(f"state_query on {op.query['state']!r} needs a state reader")
     query = resolve_object(op.query["function"])
-    args = [{f: rec.get(f) for f in op.fields} for rec in current]
+    args = [{f: value_or_none(rec, f) for f in op.fields} for rec in current]
     try:
         results = read_state(op.query["state"], query, args)
     except Exception as e:  # noqa: BLE001 - a failing lookup dead-letters the batch's records

@@ -22,10 +22,10 @@ from typing import Any
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.join_bolt import lookup as field_value
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.staged_output import StagedOutput
+from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
 
@@ -117,7 +117,7 @@ class StageOutputs:
         """Whole records to a records stage, by their key fields (without any: to the queue of
         the same number as this task's, modulo the queues, so partitions stay apart)."""
         for record in records:
-            key_values = [field_value(record, f.split(".")) for f in spec.key_fields]
+            key_values = [value_or_none(record, f) for f in spec.key_fields]
             queue = partition_for(key_values, spec.queues) if spec.key_fields else self.task.queue % spec.queues
             by_queue[queue].append(
                 {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
@@ -151,7 +151,7 @@ class StageOutputs:
         partial: dict[str, Any] = {}
         for record in records:
             try:
-                key = encode_key([field_value(record, f.split(".")) for f in output.key_fields])
+                key = encode_key([value_or_none(record, f) for f in output.key_fields])
                 value = aggregator.init(record)
                 partial[key] = value if key not in partial else aggregator.combine(partial[key], value)
             except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task

@@ -62,6 +62,7 @@ from stream_ops.spark.checkpoint import batch_input, batch_offsets, count_newer_
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.staged_output import StagedOutput
+from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, TaskSpec
 
@@ -667,7 +668,7 @@ class TaskRunner:
     ) -> list[dict[str, Any]]:
         """Step 3 for a partition_persist: stage the tuples, then update the user State; returns
         the records its updater emitted (an emitted value that does not fit ``out=`` is a dead letter)."""
-        tuples = [{f: record.get(f) for f in persist.fields} for record in records]
+        tuples = [{f: value_or_none(record, f) for f in persist.fields} for record in records]
         # The tuples are staged so that a crash between the ZooKeeper commit and the
         # State's commit (step 6) can apply them again; see _finish_user_state_commit.
         self.layout.persist_topic(self.stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)

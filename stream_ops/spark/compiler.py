@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
+from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
@@ -187,7 +188,9 @@ def _stage_rows(
                             if o.key_fields is None:
                                 staged.append((o.index, None, out))
                             else:
-                                staged.append((o.index, tuple(out[f] for f in o.key_fields), aggregators[o.index].init(out)))
+                                staged.append(
+                                    (o.index, tuple(value_at(out, f) for f in o.key_fields), aggregators[o.index].init(out))
+                                )
                 except Exception as e:  # noqa: BLE001 - a bad field value must not stop the task
                     error = {"record": record, "error": f"partials: {type(e).__name__}: {e}"}
                     add(None, None, None, json.dumps(error, default=str), None)

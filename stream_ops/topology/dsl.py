@@ -28,9 +28,10 @@ from typing import Any
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator
 from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
 
-SPARK_TYPES = ("string", "long", "int", "double", "float", "boolean")
+SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 
@@ -57,8 +58,11 @@ def _field_types(out: str | Sequence[str] | Mapping[str, str], what: str) -> dic
     for name, typ in pairs:
         if not isinstance(name, str) or not name.isidentifier():
             raise TopologyDefinitionError(f"{what}: output field {name!r} is not a valid identifier")
-        if typ not in SPARK_TYPES:
-            raise TopologyDefinitionError(f"{what}: field {name!r} has unknown type {typ!r}; use one of {SPARK_TYPES}")
+        if not is_known_type(typ):
+            raise TopologyDefinitionError(
+                f"{what}: field {name!r} has unknown type {typ!r}; use one of {SPARK_TYPES} or a nested Spark type "
+                "such as struct<id:long,name:string>"
+            )
         if name in types:
             raise TopologyDefinitionError(f"{what}: output field {name!r} named twice")
         types[name] = typ
@@ -264,7 +268,7 @@ class Topology:
         for stream_name in bolt.streams:
             stream = streams[stream_name]
             join_field = bolt.join_fields[stream_name]
-            stream._check_fields([join_field.split(".")[0]], f"{what} stream {stream_name!r}")
+            stream._check_fields([join_field], f"{what} stream {stream_name!r}")
             stream._connect(
                 {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (join_field,), "stream": stream_name},
                 f"{what} stream {stream_name!r}",
@@ -363,13 +367,21 @@ def _join_output_types(bolt: Any, streams: Mapping[str, Stream]) -> dict[str, st
     """The type of each field a JoinBolt emits, from the joined streams' fields: a field read
     from a named stream has that stream's type, one read from "the first stream that has it"
     the type of the first joined stream declaring it; a nested path (``user.id``) is typed
-    ``string`` unless every stream that could provide it agrees (nested types are not declared)."""
+    the type of its struct member where the schema declares one, else ``string``."""
     types: dict[str, str] = {}
     for selector in bolt.selectors:
         candidates = [selector.stream] if selector.stream is not None else list(bolt.streams)
         found = [streams[c]._fields.get(selector.path[0]) for c in candidates if c in streams]
         declared = [t for t in found if t is not None]
-        types[selector.name] = declared[0] if declared and len(selector.path) == 1 else "string"
+        if len(selector.path) > 1:
+            dotted = ".".join(selector.path)
+            declared = []
+            for candidate in candidates:
+                try:
+                    declared.append(path_type(streams[candidate]._fields, dotted, ""))
+                except TopologyDefinitionError:
+                    continue
+        types[selector.name] = declared[0] if declared else "string"
     return types
 
 
@@ -432,11 +444,15 @@ class Stream:
                 self._topology._segments[output["to_stage"]].inputs.append((tap.segment.index, stream_tag))
 
     def _check_fields(self, names: Iterable[str], what: str) -> tuple[str, ...]:
+        """``names`` after checking each is a field or a path into a struct/map field (``user.id``)."""
         names = tuple(names)
         for name in names:
-            if name not in self._fields:
-                raise TopologyDefinitionError(f"{what}: unknown field {name!r}; the stream has {list(self._fields)}")
+            path_type(self._fields, name, what)
         return names
+
+    def _types_of(self, names: Iterable[str]) -> dict[str, str]:
+        """The stream's field types plus those of the (possibly nested) ``names``."""
+        return {**self._fields, **{name: path_type(self._fields, name, "") for name in names}}
 
     def each(
         self,
@@ -816,7 +832,7 @@ class GroupedStream:
         topology = stream._topology
         if state_name in topology._states:
             raise TopologyDefinitionError(f"topology {topology.name!r}: state {state_name!r} is declared twice")
-        value_type = aggregator.value_type(stream._fields)
+        value_type = aggregator.value_type(stream._types_of(aggregator.input_fields()))
         node = AggregateNode(
             name=state_name,
             group_fields=self.keys,
@@ -830,7 +846,7 @@ class GroupedStream:
             name=state_name,
             kind="keyed",
             queues=self.queues,
-            fields={**{k: stream._fields[k] for k in self.keys}, out: value_type},
+            fields={**{k: path_type(stream._fields, k, what) for k in self.keys}, out: value_type},
             aggregate=node,
         )
         stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues, "key_fields": self.keys}, what)
