@@ -148,9 +148,11 @@ def _submission_metadata(
 
 
 def _stream_spec(plan: Plan, stage: StageSpec, *, submission_key: dg.AssetKey, translator: StreamOpsTranslator) -> dg.AssetSpec:
+    # Lineage: a stage depends on the stages whose shuffles it reads (the topology's edges).
+    upstream = [translator.stream_asset_key(plan.topology, plan.stage(i).name) for i in stage.from_stages]
     return dg.AssetSpec(
         key=translator.stream_asset_key(plan.topology, stage.name),
-        deps=[submission_key],
+        deps=[submission_key, *upstream],
         description=translator.description(plan, stage),
         group_name=translator.group_name(plan.topology),
         kinds={"spark"},

@@ -85,7 +85,7 @@ def test_running_submission_with_another_plan_is_reported_not_replaced(
     assert find_topology_id(zk_store, "wordcount") == running_id
 
 
-def test_stream_specs_depend_on_the_submission(wordcount: Topology) -> None:
+def test_stream_specs_depend_on_the_submission_and_their_upstream_stages(wordcount: Topology) -> None:
     defs = topology_assets(topology=wordcount)
 
     assert defs.submission_asset.key == dg.AssetKey(["stream_ops", "wordcount", "submission"])
@@ -93,8 +93,10 @@ def test_stream_specs_depend_on_the_submission(wordcount: Topology) -> None:
         dg.AssetKey(["stream_ops", "wordcount", "sentences"]),
         dg.AssetKey(["stream_ops", "wordcount", "count"]),
     ]
+    sentences, count = defs.stream_specs
+    assert [d.asset_key for d in sentences.deps] == [defs.submission_asset.key]
+    assert [d.asset_key for d in count.deps] == [defs.submission_asset.key, sentences.key]
     for spec in defs.stream_specs:
-        assert [d.asset_key for d in spec.deps] == [defs.submission_asset.key]
         assert spec.group_name == "wordcount"
         schema = spec.metadata["stream_ops/observation_schema"].schema
         assert {"health", "heartbeat_age_s", "committed_txid", "min_committed_txid"} <= {c.name for c in schema.columns}
