@@ -589,7 +589,7 @@ class TaskRunner:
             return batch
         if reads == "partials":
             partials, rows_in = keyed_batch(df, self.stage)
-            return _Batch(rows_in=rows_in, partials=partials)
+            return _Batch(rows_in=rows_in, partials=partials, driver_operations=self.stage.state is None)
         rows = records_batch(df)
         return _Batch(rows_in=len(rows), rows=rows, driver_operations=True)
 
@@ -603,7 +603,8 @@ class TaskRunner:
         if self.stage.state is not None:
             self._update_map_state(batch, txid)
         elif self.processor is not None:
-            batch.records, batch.dead = self.processor.process(batch.rows, self.clock())
+            rows = batch.rows or [("", key, {"value": value}) for key, value in batch.partials]
+            batch.records, batch.dead = self.processor.process(rows, self.clock())
         if batch.driver_operations:
             stage = self.stage
             taps = [stage.tap_of(output) for output in stage.outputs]

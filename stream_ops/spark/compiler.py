@@ -296,7 +296,22 @@ def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]],
 
     Returns ((encoded key, combined partial) per key, number of shuffled rows read).
     """
-    assert stage.state is not None
-    spark_fn = aggregator_from_spec(stage.state.aggregator).spark_function
-    rows = df.groupBy("key").agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n")).collect()
-    return [(row["key"], row["value"]) for row in rows if row["key"] is not None], sum(int(r["n"]) for r in rows)
+    spec = (
+        stage.state.aggregator if stage.state is not None else stage.batch_aggregate.aggregator if stage.batch_aggregate else None
+    )
+    assert spec is not None, f"stage {stage.name} reads partials but has no aggregator"
+    aggregator = aggregator_from_spec(spec)
+    spark_fn = getattr(aggregator, "spark_function", None)
+    if spark_fn is not None:
+        rows = df.groupBy("key").agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n")).collect()
+        return [(row["key"], row["value"]) for row in rows if row["key"] is not None], sum(int(r["n"]) for r in rows)
+    # A user aggregator Spark cannot combine: combine the (few, pre-aggregated) partials here.
+    combined: dict[str, Any] = {}
+    count = 0
+    for row in df.select("key", "value").collect():
+        count += 1
+        key, value = row["key"], row["value"]
+        if key is None:
+            continue
+        combined[key] = aggregator.combine(combined[key], value) if key in combined else value
+    return list(combined.items()), count

@@ -385,6 +385,11 @@ def _join_output_types(bolt: Any, streams: Mapping[str, Stream]) -> dict[str, st
     return types
 
 
+def _check_aggregator(aggregator: Any, what: str) -> None:
+    if not isinstance(aggregator, CombinerAggregator):
+        raise TopologyDefinitionError(f"{what}: {aggregator!r} is not an aggregator such as Count() or Sum(field)")
+
+
 def _check_queues(n: Any, what: str) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise TopologyDefinitionError(f"{what}: queues must be a positive integer, got {n!r}")
@@ -661,11 +666,40 @@ class Stream:
         node = OperationNode("state_query", query_ref["class"], selected, new, query={"state": state.name, "function": query_ref})
         return self._extend(node, {**self._fields, **new})
 
-    def persistent_aggregate(self, *args: Any, **kwargs: Any) -> StateHandle:
-        """Not allowed on an ungrouped stream: group first."""
-        raise TopologyDefinitionError(
-            f"{self._what('persistent_aggregate')}: call group_by(...) first; an aggregate needs key fields"
+    def persistent_aggregate(
+        self, aggregator: CombinerAggregator, *, out: str, state: Any, name: str | None = None
+    ) -> StateHandle:
+        """Aggregate the whole stream into one persistent value (Trident's ungrouped
+        ``persistentAggregate``): one global key, kept by a stage of one task.
+
+        Its state query takes no key fields (``topology.query(...)``, then
+        ``stream-ops query TOPOLOGY NAME`` with no key).
+        """
+        return GroupedStream(self, (), 1).persistent_aggregate(aggregator, out=out, state=state, name=name)
+
+    def aggregate(self, aggregator: CombinerAggregator, *, out: str, name: str | None = None) -> Stream:
+        """Combine each batch into one record ``{out: value}`` (Trident's ``aggregate``).
+
+        Records are partially aggregated where they are, then combined by a stage of one task,
+        which emits one record per batch it reads (nothing for an empty batch). Nothing is
+        kept: use :meth:`persistent_aggregate` for a running total.
+        """
+        what = self._what("aggregate")
+        _check_aggregator(aggregator, what)
+        self._check_fields(aggregator.input_fields(), what)
+        if not isinstance(out, str) or not out.isidentifier():
+            raise TopologyDefinitionError(f"{what}: out={out!r} must be a field name")
+        value_type = aggregator.value_type(self._types_of(aggregator.input_fields()))
+        stage_name = _check_name("stage", name or f"{self._segment.name}-{out}")
+        segment = self._topology._segment(
+            name=stage_name,
+            kind="aggregate",
+            queues=1,
+            fields={out: value_type},
+            aggregate=AggregateNode(stage_name, (), aggregator, out, "", 1, value_type),
         )
+        self._connect({"kind": "partials", "to_stage": segment.index, "queues": 1, "key_fields": ()}, what)
+        return Stream(self._topology, segment, {out: value_type})
 
     # --- sinks: where records leave the topology, exactly once per txid -----------------------
 
@@ -820,8 +854,7 @@ class GroupedStream:
         """
         stream = self._stream
         what = stream._what("persistent_aggregate")
-        if not isinstance(aggregator, CombinerAggregator):
-            raise TopologyDefinitionError(f"{what}: {aggregator!r} is not an aggregator such as Count() or Sum(field)")
+        _check_aggregator(aggregator, what)
         stream._check_fields(aggregator.input_fields(), what)
         if not isinstance(out, str) or not out.isidentifier():
             raise TopologyDefinitionError(f"{what}: out={out!r} must be a field name")

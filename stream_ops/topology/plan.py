@@ -129,6 +129,14 @@ class ProcessSpec(_Frozen):
     """The verified archive ``pe_class`` resolves in (set by a worker, never in plan.json)."""
 
 
+class AggregateSpec(_Frozen):
+    """A stage that combines each batch's partials into one value (``Stream.aggregate``)."""
+
+    aggregator: dict[str, Any]
+    value_field: str
+    value_type: str
+
+
 class StateSpec(_Frozen):
     """The keyed map state a stage keeps."""
 
@@ -186,6 +194,7 @@ class StageSpec(_Frozen):
     operations: tuple[OperationSpec, ...] = ()
     outputs: tuple[OutputSpec, ...] = ()
     state: StateSpec | None = None
+    batch_aggregate: AggregateSpec | None = None
     join: JoinSpec | None = None
     process: ProcessSpec | None = None
 
@@ -361,8 +370,11 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query, input=op.input)
         for op in segment.operations
     )
-    state = None
-    if segment.aggregate is not None:
+    state = batch_aggregate = None
+    if segment.aggregate is not None and segment.kind == "aggregate":
+        agg = segment.aggregate
+        batch_aggregate = AggregateSpec(aggregator=agg.aggregator.to_spec(), value_field=agg.out, value_type=agg.value_type)
+    elif segment.aggregate is not None:
         agg = segment.aggregate
         state = StateSpec(
             name=agg.name,
@@ -375,8 +387,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
     if segment.kind == "source":
         assert segment.source is not None
         input_fields = dict(segment.source.schema)
-    elif segment.kind == "keyed":
-        assert segment.aggregate is not None
+    elif segment.aggregate is not None:  # keyed and aggregate stages read partial aggregates
         input_fields = {"key": "string", "value": segment.aggregate.value_type}
     else:
         input_fields = dict(RECORDS_FIELDS)
@@ -396,6 +407,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         operations=operations,
         outputs=tuple(_output_spec(o, topology) for o in segment.outputs),
         state=state,
+        batch_aggregate=batch_aggregate,
         join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
     )

@@ -85,6 +85,12 @@ def _describe_keyed(stage: StageSpec) -> str:
     return f"keeps the {state.kind} map state `{state.name}` keyed by {', '.join(state.key_fields)}"
 
 
+def _describe_aggregate(stage: StageSpec) -> str:
+    spec = stage.batch_aggregate
+    what = spec.aggregator.get("kind", "an aggregator") if spec is not None else "an aggregator"
+    return f"combines each batch of stage(s) {list(stage.from_stages)} with {what} into one record"
+
+
 def _describe_join(stage: StageSpec) -> str:
     return f"joins the records of stages {list(stage.from_stages)}"
 
@@ -102,6 +108,15 @@ _PROCESSORS = "stream_ops.runtime.stage_processors"
 
 register_stage_kind(StageKind("source", reads="source", keeps_state=False, processor=None, describe=_describe_source))
 register_stage_kind(StageKind("keyed", reads="partials", keeps_state=True, processor=None, describe=_describe_keyed))
+register_stage_kind(
+    StageKind(
+        "aggregate",
+        reads="partials",
+        keeps_state=False,
+        processor=f"{_PROCESSORS}:BatchAggregateProcessor",
+        describe=_describe_aggregate,
+    )
+)
 register_stage_kind(
     StageKind("join", reads="records", keeps_state=True, processor=f"{_PROCESSORS}:JoinProcessor", describe=_describe_join)
 )

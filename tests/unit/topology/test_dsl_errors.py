@@ -38,11 +38,21 @@ def test_unknown_sum_field(tmp_path):
         grouped.persistent_aggregate(Sum("amount"), out="total", state=OpaqueMapState)
 
 
-def test_aggregate_without_group_by(tmp_path):
+def test_aggregate_without_group_by_is_one_global_key_in_one_task(tmp_path):
     t = Topology("wc")
     words = _sentences(t, tmp_path).each(split, out="word", fields=["sentence"])
-    with pytest.raises(TopologyDefinitionError, match="group_by"):
-        words.persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    total = words.persistent_aggregate(Count(), out="words", state=OpaqueMapState)
+    t.query("total", total)
+    per_batch = words.aggregate(Count(), out="n")
+    per_batch.print()
+    plan = build_plan(t)
+    keyed, batches = plan.stage(1), plan.stage(2)
+    assert (keyed.kind, keyed.queues, keyed.state.key_fields, keyed.fields) == ("keyed", 1, (), {"words": "long"})
+    assert (batches.kind, batches.queues, batches.keeps_state) == ("aggregate", 1, False)
+    assert batches.batch_aggregate.value_field == "n" and batches.input_fields == {"key": "string", "value": "long"}
+    assert plan.queries["total"].key_fields == ()
+    with pytest.raises(TopologyDefinitionError, match="is not an aggregator"):
+        words.aggregate(len, out="n2")
 
 
 def test_zero_queues_in_topic_and_group_by(tmp_path):
