@@ -1,9 +1,10 @@
 """The code references of a plan: listing them, checking them, binding them to an archive.
 
-A plan names user code in six places: each/map/filter/peek/state_query functions
+A plan names user code in seven places: each/map/filter/peek/state_query functions
 (``OperationSpec.function``), a state_query's query function (``query["function"]``), a
 partition_persist State factory and updater (``PersistSpec.factory`` / ``updater``), a
-processing element class (``ProcessSpec.pe_class``) and a sink function (``SinkSpec.function``). :func:`plan_references` is the one list
+processing element class (``ProcessSpec.pe_class``), a sink function (``SinkSpec.function``)
+and a user aggregator (``{"kind": "user", "ref": ...}`` in a shuffle, a state or a batch aggregate). :func:`plan_references` is the one list
 of them: the code archive ships their modules, a worker checks them against the archive, and
 :func:`bind_plan` ties every one of them to the archive's :class:`CodeScope`, so that every
 place that resolves one (driver or Spark Python worker) imports from that archive only.
@@ -19,7 +20,10 @@ from typing import Any
 
 from stream_ops.errors import TopologyLoadError
 from stream_ops.topology.code_scope import CODE_KEY, STREAM_OPS_PACKAGE, CodeScope
-from stream_ops.topology.plan import OperationSpec, OutputSpec, PersistSpec, Plan, SinkSpec, StageSpec
+from stream_ops.topology.plan import OperationSpec, OutputSpec, PersistSpec, Plan, ShuffleSpec, SinkSpec, StageSpec
+
+USER_AGGREGATOR = "user"
+"""The ``kind`` of a user aggregator's description (its ``ref`` names the class)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,26 @@ def plan_references(plan: Plan) -> list[PlanReference]:
         for sink in stage.outputs_of(SinkSpec):
             if sink.function is not None:
                 found.append(PlanReference(f"{where} sink {sink.name!r} function", sink.function))
+        for place, spec in _aggregator_specs(stage):
+            if spec.get("kind") == USER_AGGREGATOR:
+                found.append(PlanReference(f"{where} {place}", _class_of(spec.get("ref"), where)))
     return found
+
+
+def _aggregator_specs(stage: StageSpec) -> list[tuple[str, dict[str, Any]]]:
+    """(where, aggregator description) of every aggregator a stage names."""
+    found = [(f"shuffle to stage {o.to_stage} aggregator", o.aggregator) for o in stage.outputs_of(ShuffleSpec)]
+    if stage.state is not None:
+        found.append(("state aggregator", stage.state.aggregator))
+    if stage.batch_aggregate is not None:
+        found.append(("aggregate aggregator", stage.batch_aggregate.aggregator))
+    return found
+
+
+def _bind_aggregator(spec: dict[str, Any], scope: CodeScope) -> dict[str, Any]:
+    if spec.get("kind") != USER_AGGREGATOR:
+        return spec
+    return {**spec, "ref": {**spec["ref"], CODE_KEY: scope}}
 
 
 def check_references(plan: Plan, modules: Collection[str]) -> None:
@@ -88,6 +111,7 @@ def bound_places(plan: Plan) -> list[str]:
         if stage.process is not None and stage.process.code is not None:
             places.append(f"{where} processing element")
         places += [f"{where} sink {sink.name!r}" for sink in stage.outputs_of(SinkSpec) if sink.code is not None]
+        places += [f"{where} {place}" for place, spec in _aggregator_specs(stage) if CODE_KEY in (spec.get("ref") or {})]
     return places
 
 
@@ -109,6 +133,11 @@ def _bind_stage(stage: StageSpec, scope: CodeScope) -> StageSpec:
     }
     if stage.process is not None:
         update["process"] = stage.process.model_copy(update={"code": scope})
+    if stage.state is not None:
+        update["state"] = stage.state.model_copy(update={"aggregator": _bind_aggregator(stage.state.aggregator, scope)})
+    if stage.batch_aggregate is not None:
+        aggregator = _bind_aggregator(stage.batch_aggregate.aggregator, scope)
+        update["batch_aggregate"] = stage.batch_aggregate.model_copy(update={"aggregator": aggregator})
     return stage.model_copy(update=update)
 
 
@@ -120,6 +149,8 @@ def _bind_operation(op: OperationSpec, scope: CodeScope) -> OperationSpec:
 
 
 def _bind_output(output: OutputSpec, scope: CodeScope) -> OutputSpec:
+    if isinstance(output, ShuffleSpec):
+        return output.model_copy(update={"aggregator": _bind_aggregator(output.aggregator, scope)})
     if isinstance(output, PersistSpec):
         return _bind_persist(output, scope)
     if isinstance(output, SinkSpec) and output.function is not None:
