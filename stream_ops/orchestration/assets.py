@@ -12,6 +12,9 @@
 * The **state assets** (``stream_ops/<topology>/<stage>_state``, one per keyed stage,
   partitioned by queue) hold compacted snapshots of the state topic
   (:mod:`stream_ops.orchestration.state`).
+* The **sink assets** (``stream_ops/<topology>/sinks/<sink>``) are external assets downstream
+  of the stages that write them; the heartbeat sensor materializes a Parquet sink whenever
+  new files were committed (:mod:`stream_ops.orchestration.sinks`).
 
 Resources required: ``zookeeper`` (:class:`ZooKeeperResource`) and ``stream_cluster``
 (:class:`StreamClusterResource`).
@@ -38,6 +41,7 @@ from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
 from stream_ops.orchestration.checks import build_stream_checks
 from stream_ops.orchestration.observations import observation_schema
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
+from stream_ops.orchestration.sinks import ParquetSinkWatch, sink_asset_specs
 from stream_ops.orchestration.state import state_assets
 from stream_ops.orchestration.translator import StreamOpsTranslator, stage_summary
 from stream_ops.topology.dsl import Topology
@@ -69,6 +73,8 @@ class TopologyDefinitions:
         stream_specs: One external asset per stage, observed by the heartbeat sensor, in stage order.
         stream_checks: The heartbeat-freshness and txid-progress checks of every stream asset.
         state_assets: One queue-partitioned state snapshot asset per keyed stage.
+        sink_specs: One external asset per sink, downstream of the stages that write it.
+        parquet_sinks: The Parquet sinks the heartbeat sensor materializes.
     """
 
     topology_name: str
@@ -77,11 +83,13 @@ class TopologyDefinitions:
     stream_specs: tuple[dg.AssetSpec, ...]
     stream_checks: dg.AssetChecksDefinition
     state_assets: tuple[dg.AssetsDefinition, ...] = ()
+    sink_specs: tuple[dg.AssetSpec, ...] = ()
+    parquet_sinks: tuple[ParquetSinkWatch, ...] = ()
 
     @property
     def assets(self) -> list[dg.AssetsDefinition | dg.AssetSpec]:
         """Everything to pass to :class:`dagster.Definitions` ``assets=``."""
-        return [self.submission_asset, *self.stream_specs, *self.state_assets]
+        return [self.submission_asset, *self.stream_specs, *self.state_assets, *self.sink_specs]
 
     @property
     def asset_checks(self) -> list[dg.AssetChecksDefinition]:
@@ -269,6 +277,7 @@ def topology_assets(
             )
 
     specs = tuple(_stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages)
+    sink_specs, parquet_sinks = sink_asset_specs(plan, translator)
     return TopologyDefinitions(
         topology_name=topology.name,
         plan=plan,
@@ -281,4 +290,6 @@ def topology_assets(
             progress_timeout_s=progress_timeout_s,
         ),
         state_assets=tuple(state_assets(plan=plan, translator=translator)),
+        sink_specs=tuple(sink_specs),
+        parquet_sinks=tuple(parquet_sinks),
     )

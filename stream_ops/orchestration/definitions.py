@@ -56,8 +56,9 @@ def build_definitions(
     """The Dagster control room for ``topologies``.
 
     * Per topology (:func:`topology_assets`): a submission asset, one observed stream asset
-      per stage with its heartbeat-freshness and txid-progress checks, and one
-      queue-partitioned state snapshot asset per keyed stage. A rebalance and a compaction
+      per stage with its heartbeat-freshness and txid-progress checks, one
+      queue-partitioned state snapshot asset per keyed stage and one asset per sink (the
+      heartbeat sensor materializes Parquet sinks as their tasks commit). A rebalance and a compaction
       schedule (unless their cron is None).
     * Cluster-wide (:func:`build_jobs`): the worker, rebalance, activate, deactivate, kill and
       compact-state jobs; the heartbeat sensor over all topologies, which requests rebalance
@@ -136,6 +137,7 @@ def build_definitions(
             worker_job=jobs.worker if repair else None,
             name=heartbeat_sensor_name,
             default_status=heartbeat_sensor_status,
+            parquet_sinks=[watch for defs in per_topology for watch in defs.parquet_sinks],
         ),
         build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
     ]

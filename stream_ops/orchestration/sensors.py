@@ -6,7 +6,9 @@ finds the live submission of each configured topology name, reads
 
 * one :class:`dagster.AssetObservation` per stage (:func:`observe_topology`), and
 * the ``heartbeat_freshness`` and ``txid_progress`` check evaluations of every stage
-  (:mod:`stream_ops.orchestration.checks`), as ``AssetCheckEvaluation`` asset events.
+  (:mod:`stream_ops.orchestration.checks`), as ``AssetCheckEvaluation`` asset events, and
+* a materialization of each Parquet sink whose tasks committed new files since its last one
+  (:mod:`stream_ops.orchestration.sinks`).
 
 It also requests runs:
 
@@ -50,6 +52,7 @@ from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
+from stream_ops.orchestration.sinks import ParquetSinkWatch, latest_sink_txids, observe_parquet_sinks
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
@@ -383,6 +386,7 @@ def build_heartbeat_sensor(
     worker_job: dg.JobDefinition | None = None,
     name: str = DEFAULT_HEARTBEAT_SENSOR_NAME,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+    parquet_sinks: Sequence[ParquetSinkWatch] = (),
 ) -> dg.SensorDefinition:
     """A sensor observing each topology's stream assets on every tick, and repairing them.
 
@@ -405,6 +409,7 @@ def build_heartbeat_sensor(
         worker_job: The ``stream_ops_worker`` job; None: never request worker launches.
         name: The sensor's name (deterministic; change it only with the definitions).
         default_status: Whether the sensor runs as soon as the code location loads.
+        parquet_sinks: Parquet sinks to materialize when their tasks committed new files.
 
     Returns:
         The sensor definition.
@@ -512,12 +517,14 @@ def build_heartbeat_sensor(
                     )
                 )
 
-        if not tick.asset_events and not run_requests:
+        sink_events = observe_parquet_sinks(parquet_sinks, latest_sink_txids(context.instance)) if parquet_sinks else []
+        asset_events = [*tick.asset_events, *sink_events]
+        if not asset_events and not run_requests:
             reason = "no live submission of " + ", ".join(names)
             if tick.failed:
                 reason = "could not read " + ", ".join(f"{n} ({m})" for n, m in tick.failed.items())
             return dg.SensorResult(skip_reason=reason, cursor=tick.cursor.to_json())
-        return dg.SensorResult(asset_events=tick.asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json())
+        return dg.SensorResult(asset_events=asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json())
 
     return _heartbeat_sensor
 
@@ -543,6 +550,7 @@ def build_worker_relaunch_sensor(
         minimum_interval_seconds: Seconds between ticks.
         name: The sensor's name.
         default_status: Whether the sensor runs as soon as the code location loads.
+        parquet_sinks: Parquet sinks to materialize when their tasks committed new files.
 
     Returns:
         The sensor definition.

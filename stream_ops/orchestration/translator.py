@@ -73,6 +73,10 @@ class StreamOpsTranslator:
         """Key of the observed stream asset of one stage of ``topology_name``."""
         return dg.AssetKey([*self.key_prefix, topology_name, stage_name])
 
+    def sink_asset_key(self, topology_name: str, sink_name: str) -> dg.AssetKey:
+        """Key of the external asset of one sink of ``topology_name``."""
+        return dg.AssetKey([*self.key_prefix, topology_name, "sinks", sink_name])
+
     def state_asset_key(self, topology_name: str, stage_name: str) -> dg.AssetKey:
         """Key of the queue-partitioned state snapshot asset of one stage that keeps state."""
         return dg.AssetKey([*self.key_prefix, topology_name, f"{stage_name}_state"])

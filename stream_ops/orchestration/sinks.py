@@ -1,0 +1,168 @@
+"""Dagster assets of a topology's sinks, and the materializations the heartbeat sensor records.
+
+Every sink of a plan (``to_parquet``, ``to_topic``, ``sink``, ``print``) is an external asset
+(:class:`dagster.AssetSpec`) downstream of the stream assets of the stages that write it, so
+the lineage graph runs from sources to sinks. A Parquet sink is *materialized* by the
+heartbeat sensor whenever a task committed new files: the metadata gives the committed rows
+and files, the last txid per task and a preview of the newest file, read from the sink's
+``_committed`` markers (only committed files count).
+
+Note: this module does not use ``from __future__ import annotations`` for symmetry with the
+other Dagster modules (Dagster reads annotations of decorated functions at definition time).
+"""
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.topology.plan import Plan, SinkSpec
+
+__all__ = ["ParquetSinkWatch", "observe_parquet_sinks", "parquet_sink_metadata", "sink_asset_specs"]
+
+logger = logging.getLogger(__name__)
+
+_KINDS = {"parquet": {"parquet"}, "topic": {"file"}, "function": {"python"}, "print": {"python"}}
+_PREVIEW_ROWS = 5
+
+
+@dataclass(frozen=True)
+class ParquetSinkWatch:
+    """A Parquet sink the heartbeat sensor materializes: its asset key and directory."""
+
+    asset_key: dg.AssetKey
+    path: str
+
+
+def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[dg.AssetSpec], list[ParquetSinkWatch]]:
+    """One external asset per sink of ``plan`` (a merged stream's sink is written by several
+    stages: one asset, depending on each), and the Parquet sinks to watch."""
+    writers: dict[str, list[str]] = {}
+    sinks: dict[str, SinkSpec] = {}
+    for stage in plan.stages:
+        for sink in stage.outputs_of(SinkSpec):
+            sinks.setdefault(sink.name, sink)
+            writers.setdefault(sink.name, []).append(stage.name)
+    specs: list[dg.AssetSpec] = []
+    watches: list[ParquetSinkWatch] = []
+    for name, sink in sinks.items():
+        key = translator.sink_asset_key(plan.topology, name)
+        where = f" at `{sink.path}`" if sink.path else ""
+        specs.append(
+            dg.AssetSpec(
+                key=key,
+                deps=[translator.stream_asset_key(plan.topology, stage) for stage in dict.fromkeys(writers[name])],
+                description=(
+                    f"The {sink.format} sink `{name}` of topology `{plan.topology}`{where}, written by stage(s) "
+                    f"{', '.join(dict.fromkeys(writers[name]))} exactly once per committed batch."
+                ),
+                group_name=translator.group_name(plan.topology),
+                kinds=_KINDS.get(sink.format, set()),
+                metadata={
+                    "stream_ops/topology": dg.MetadataValue.text(plan.topology),
+                    "stream_ops/sink_format": dg.MetadataValue.text(sink.format),
+                    **({"stream_ops/path": dg.MetadataValue.path(sink.path)} if sink.path else {}),
+                    "stream_ops/schema": dg.MetadataValue.table_schema(
+                        dg.TableSchema(columns=[dg.TableColumn(name=f, type=t) for f, t in sink.fields.items()])
+                    ),
+                },
+            )
+        )
+        if sink.format == "parquet" and sink.path is not None:
+            watches.append(ParquetSinkWatch(asset_key=key, path=sink.path))
+    return specs, watches
+
+
+def _markers(path: Path) -> list[dict[str, Any]]:
+    markers = []
+    for marker in sorted((path / "_committed").glob("task-*.json")):
+        try:
+            markers.append(json.loads(marker.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as e:  # a marker being replaced right now: next tick
+            logger.debug("cannot read %s: %s", marker, e)
+    return markers
+
+
+def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
+    """Metadata of a Parquet sink's committed files, or None before its first commit.
+
+    Keys: ``rows``, ``files``, ``last_txids`` (task -> last committed txid), ``preview``
+    (the first rows of the newest committed file, as Markdown).
+    """
+    import pyarrow.parquet as pq
+
+    root = Path(path)
+    markers = _markers(root)
+    if not markers:
+        return None
+    files = [root / name for marker in markers for name in marker.get("files", [])]
+    rows = 0
+    for file in files:
+        try:
+            rows += pq.ParquetFile(file).metadata.num_rows
+        except (OSError, ValueError) as e:
+            logger.warning("parquet sink %s: cannot read the footer of %s: %s", root, file, e)
+    newest = max(files, key=lambda f: f.stat().st_mtime if f.exists() else 0.0, default=None)
+    preview = ""
+    if newest is not None and newest.exists():
+        table = pq.read_table(newest).slice(0, _PREVIEW_ROWS)
+        columns = table.column_names
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in table.to_pylist()]
+        preview = "\n".join(lines)
+    return {
+        "rows": rows,
+        "files": len(files),
+        "last_txids": {str(m["task"]): int(m["txid"]) for m in markers if "task" in m and "txid" in m},
+        "preview": preview,
+    }
+
+
+def observe_parquet_sinks(
+    watches: Sequence[ParquetSinkWatch], previous_txids: Callable[[dg.AssetKey], dict[str, int] | None]
+) -> list[dg.AssetMaterialization]:
+    """A materialization for each watched sink whose tasks committed since ``previous_txids``
+    (the ``last_txids`` of its latest materialization)."""
+    events: list[dg.AssetMaterialization] = []
+    for watch in watches:
+        try:
+            found = parquet_sink_metadata(watch.path)
+        except OSError as e:
+            logger.warning("cannot read the parquet sink %s: %s", watch.path, e)
+            continue
+        if found is None or found["last_txids"] == previous_txids(watch.asset_key):
+            continue
+        events.append(
+            dg.AssetMaterialization(
+                asset_key=watch.asset_key,
+                description=f"{found['rows']} committed rows in {found['files']} files",
+                metadata={
+                    "rows": dg.MetadataValue.int(found["rows"]),
+                    "files": dg.MetadataValue.int(found["files"]),
+                    "last_txids": dg.MetadataValue.json(found["last_txids"]),
+                    "last_txid": dg.MetadataValue.int(max(found["last_txids"].values(), default=-1)),
+                    "preview": dg.MetadataValue.md(found["preview"]),
+                    "path": dg.MetadataValue.path(watch.path),
+                },
+            )
+        )
+    return events
+
+
+def latest_sink_txids(instance: dg.DagsterInstance) -> Callable[[dg.AssetKey], dict[str, int] | None]:
+    """``previous_txids`` for :func:`observe_parquet_sinks`, read from ``instance``."""
+
+    def previous(key: dg.AssetKey) -> dict[str, int] | None:
+        event = instance.get_latest_materialization_event(key)
+        materialization = event.asset_materialization if event is not None else None
+        if materialization is None or "last_txids" not in materialization.metadata:
+            return None
+        value = materialization.metadata["last_txids"].value
+        return dict(value) if isinstance(value, dict) else None
+
+    return previous
