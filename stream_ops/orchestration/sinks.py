@@ -11,7 +11,6 @@ Note: this module does not use ``from __future__ import annotations`` for symmet
 other Dagster modules (Dagster reads annotations of decorated functions at definition time).
 """
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 import dagster as dg
 
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.sinks import committed_files, committed_markers
 from stream_ops.topology.plan import Plan, SinkSpec
 
 __all__ = ["ParquetSinkWatch", "observe_parquet_sinks", "parquet_sink_metadata", "sink_asset_specs"]
@@ -78,16 +78,6 @@ def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[
     return specs, watches
 
 
-def _markers(path: Path) -> list[dict[str, Any]]:
-    markers = []
-    for marker in sorted((path / "_committed").glob("task-*.json")):
-        try:
-            markers.append(json.loads(marker.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as e:  # a marker being replaced right now: next tick
-            logger.debug("cannot read %s: %s", marker, e)
-    return markers
-
-
 def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     """Metadata of a Parquet sink's committed files, or None before its first commit.
 
@@ -97,10 +87,14 @@ def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     import pyarrow.parquet as pq
 
     root = Path(path)
-    markers = _markers(root)
+    markers = committed_markers(root)
     if not markers:
         return None
-    files = [root / name for marker in markers for name in marker.get("files", [])]
+    files = committed_files(root)
+    last_txids: dict[str, int] = {}
+    for marker in markers:
+        task = str(marker["task"])
+        last_txids[task] = max(last_txids.get(task, -1), int(marker["txid"]))
     rows = 0
     for file in files:
         try:
@@ -118,7 +112,7 @@ def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     return {
         "rows": rows,
         "files": len(files),
-        "last_txids": {str(m["task"]): int(m["txid"]) for m in markers if "task" in m and "txid" in m},
+        "last_txids": last_txids,
         "preview": preview,
     }
 

@@ -22,6 +22,7 @@ from typing import Any
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
+from stream_ops.sinks import ParquetSink
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.staged_output import StagedOutput
@@ -128,14 +129,14 @@ class StageOutputs:
             return 0
         task_id = self.task.task_id
         sink = self._sinks.get(name)
-        if isinstance(sink, FileTopic):
+        if isinstance(sink, ParquetSink):
+            sink.stage_batch(task_id, txid, epoch, batch)
+        elif isinstance(sink, FileTopic):
             by_queue: dict[int, list[Record]] = defaultdict(list)
             for record in batch:
                 by_queue[partition_for([json.dumps(record, sort_keys=True, default=str)], sink.queues)].append(record)
             for queue, lines in sorted(by_queue.items()):
                 sink.stage_batch(queue, task_id, txid, epoch, lines)
-        elif sink is not None:  # Parquet
-            sink.stage_batch(task_id, txid, epoch, batch)  # type: ignore[attr-defined]
         elif name in self._functions:
             self._functions[name][0].stage_batch(self.task.queue, task_id, txid, epoch, batch)
         else:  # print: logged once the batch committed

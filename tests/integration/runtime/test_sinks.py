@@ -13,6 +13,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import duckdb
 import pytest
 from runners import make_runner
 
@@ -103,7 +104,16 @@ def _topology(ops, tmp_path: Path) -> tuple[Topology, FileTopic]:
     words.sink(ops.write_words, name="sqlite")
     words.to_topic(out, name="words")
     words.print(name="log")
+    words.to_parquet(tmp_path / "parquet", name="parquet")
     return t, out
+
+
+def _parquet_words(spark, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The Parquet sink's words as DuckDB and as Spark read them."""
+    root = tmp_path / "parquet"
+    seen_by_duckdb = sorted(r[0] for r in duckdb.sql(f"select word from read_parquet('{root}/**/*.parquet')").fetchall())
+    seen_by_spark = sorted(r["word"] for r in spark.read.parquet(str(root)).collect())
+    return seen_by_duckdb, seen_by_spark
 
 
 def _sentences(spark, *sentences):
@@ -146,7 +156,9 @@ def test_a_sink_function_that_fails_is_called_again_with_the_same_txid_by_the_ne
         b.process_batch(_sentences(spark, "bye"), 2)
         b.stop()
     assert _rows(db) == [(0, "are"), (0, "how"), (0, "you"), (1, "fine"), (1, "thanks"), (2, "bye")]
-    assert _topic_words(out) == sorted(["how", "are", "you", "fine", "thanks", "bye"])
+    everything = sorted(["how", "are", "you", "fine", "thanks", "bye"])
+    assert _topic_words(out) == everything
+    assert _parquet_words(spark, tmp_path) == (everything, everything)
     delivery = b.layout.sink_delivery_topic(b.stage, "sqlite")
     assert delivery.files(0) == [], "delivered batches are removed"
 
@@ -191,6 +203,7 @@ def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_p
         a._close_state()
     assert _rows(db) == [(0, "live"), (0, "words")]
     assert _topic_words(out) == ["live", "words"]
+    assert _parquet_words(spark, tmp_path) == (["live", "words"], ["live", "words"])
     staged = [p for p in (tmp_path / "words-out" / ".pending").rglob("*") if p.is_file()]
     assert all("-e000001" not in p.name for p in staged) or staged == [], staged
 

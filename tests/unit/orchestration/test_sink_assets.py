@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import dagster as dg
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
 from stream_ops.examples.wordcount import split
 from stream_ops.orchestration.assets import topology_assets
 from stream_ops.orchestration.sinks import ParquetSinkWatch, observe_parquet_sinks, parquet_sink_metadata
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.sinks import ParquetSink
 
 
 def _topology(tmp_path: Path) -> Topology:
@@ -44,12 +42,9 @@ def test_each_sink_is_one_asset_downstream_of_every_stage_writing_it(tmp_path):
 
 
 def _commit(root: Path, task: int, txid: int, rows: list[dict]) -> None:
-    name = f"t{task:05d}-x{txid:012d}-e000001.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), root / name)
-    marker = root / "_committed" / f"task-{task:05d}.json"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    files = sorted({*json.loads(marker.read_text())["files"], name}) if marker.exists() else [name]
-    marker.write_text(json.dumps({"task": task, "txid": txid, "epoch": 1, "files": files}))
+    sink = ParquetSink(root, {"word": "string"})
+    sink.stage_batch(task, txid, 1, rows)
+    sink.publish_batch(task, txid, 1, sink.staged_sizes(task, txid, 1))
 
 
 def test_a_parquet_sink_is_materialized_when_a_task_commits_new_files(tmp_path):
@@ -60,8 +55,7 @@ def test_a_parquet_sink_is_materialized_when_a_task_commits_new_files(tmp_path):
     assert observe_parquet_sinks([watch], lambda key: None) == []
     _commit(root, 0, 0, [{"word": "how"}, {"word": "are"}])
     _commit(root, 1, 4, [{"word": "you"}])
-    (root / "_staging").mkdir()
-    pq.write_table(pa.Table.from_pylist([{"word": "uncommitted"}]), root / "_staging" / "t00000-x000000000001-e000001.parquet")
+    ParquetSink(root, {"word": "string"}).stage_batch(0, 1, 1, [{"word": "uncommitted"}])
     found = parquet_sink_metadata(root)
     assert found is not None and (found["rows"], found["files"], found["last_txids"]) == (3, 2, {"0": 0, "1": 4})
     assert "| word |" in found["preview"]
