@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.topology.field_paths import lookup
 
 JoinType = Literal["inner", "left", "right", "outer"]
 JOIN_TYPES: tuple[str, ...] = ("inner", "left", "right", "outer")
@@ -131,18 +132,6 @@ class FieldSelector:
                 f"{what}: {text.strip()!r} is not a field name; use 'field', 'outer.inner' or 'stream:field'"
             )
         return cls(stream, path, alias)
-
-
-def lookup(record: Mapping[str, Any] | None, path: Sequence[str]) -> Any:
-    """The value at ``path`` in nested mappings, or ``None`` when any step is missing."""
-    current: Any = record
-    for part in path:
-        if not isinstance(current, Mapping):
-            return None
-        current = current.get(part)
-        if current is None:
-            return None
-    return current
 
 
 def _hashable(value: Any) -> Any:

@@ -25,15 +25,17 @@ import os
 import re
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.durable_files import fsync_dir, fsync_dirs, fsync_file, make_dirs
-from stream_ops.errors import CommittedBatchLostError, TopicError
+from stream_ops.errors import TopicError
+from stream_ops.topics.publishing import publish_file
 from stream_ops.topology.field_paths import value_or_none
 
 STAGING = "_staging"
@@ -41,14 +43,6 @@ COMMITTED = "_committed"
 STAGED_SUFFIX = ".staged"
 DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
-_ARROW_TYPES = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "double": pa.float64(),
-    "float": pa.float32(),
-    "boolean": pa.bool_(),
-}
 _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.parquet$")
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 # Hive's FileUtils.escapePathName set (Spark uses the same): control characters and these.
@@ -75,7 +69,7 @@ def partition_column(field: str) -> str:
 
 def _arrow_type(typ: str) -> pa.DataType:
     # Nested Spark types (struct<...>, map<...>, array<...>) are stored as JSON text.
-    return _ARROW_TYPES.get(typ, pa.string())
+    return ARROW_TYPES.get(typ, pa.string())
 
 
 class ParquetSink:
@@ -130,10 +124,14 @@ class ParquetSink:
             field.name: [_cell(value_or_none(row, field.name), self.fields[field.name]) for row in rows] for field in self.schema
         }
         table = pa.Table.from_pydict(columns, schema=self.schema)
+        self._replace_atomically(target, lambda temp: pq.write_table(table, temp))
+
+    def _replace_atomically(self, target: Path, write: Callable[[Path], object]) -> None:
+        """``write`` a hidden temp file next to ``target``, fsync it, rename it into place."""
         make_dirs(target.parent)
         temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
         try:
-            pq.write_table(table, temp)
+            write(temp)
             if self.durable:
                 fsync_file(temp)
             os.replace(temp, target)
@@ -167,31 +165,10 @@ class ParquetSink:
         moved = 0
         touched: list[Path] = []
         for relative, size in sorted(expected.items()):
-            target = self._safe(relative)
-            staged = self.root / STAGING / (relative + STAGED_SUFFIX)
-            if not target.exists():
-                try:
-                    os.utime(staged)
-                    make_dirs(target.parent)
-                    os.replace(staged, target)
-                    moved += 1
-                    touched += [target.parent, staged.parent]
-                except FileNotFoundError:
-                    pass  # moved by a concurrent publish, or lost: the check below tells which
-            else:
-                staged.unlink(missing_ok=True)
-            try:
-                found = target.stat().st_size
-            except FileNotFoundError:
-                raise CommittedBatchLostError(
-                    f"parquet sink {self.root}: file {relative} of committed batch txid {txid} (task {task_id}, epoch "
-                    f"{epoch}) is neither staged nor published; restore it from a backup, or accept the loss"
-                ) from None
-            if found != size:
-                raise CommittedBatchLostError(
-                    f"parquet sink {self.root}: file {relative} of committed batch txid {txid} (task {task_id}) has "
-                    f"{found} bytes, the commit recorded {size}: it was cut short or replaced"
-                )
+            what = f"parquet sink {self.root}: file {relative} of committed batch txid {txid} (task {task_id}, epoch {epoch})"
+            dirs = publish_file(self.root / STAGING / (relative + STAGED_SUFFIX), self._safe(relative), size, what=what)
+            moved += bool(dirs)
+            touched += dirs
         if touched and self.durable:
             fsync_dirs(touched)
         if expected:
@@ -202,17 +179,8 @@ class ParquetSink:
         marker = self.root / COMMITTED / f"t{task_id:05d}-x{txid:012d}.json"
         if marker.exists():
             return
-        make_dirs(marker.parent)
-        temp = marker.parent / f".{marker.name}.{uuid.uuid4().hex}.tmp"
-        try:
-            temp.write_text(json.dumps({"task": task_id, "txid": txid, "epoch": epoch, "files": files}), encoding="utf-8")
-            if self.durable:
-                fsync_file(temp)
-            os.replace(temp, marker)
-        finally:
-            temp.unlink(missing_ok=True)
-        if self.durable:
-            fsync_dir(marker.parent)
+        text = json.dumps({"task": task_id, "txid": txid, "epoch": epoch, "files": files})
+        self._replace_atomically(marker, lambda temp: temp.write_text(text, encoding="utf-8"))
 
     def _safe(self, relative: str) -> Path:
         target = (self.root / relative).resolve()
@@ -244,7 +212,7 @@ class ParquetSink:
 
 
 def _cell(value: Any, typ: str) -> Any:
-    if value is None or typ in _ARROW_TYPES:
+    if value is None or typ in ARROW_TYPES:
         return value
     return json.dumps(value, default=str)
 

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
@@ -32,14 +33,6 @@ from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
 _MISSING = object()
-_ARROW_TYPES = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "double": pa.float64(),
-    "float": pa.float32(),
-    "boolean": pa.bool_(),
-}
 
 
 def schema_ddl(fields: dict[str, str]) -> str:
@@ -147,7 +140,7 @@ def _stage_rows(
         [
             ("out", pa.int32()),
             ("key", pa.string()),
-            ("value", _ARROW_TYPES[value_type]),
+            ("value", ARROW_TYPES[value_type]),
             ("dead", pa.string()),
             ("inputs", pa.int64()),
             ("record", pa.string()),
@@ -214,7 +207,7 @@ def _stage_rows(
                 [
                     pa.array(out_col, pa.int32()),
                     pa.array(keys, pa.string()),
-                    pa.array(values, _ARROW_TYPES[value_type]),
+                    pa.array(values, ARROW_TYPES[value_type]),
                     pa.array(dead, pa.string()),
                     pa.array(inputs, pa.int64()),
                     pa.array(recs, pa.string()),

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.durable_files import create_private_file, fsync_dir, fsync_dirs, make_dirs
-from stream_ops.errors import CommittedBatchLostError, TopicError
+from stream_ops.errors import TopicError
+from stream_ops.topics.publishing import publish_file
 
 _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.jsonl$")
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
@@ -187,32 +188,10 @@ class FileTopic:
         moved = 0
         touched: list[Path] = []
         for queue, size in sorted((int(q), size) for q, size in expected.items()):
-            staged = self.pending_path(queue) / name
-            target = self.queue_path(queue) / name
-            if not target.exists():
-                try:
-                    os.utime(staged)
-                    make_dirs(target.parent)
-                    os.replace(staged, target)
-                    moved += 1
-                    touched += [target.parent, staged.parent]
-                except FileNotFoundError:
-                    pass  # moved by a concurrent publish, or lost: the check below tells which
-            else:
-                staged.unlink(missing_ok=True)
-            try:
-                found = target.stat().st_size
-            except FileNotFoundError:
-                raise CommittedBatchLostError(
-                    f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue "
-                    f"{queue} is gone: {name} is neither staged nor published. Its downstream would silently miss it; "
-                    "the task stops. Restore the file from a backup, or accept the loss by re-running the topology"
-                ) from None
-            if found != size:
-                raise CommittedBatchLostError(
-                    f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue "
-                    f"{queue} has {found} bytes, the commit recorded {size}: the file was cut short or replaced"
-                )
+            what = f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
+            dirs = publish_file(self.pending_path(queue) / name, self.queue_path(queue) / name, size, what=what)
+            moved += bool(dirs)
+            touched += dirs
         if touched and self.durable:
             fsync_dirs(touched)
         return moved

@@ -10,7 +10,7 @@ DDL (``string`` for a map's or an unknown member).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stream_ops.errors import TopologyDefinitionError
@@ -83,8 +83,13 @@ def value_at(record: Mapping[str, Any], name: str) -> Any:
     """
     if "." not in name or name in record:
         return record[name]
+    return lookup(record, name.split("."))
+
+
+def lookup(record: Mapping[str, Any] | None, path: Sequence[str]) -> Any:
+    """The value at ``path`` in nested mappings, or ``None`` when any step is missing."""
     current: Any = record
-    for part in name.split("."):
+    for part in path:
         if not isinstance(current, Mapping):
             return None
         current = current.get(part)

@@ -32,3 +32,21 @@ def make_runner(
         settings=RunnerSettings(commit_wait_s=2, **settings),
         connected=connected,
     )
+
+
+def pause_commits(monkeypatch: Any, worker_id: str, *, txid: int | None = None) -> tuple[threading.Event, threading.Event]:
+    """Make ``worker_id``'s runners stop right before their ZooKeeper commit (of ``txid``, or
+    any): returns (paused, resume) events; the commit goes on once ``resume`` is set."""
+    from stream_ops.runtime import task_runner as task_runner_module
+
+    paused, resume = threading.Event(), threading.Event()
+    real_commit = task_runner_module.commit
+
+    def pausing_commit(store: Any, ownership: Any, committing: int, **kwargs: Any) -> Any:
+        if ownership.worker_id == worker_id and txid in (None, committing):
+            paused.set()
+            resume.wait(30)
+        return real_commit(store, ownership, committing, **kwargs)
+
+    monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
+    return paused, resume

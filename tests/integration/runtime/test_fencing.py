@@ -13,7 +13,7 @@ import threading
 from collections import Counter
 
 import pytest
-from runners import make_runner
+from runners import make_runner, pause_commits
 
 from stream_ops import OpaqueMapState, TransactionalMapState
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
@@ -25,7 +25,6 @@ from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
-from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 
 BATCHES = [["how", "are", "you", "how"], ["you", "you", "nice"], ["how", "day"]]
@@ -51,16 +50,7 @@ def test_paused_zombie_cannot_corrupt_state(spark, zk_config: ZooKeeperConfig, t
         a.process_batch(_shuffle_df(spark, BATCHES[0]), 0)
 
         # A pauses inside batch 1, right before its ZooKeeper commit.
-        paused, resume = threading.Event(), threading.Event()
-        real_commit = task_runner_module.commit
-
-        def pausing_commit(store, ownership, txid, **kwargs):
-            if ownership.worker_id == "host-a:1" and txid == 1:
-                paused.set()
-                resume.wait(30)
-            return real_commit(store, ownership, txid, **kwargs)
-
-        monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
+        paused, resume = pause_commits(monkeypatch, "host-a:1", txid=1)
         errors: list[BaseException] = []
 
         def run_a():

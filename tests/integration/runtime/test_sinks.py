@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from runners import make_runner
+from runners import make_runner, pause_commits
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
 from stream_ops.config import ClusterConfig
@@ -24,7 +24,6 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import OwnershipLostError
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime import task_runner as task_runner_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 from user_packages import forget, import_ops, write_package
@@ -171,16 +170,7 @@ def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_p
         forget("sinkpkg")
         a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage=0)
         a.prepare()
-        paused, resume = threading.Event(), threading.Event()
-        real_commit = task_runner_module.commit
-
-        def pausing_commit(store, ownership, txid, **kwargs):
-            if ownership.worker_id == "host-a:1":
-                paused.set()
-                resume.wait(30)
-            return real_commit(store, ownership, txid, **kwargs)
-
-        monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
+        paused, resume = pause_commits(monkeypatch, "host-a:1")
         errors: list[BaseException] = []
 
         def run_a():
@@ -230,16 +220,7 @@ def test_new_values_of_a_count_reach_a_sink_once_per_txid_through_a_zombie_and_a
         a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage="count")
         a.prepare()
         a.process_batch(_partials(spark, {"how": 2}), 0)
-        paused, resume = threading.Event(), threading.Event()
-        real_commit = task_runner_module.commit
-
-        def pausing_commit(store, ownership, txid, **kwargs):
-            if ownership.worker_id == "host-a:1":
-                paused.set()
-                resume.wait(30)
-            return real_commit(store, ownership, txid, **kwargs)
-
-        monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
+        paused, resume = pause_commits(monkeypatch, "host-a:1")
         errors: list[BaseException] = []
 
         def run_a():
