@@ -185,3 +185,11 @@ class QueryAuthError(QueryError):
 class QueryTLSError(QueryError):
     """TLS of the state-query port failed: unreadable certificate, key or CA, an unverifiable
     worker certificate, or a client and a worker that disagree about TLS."""
+
+
+# --- sources ---------------------------------------------------------------------------
+
+
+class SourceError(StreamOpsError):
+    """A source could not be read as its spec says (a queue it does not have, a spec of
+    another kind, options that do not fit the kind)."""

@@ -1,0 +1,273 @@
+"""The source seam: what a plan says about a source, what a kind of source does, and the registry.
+
+A :class:`SourceSpec` is plain data in the plan; the :class:`SourceKind` registered under its
+``kind`` turns it into the streaming DataFrame one task reads, names the directory that query
+lists (if any) and measures the input it has not read yet. Adding a source is one module with a
+kind (and, for users, a definition object with ``to_source_spec``) plus its registration in
+:mod:`stream_ops.sources`.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from stream_ops.errors import SourceError, TopologyDefinitionError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+CORRUPT_COLUMN = "_corrupt_record"
+"""The string column a PERMISSIVE JSON or CSV read fills with a line that does not parse."""
+
+SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean")
+# Equal to stream_ops.topology.field_paths.SCALAR_TYPES (a test keeps them equal); not imported
+# from there so that the topology DSL can import this package without an import cycle.
+_NESTED = re.compile(r"^(struct|map|array)<.*>$", re.DOTALL)
+
+SchemaArg = Mapping[str, str] | Sequence[str]
+"""A schema as users write it: field -> Spark type, or a list of string field names."""
+
+
+def is_scalar_type(typ: object) -> bool:
+    """Whether ``typ`` is one of :data:`SCALAR_TYPES`."""
+    return isinstance(typ, str) and typ in SCALAR_TYPES
+
+
+def is_nested_type(typ: object) -> bool:
+    """Whether ``typ`` is nested Spark DDL (``struct<...>``, ``map<...>``, ``array<...>``)."""
+    return isinstance(typ, str) and bool(_NESTED.match(typ.strip()))
+
+
+def schema_ddl(fields: Mapping[str, str]) -> str:
+    """Spark DDL such as ``sentence string, n long``."""
+    return ", ".join(f"`{name}` {typ}" for name, typ in fields.items())
+
+
+def schema_fields(schema: SchemaArg, what: str, *, nested: bool = True) -> dict[str, str]:
+    """Normalise a user's schema ('a', ['a', 'b'] or {'a': 'long'}) to an ordered field -> type map.
+
+    Args:
+        schema: field -> type, a list of field names (all ``string``) or one field name.
+        what: the source, for messages.
+        nested: whether nested Spark DDL (``struct<...>`` ...) is allowed besides the scalars.
+
+    Raises:
+        TopologyDefinitionError: no field, a name that is not an identifier or named twice, or
+            a type that is not allowed.
+    """
+    if isinstance(schema, str):
+        pairs = [(schema, "string")]
+    elif isinstance(schema, Mapping):
+        pairs = list(schema.items())
+    elif isinstance(schema, Sequence):
+        pairs = [(name, "string") for name in schema]
+    else:
+        raise TopologyDefinitionError(f"{what}: schema must be a field -> type mapping or a list of field names")
+    if not pairs:
+        raise TopologyDefinitionError(f"{what}: the schema names no field")
+    fields: dict[str, str] = {}
+    for name, typ in pairs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TopologyDefinitionError(f"{what}: field {name!r} is not a valid identifier")
+        if name == CORRUPT_COLUMN:
+            raise TopologyDefinitionError(f"{what}: field {name!r} is reserved for records that do not parse")
+        if name in fields:
+            raise TopologyDefinitionError(f"{what}: field {name!r} named twice")
+        if not (is_scalar_type(typ) or (nested and is_nested_type(typ))):
+            allowed = f"one of {SCALAR_TYPES}" + (" or nested Spark DDL such as struct<id:long,name:string>" if nested else "")
+            raise TopologyDefinitionError(f"{what}: field {name!r} has unsupported type {typ!r}; use {allowed}")
+        fields[name] = typ
+    return fields
+
+
+class SourceSpec(BaseModel):
+    """A source as the plan holds it (plain JSON).
+
+    Attributes:
+        kind: a registered source kind (:func:`source_kind`).
+        path: where the source's files are, None for sources without files.
+        queues: how many queues, so how many tasks, the source stage has.
+        fields: field -> Spark type, in column order.
+        options: kind-specific settings (JSON values only).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    path: str | None = None
+    queues: int = Field(1, ge=1)
+    fields: dict[str, str]
+    options: dict[str, JsonValue] = {}
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        source_kind(kind)
+        return kind
+
+    @field_validator("fields")
+    @classmethod
+    def _known_types(cls, fields: dict[str, str]) -> dict[str, str]:
+        return schema_fields(fields, "source spec")
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    """Input of one task its query has not read yet.
+
+    Attributes:
+        records: how many records, where that is cheap to know; None when it is not.
+        files: how many files, for file sources; None for sources without files.
+    """
+
+    records: int | None
+    files: int | None
+
+
+class SourceKind(ABC):
+    """One kind of source: how a task reads it and how far behind it is.
+
+    Attributes:
+        name: the ``kind`` in :class:`SourceSpec`.
+        supports_corrupt_column: whether :meth:`read_stream` adds :data:`CORRUPT_COLUMN`
+            (lines that do not parse land there instead of failing the task).
+    """
+
+    name: str
+    supports_corrupt_column: bool = False
+
+    @abstractmethod
+    def read_stream(
+        self,
+        spark: SparkSession,
+        spec: SourceSpec,
+        queue: int,
+        *,
+        max_files_per_trigger: int,
+        max_file_age: str,
+    ) -> DataFrame:
+        """The streaming DataFrame task ``queue`` of the source stage reads.
+
+        Its columns are :meth:`columns`. ``max_files_per_trigger`` and ``max_file_age`` are
+        Spark's ``maxFilesPerTrigger`` and ``maxFileAge`` (ignored by sources without files).
+        """
+
+    @abstractmethod
+    def queue_dir(self, spec: SourceSpec, queue: int) -> Path | None:
+        """The directory task ``queue``'s query lists, None for sources without files."""
+
+    @abstractmethod
+    def lag(self, spec: SourceSpec, queue: int, consumed_until_ms: int) -> SourceLag:
+        """The input of task ``queue`` not read yet.
+
+        ``consumed_until_ms`` is the newest modification time among the files the query has
+        consumed (:func:`stream_ops.spark.checkpoint.latest_file_timestamp`).
+        """
+
+    @abstractmethod
+    def describe(self, spec: SourceSpec) -> str:
+        """A few words on what the source reads, for logs and the UI."""
+
+    def columns(self, spec: SourceSpec) -> dict[str, str]:
+        """Column -> Spark type of :meth:`read_stream`'s DataFrame."""
+        if self.supports_corrupt_column:
+            return {**spec.fields, CORRUPT_COLUMN: "string"}
+        return dict(spec.fields)
+
+    def check_spec(self, spec: SourceSpec, queue: int | None = None) -> None:
+        """Raise :class:`SourceError` unless ``spec`` is of this kind and has ``queue``."""
+        if spec.kind != self.name:
+            raise SourceError(f"source kind {self.name!r} was given a spec of kind {spec.kind!r}")
+        if queue is not None and not 0 <= queue < spec.queues:
+            raise SourceError(f"queue {queue} out of range for a {self.name} source with {spec.queues} queues")
+
+    def spec_path(self, spec: SourceSpec) -> Path:
+        """``spec.path`` of a file source (:class:`SourceError` when it has none)."""
+        if spec.path is None:
+            raise SourceError(f"a {self.name} source needs a path")
+        return Path(spec.path)
+
+
+@runtime_checkable
+class SourceDefinition(Protocol):
+    """What users pass to ``topology.source(...)`` besides a FileTopic."""
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec of this source; ``schema`` is the ``schema=`` of ``topology.source``."""
+        ...
+
+
+# --- backlog of file sources -------------------------------------------------------------
+
+
+def files_newer_than(directory: Path, since_ms: int) -> list[Path]:
+    """Visible files directly in ``directory`` modified after ``since_ms``, in name order.
+
+    What a Spark file stream has not read yet when ``since_ms`` is the newest modification time
+    it consumed (as :func:`stream_ops.spark.checkpoint.count_newer_files`, files only). Spark
+    skips names starting with '.' or '_'; a file landed with an older modification time than
+    ``since_ms`` is not counted.
+    """
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    newer = []
+    for entry in entries:
+        if entry.name.startswith((".", "_")):
+            continue
+        try:
+            stat = entry.stat()
+        except OSError:
+            continue  # removed since it was listed
+        if entry.is_file() and stat.st_mtime_ns // 1_000_000 > since_ms:
+            newer.append(entry)
+    return sorted(newer)
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a text file: its newlines, plus one for a last line without one."""
+    lines = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+# --- the registry --------------------------------------------------------------------------
+
+_KINDS: dict[str, SourceKind] = {}
+
+
+def register_source_kind(kind: SourceKind) -> SourceKind:
+    """Add ``kind`` to the registry under ``kind.name`` (a name can be registered once)."""
+    if kind.name in _KINDS:
+        raise TopologyDefinitionError(f"source kind {kind.name!r} is registered already")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def source_kind(name: str) -> SourceKind:
+    """The registered kind called ``name``.
+
+    Raises:
+        TopologyDefinitionError: no kind has that name (a plan from a newer version, or a typo).
+    """
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise TopologyDefinitionError(f"unknown source kind {name!r}; known kinds: {sorted(_KINDS)}") from None
+
+
+def source_kinds() -> tuple[SourceKind, ...]:
+    """Every registered kind, in registration order."""
+    return tuple(_KINDS.values())

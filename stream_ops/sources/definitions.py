@@ -1,0 +1,149 @@
+"""What users pass to ``topology.source(name, <source>, schema=...)``, and its spec for the plan.
+
+Example:
+    >>> source_spec(FileTopic("/data/sentences", queues=2), {"sentence": "string"}).kind
+    'file_topic'
+    >>> source_spec(RateSource(rows_per_second=1000), None).fields
+    {'timestamp': 'long', 'value': 'long'}
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from stream_ops.errors import TopologyDefinitionError
+from stream_ops.sources.base import SchemaArg, SourceDefinition, SourceSpec, schema_fields, source_kind
+from stream_ops.sources.file_topic_source import file_topic_spec
+from stream_ops.sources.landed_files import landed_files_spec
+from stream_ops.sources.rate import RATE_FIELDS, rate_spec
+from stream_ops.topics.file_topic import FileTopic
+
+
+def _one_schema(own: SchemaArg | None, given: SchemaArg | None, what: str) -> SchemaArg | None:
+    """The schema of a definition object or the ``schema=`` argument; both only if they agree."""
+    if own is None or given is None:
+        return own if own is not None else given
+    if schema_fields(own, what) != schema_fields(given, what):
+        raise TopologyDefinitionError(f"{what}: two different schemas, one on the source and one in schema=; give one")
+    return own
+
+
+@dataclass(frozen=True)
+class ParquetFiles:
+    """Parquet files landed in ``path`` by other systems (see :mod:`stream_ops.sources.landed_files`).
+
+    Attributes:
+        path: the directory; one task reads every file that lands directly in it.
+        schema: field -> Spark type; None infers it from the first file there now. Columns
+            are read by name, so the schema may leave columns out.
+    """
+
+    path: str | os.PathLike[str]
+    schema: SchemaArg | None = None
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec; ``schema`` is ``topology.source``'s ``schema=``."""
+        return landed_files_spec(self.path, "parquet", _one_schema(self.schema, schema, repr(self)))
+
+
+@dataclass(frozen=True)
+class CsvFiles:
+    """CSV files landed in ``path`` by other systems (see :mod:`stream_ops.sources.landed_files`).
+
+    Attributes:
+        path: the directory; one task reads every file that lands directly in it.
+        schema: field -> scalar Spark type of every column in order; None infers it from the
+            first file there now (names from the header, or ``_c0``, ``_c1``, ... without one).
+        header: whether each file starts with a header line. With a header and field names
+            equal to it, Spark fails the task on a file whose header differs (columns moved);
+            with renamed fields, columns are read by position.
+        delimiter: the field separator (one character).
+    """
+
+    path: str | os.PathLike[str]
+    schema: SchemaArg | None = None
+    header: bool = True
+    delimiter: str = ","
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec; ``schema`` is ``topology.source``'s ``schema=``."""
+        return landed_files_spec(
+            self.path,
+            "csv",
+            _one_schema(self.schema, schema, repr(self)),
+            header=self.header,
+            delimiter=self.delimiter,
+        )
+
+
+@dataclass(frozen=True)
+class JsonFiles:
+    """JSON-lines files landed in ``path`` by other systems (see :mod:`stream_ops.sources.landed_files`).
+
+    Attributes:
+        path: the directory; one task reads every file that lands directly in it.
+        schema: field -> Spark type (nested DDL allowed); None infers it from the first file
+            there now.
+    """
+
+    path: str | os.PathLike[str]
+    schema: SchemaArg | None = None
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec; ``schema`` is ``topology.source``'s ``schema=``."""
+        return landed_files_spec(self.path, "json", _one_schema(self.schema, schema, repr(self)))
+
+
+@dataclass(frozen=True)
+class RateSource:
+    """Spark's rate source for load tests: records (``timestamp`` epoch ms, ``value``) in one task.
+
+    Attributes:
+        rows_per_second: how many records Spark makes per second.
+        num_partitions: how many Spark partitions they are spread over.
+    """
+
+    rows_per_second: int = 100
+    num_partitions: int = 1
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec; ``schema`` must be left out (or be the fixed fields)."""
+        if schema is not None and schema_fields(schema, repr(self)) != RATE_FIELDS:
+            raise TopologyDefinitionError(f"{self!r}: its fields are fixed ({RATE_FIELDS}); leave schema= out")
+        return rate_spec(self.rows_per_second, self.num_partitions)
+
+
+def source_spec(source: object, schema: SchemaArg | None = None) -> SourceSpec:
+    """The plan's spec of what a user passed to ``topology.source``.
+
+    Args:
+        source: a :class:`~stream_ops.topics.file_topic.FileTopic` (JSON lines, one task per
+            queue), :class:`ParquetFiles`, :class:`CsvFiles`, :class:`JsonFiles`,
+            :class:`RateSource`, or any object with a ``to_source_spec(schema)`` method.
+        schema: field -> Spark type, or a list of string field names. Required for a
+            FileTopic; optional for landed files (inferred from them when left out).
+
+    Raises:
+        TopologyDefinitionError: anything else as ``source``, a missing or bad schema, bad
+            options, or a spec of an unregistered kind.
+    """
+    if isinstance(source, FileTopic):
+        what = f"FileTopic({source.path!r})"
+        if schema is None:
+            raise TopologyDefinitionError(f"{what}: a FileTopic source needs schema= (field -> type of its JSON records)")
+        spec = file_topic_spec(source, schema_fields(schema, what))
+    elif isinstance(source, SourceDefinition):
+        try:
+            spec = source.to_source_spec(schema)
+        except ValidationError as e:
+            raise TopologyDefinitionError(f"{source!r}: {e}") from e
+    else:
+        raise TopologyDefinitionError(
+            "a source must be a FileTopic, ParquetFiles, CsvFiles, JsonFiles or RateSource "
+            f"(or have a to_source_spec(schema) method), got {type(source).__name__}"
+        )
+    source_kind(spec.kind)
+    return spec
