@@ -429,13 +429,15 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
         f"assignment epoch={result.assignment_epoch}  workers={','.join(result.workers_live) or '-'}"
     )
     click.echo(
-        f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>5} {'KEYS':>7} {'DLQ':>5}"
+        f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>7} {'KEYS':>7} {'DLQ':>5}"
     )
     for t in result.tasks:
         age = "-" if t.heartbeat_age_s is None else f"{t.heartbeat_age_s:.1f}"
+        # records where the source counts them, else files (suffixed f)
+        lag = str(t.lag_records) if t.lag_records is not None else f"{t.lag_files}f"
         click.echo(
             f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
-            f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {t.lag_files:>5} {t.state_keys:>7} {t.dead_letters:>5}"
+            f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {lag:>7} {t.state_keys:>7} {t.dead_letters:>5}"
         )
     for line in result.problems():
         click.echo(f"  ! {line}")

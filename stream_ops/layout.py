@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stream_ops.config import ClusterConfig
+from stream_ops.durable_files import make_dirs
+from stream_ops.sources import source_kind
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.plan import Plan, StageSpec
+from stream_ops.topology.plan import StageSpec
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,20 @@ class TopologyLayout:
         safe_worker = worker_id.replace(":", "_")
         return self.cluster.resolved_local_state_dir() / safe_worker / self.topology_id / f"task-{task_id:05d}"
 
-    def input_topic(self, plan: Plan, stage: StageSpec) -> FileTopic:
-        """The topic a stage reads: its source, or the shuffle topic written by its upstream."""
+    def input_dir(self, stage: StageSpec, queue: int) -> Path | None:
+        """The directory one task of ``stage`` reads: a file source's, or its queue of the
+        shuffle topic written upstream (None for a source that is not files)."""
         if stage.reads_source:
-            assert stage.source_path is not None
-            return FileTopic(stage.source_path, stage.queues)
-        return self.shuffle_topic(stage)
+            assert stage.source is not None
+            return source_kind(stage.source.kind).queue_dir(stage.source, queue)
+        return self.shuffle_topic(stage).queue_path(queue)
+
+    def create_inputs(self, stage: StageSpec) -> None:
+        """Create the directories ``stage``'s tasks read (at submission)."""
+        if stage.reads_source:
+            for queue in range(stage.queues):
+                directory = self.input_dir(stage, queue)
+                if directory is not None:
+                    make_dirs(directory)
+        else:
+            self.shuffle_topic(stage).create()

@@ -119,6 +119,8 @@ class HeartbeatRecord(_Record):
     rows_per_s: float = 0.0
     rows_out_per_s: float = 0.0
     lag_files: int = 0
+    lag_records: int | None = None
+    """Input records not read yet, where the source can count them (None: not known)."""
     state_keys: int = 0
     dead_letters: int = 0
     batches: int = 0

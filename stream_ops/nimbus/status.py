@@ -47,6 +47,8 @@ class TaskStatus:
     lag_files: int
     state_keys: int
     dead_letters: int
+    lag_records: int | None = None
+    """Input records not read yet (None where the source cannot count them)."""
     failures: int = 0
     """Consecutive failures of the task on its worker (0 once it ran long enough to be healthy)."""
     last_error: str | None = None
@@ -55,6 +57,11 @@ class TaskStatus:
     last_error_worker: str | None = None
     quarantined: bool = False
     """Its worker stopped trying it; delete ``/errors/{id}/{task}`` (or resubmit) to try again."""
+
+    @property
+    def has_lag(self) -> bool:
+        """Whether the task has input it has not read (records or files)."""
+        return (self.lag_records or 0) > 0 or self.lag_files > 0
 
     @property
     def failing(self) -> bool:
@@ -151,6 +158,7 @@ def describe_topology(store: ZkStore, topology_id: str, *, clock: Callable[[], f
                 rows_per_s=hb.rows_per_s if hb else 0.0,
                 rows_out_per_s=hb.rows_out_per_s if hb else 0.0,
                 lag_files=hb.lag_files if hb else 0,
+                lag_records=hb.lag_records if hb else None,
                 state_keys=hb.state_keys if hb else 0,
                 dead_letters=hb.dead_letters if hb else 0,
                 failures=error.consecutive_failures if error else 0,

@@ -51,7 +51,7 @@ def submit(
     conf_dict = dict(conf or {})
     written = write_submission(layout.dist_dir, plan, conf_dict, code, topology_id=topology_id)
     for stage in plan.stages:
-        layout.input_topic(plan, stage).create()
+        layout.create_inputs(stage)
         if stage.keeps_state:
             layout.state_topic(stage).create()
     layout.dead_letter_topic().create()
@@ -95,7 +95,7 @@ def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: Sto
             stage=task.stage,
             stage_name=stage.name,
             queue=task.queue,
-            input_path=str(layout.input_topic(plan, stage).queue_path(task.queue)),
+            input_path=str(layout.input_dir(stage, task.queue) or f"<{stage.source.kind if stage.source else stage.kind}>"),
         )
         tx.create(ZkPaths.task(topology_id, task.task_id), encode_json(record.to_json_obj()))
         tx.create(ZkPaths.transactional_task(topology_id, task.task_id), encode_json(TransactionalRecord().to_json_obj()))

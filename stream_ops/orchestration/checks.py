@@ -5,7 +5,7 @@ Two checks per stream asset (one per stage):
 * ``heartbeat_freshness``: every task of the stage is owned by a worker whose heartbeat is at
   most ``heartbeat_timeout_s`` old. Fails with severity ERROR when no task of the stage is
   alive, WARN when some are not.
-* ``txid_progress``: every task that has unprocessed input (``lag_files > 0``) committed a new
+* ``txid_progress``: every task that has unprocessed input (records or files not read yet) committed a new
   txid within ``progress_timeout_s``. An idle task (no lag) passes: nothing to commit. Fails
   with severity WARN.
 
@@ -194,11 +194,12 @@ def evaluate_stage_checks(
     stalled = {
         t.task_id: stalled_for[t.task_id]
         for t in tasks
-        if t.lag_files > 0 and stalled_for.get(t.task_id) is not None and float(stalled_for[t.task_id]) > progress_timeout_s  # type: ignore[arg-type]
+        if t.has_lag and stalled_for.get(t.task_id) is not None and float(stalled_for[t.task_id]) > progress_timeout_s  # type: ignore[arg-type]
     }
     progress_meta: dict[str, Any] = {
         "stalled_tasks": dg.MetadataValue.json({str(k): round(float(v), 1) for k, v in stalled.items()}),  # type: ignore[arg-type]
-        "tasks_with_lag": dg.MetadataValue.int(sum(1 for t in tasks if t.lag_files > 0)),
+        "tasks_with_lag": dg.MetadataValue.int(sum(1 for t in tasks if t.has_lag)),
+        "lag_records": dg.MetadataValue.int(sum(t.lag_records or 0 for t in tasks)),
         "lag_files": dg.MetadataValue.int(sum(t.lag_files for t in tasks)),
         "min_committed_txid": dg.MetadataValue.int(min((t.committed_txid for t in tasks), default=-1)),
         "progress_timeout_s": dg.MetadataValue.float(float(progress_timeout_s)),

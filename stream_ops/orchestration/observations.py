@@ -50,7 +50,8 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     ),
     "rows_per_s_in": ("float", "Rows per second read by this stage's tasks (sum of their last heartbeats)."),
     "rows_per_s_out": ("float", "Rows per second written by this stage's tasks (sum)."),
-    "lag_files": ("int", "Input files not yet processed by this stage's tasks (sum)."),
+    "lag_records": ("int", "Input records not yet processed by this stage's tasks (sum over the tasks that can count them)."),
+    "lag_files": ("int", "Input files not yet processed by this stage's tasks (sum; file sources and shuffles)."),
     "dead_letters": ("int", "Records of this stage sent to the dead-letter topic (sum)."),
     "state_keys": ("int", "Keys in this stage's local state stores (sum; 0 for source stages)."),
     "failing_tasks": (
@@ -185,6 +186,7 @@ def observe_topology(
             "min_committed_txid": dg.MetadataValue.int(min(t.committed_txid for t in tasks)),
             "rows_per_s_in": dg.MetadataValue.float(float(sum(t.rows_per_s for t in tasks))),
             "rows_per_s_out": dg.MetadataValue.float(float(sum(t.rows_out_per_s for t in tasks))),
+            "lag_records": dg.MetadataValue.int(sum(t.lag_records or 0 for t in tasks)),
             "lag_files": dg.MetadataValue.int(sum(t.lag_files for t in tasks)),
             "dead_letters": dg.MetadataValue.int(sum(t.dead_letters for t in tasks)),
             "state_keys": dg.MetadataValue.int(sum(t.state_keys for t in tasks)),

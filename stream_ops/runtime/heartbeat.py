@@ -19,6 +19,7 @@ def heartbeat_record(runner: TaskRunner, now: float) -> HeartbeatRecord:
     """What one task reports."""
     stats = runner.stats
     ownership = runner.ownership
+    lag = runner.lag()
     return HeartbeatRecord(
         worker_id=runner.worker_id,
         time=now,
@@ -27,7 +28,8 @@ def heartbeat_record(runner: TaskRunner, now: float) -> HeartbeatRecord:
         committed_txid=ownership.committed_txid if ownership else -1,
         rows_per_s=round(stats.rows_per_s, 3),
         rows_out_per_s=round(stats.rows_out_per_s, 3),
-        lag_files=runner.lag_files(),
+        lag_files=lag.files or 0,
+        lag_records=lag.records,
         state_keys=runner.state_keys(),
         dead_letters=stats.dead_letters,
         batches=stats.batches,

@@ -58,7 +58,9 @@ from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
-from stream_ops.spark.checkpoint import batch_input, batch_offsets, count_newer_files, latest_file_timestamp
+from stream_ops.sources import SourceLag, source_kind
+from stream_ops.sources.base import count_lines, files_newer_than
+from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.staged_output import StagedOutput
@@ -239,9 +241,10 @@ class TaskRunner:
             topics.append(self.layout.persist_topic(self.stage))
         for topic in topics:
             topic.discard_staged(self.task.task_id, below_epoch=self.ownership.epoch, keep=keep)
-        self.layout.input_topic(self.plan, self.stage).discard_stale_temp_files(
-            self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-", older_than_s=60.0, now=time.time()
-        )
+        if not self.stage.reads_source:
+            self.layout.shuffle_topic(self.stage).discard_stale_temp_files(
+                self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-", older_than_s=60.0, now=time.time()
+            )
         if keep is not None:
             self._publish(*keep)
             self.outputs.after_publish()  # function sinks: batches published but not yet delivered
@@ -282,7 +285,7 @@ class TaskRunner:
             return False
         self._last_tick = now
         tick = {"stream": TICK_STREAM, "key": None, "record": "{}"}
-        topic = self.layout.input_topic(self.plan, self.stage)
+        topic = self.layout.shuffle_topic(self.stage)
         topic.write_file(self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-{time.time_ns()}.jsonl", [tick])
         return True
 
@@ -300,6 +303,7 @@ class TaskRunner:
         self.query = start_stage_query(
             self.spark,
             stage=self.stage,
+            queue=self.task.queue,
             input_dir=self.input_dir,
             checkpoint_dir=checkpoint,
             query_name=f"{self.topology_id}-task{self.task.task_id}-e{self.ownership.epoch}",
@@ -310,8 +314,9 @@ class TaskRunner:
         )
 
     @property
-    def input_dir(self):
-        return self.layout.input_topic(self.plan, self.stage).queue_path(self.task.queue)
+    def input_dir(self) -> Path | None:
+        """The directory this task's query reads (None for a source that is not files)."""
+        return self.layout.input_dir(self.stage, self.task.queue)
 
     def is_running(self) -> bool:
         """True while the query is active."""
@@ -698,11 +703,20 @@ class TaskRunner:
 
     # --- reporting -------------------------------------------------------------------------
 
-    def lag_files(self) -> int:
-        """Input files not yet read (modified after the newest file the query consumed)."""
+    def lag(self) -> SourceLag:
+        """Input not read yet: files modified after the newest file the query consumed, and
+        their records where they can be counted (a source's kind says how)."""
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         self._last_input_ms = max(self._last_input_ms, latest_file_timestamp(checkpoint))
-        return count_newer_files(self.input_dir, self._last_input_ms)
+        if self.stage.reads_source:
+            assert self.stage.source is not None
+            return source_kind(self.stage.source.kind).lag(self.stage.source, self.task.queue, self._last_input_ms)
+        files = files_newer_than(self.layout.shuffle_topic(self.stage).queue_path(self.task.queue), self._last_input_ms)
+        return SourceLag(records=sum(count_lines(f) for f in files), files=len(files))
+
+    def lag_files(self) -> int:
+        """Input files not read yet (0 for a source that is not files)."""
+        return self.lag().files or 0
 
     def state_keys(self) -> int:
         state = self.state

@@ -28,23 +28,20 @@ from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
+from stream_ops.sources import CORRUPT_COLUMN, source_kind
+from stream_ops.sources.base import schema_ddl
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
-CORRUPT_COLUMN = "_corrupt_record"
 _MISSING = object()
-
-
-def schema_ddl(fields: dict[str, str]) -> str:
-    """Spark DDL such as ``sentence string, n long``."""
-    return ", ".join(f"`{name}` {typ}" for name, typ in fields.items())
 
 
 def start_stage_query(
     spark: SparkSession,
     *,
     stage: StageSpec,
-    input_dir: Path,
+    queue: int,
+    input_dir: Path | None,
     checkpoint_dir: Path,
     query_name: str,
     on_batch: Callable[[DataFrame, int], None],
@@ -56,14 +53,22 @@ def start_stage_query(
 
     ``max_file_age`` is Spark's ``maxFileAge``: a file whose modification time is older than
     the newest file seen by more than this is never read (published batch files are touched
-    when published, so only files landed with old times are concerned).
+    when published, so only files landed with old times are concerned). A source stage reads
+    as its source kind says (:mod:`stream_ops.sources`); other stages read the JSON lines of
+    their shuffle queue ``input_dir``.
     """
-    fields = dict(stage.input_fields)
-    reader = spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger).option("maxFileAge", max_file_age)
     if stage.reads_source:
-        fields[CORRUPT_COLUMN] = "string"
-        reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-    df = reader.schema(schema_ddl(fields)).json(str(input_dir))
+        assert stage.source is not None
+        df = source_kind(stage.source.kind).read_stream(
+            spark, stage.source, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age
+        )
+    else:
+        df = (
+            spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
+            .option("maxFileAge", max_file_age)
+            .schema(schema_ddl(stage.input_fields))
+            .json(str(input_dir))
+        )
     return (
         df.writeStream.queryName(query_name)
         .foreachBatch(on_batch)

@@ -27,6 +27,7 @@ from typing import Any
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator
+from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
@@ -93,11 +94,15 @@ def state_kind_of(state: Any) -> str:
 
 @dataclass(frozen=True)
 class SourceNode:
-    """A source reading a FileTopic of JSON lines."""
+    """A source: its plan form, and the FileTopic when it is one (producers write into it)."""
 
     name: str
-    topic: FileTopic
-    schema: dict[str, str]
+    spec: SourceSpec
+    topic: FileTopic | None = None
+
+    @property
+    def schema(self) -> dict[str, str]:
+        return dict(self.spec.fields)
 
 
 @dataclass(frozen=True)
@@ -205,29 +210,33 @@ class Topology:
     def source(
         self,
         name: str,
-        topic: FileTopic,
+        source: Any,
         *,
-        schema: Mapping[str, str] | Sequence[str],
+        schema: Mapping[str, str] | Sequence[str] | None = None,
     ) -> Stream:
-        """Declare a source reading JSON-lines records from ``topic``.
+        """Declare a source (see :mod:`stream_ops.sources`).
 
         Args:
             name: unique source name.
-            topic: the FileTopic to read; its queues become the first stage's tasks.
-            schema: field -> Spark type ('string', 'long', 'double', 'boolean', ...) or a list
-                of string field names.
+            source: a FileTopic of JSON lines (its queues become the stage's tasks),
+                ``ParquetFiles(path)``, ``CsvFiles(path)``, ``JsonFiles(path)`` (a directory
+                other systems land files in, one task) or ``RateSource(rows_per_second)``.
+            schema: field -> Spark type ('string', 'long', 'double', 'boolean', nested DDL such
+                as 'struct<id:long>') or a list of string field names. Required for a
+                FileTopic; for landed files, read from the first file when left out.
         """
         _check_name("source", name)
         if any(s.source is not None and s.source.name == name for s in self._segments):
             raise TopologyDefinitionError(f"topology {self.name!r}: source {name!r} is declared twice")
         if name in self._named:
             raise TopologyDefinitionError(f"topology {self.name!r}: a stream named {name!r} exists already")
-        if not isinstance(topic, FileTopic):
-            raise TopologyDefinitionError(f"source {name!r}: topic must be a FileTopic, got {type(topic).__name__}")
-        types = _field_types(schema, f"source {name!r} schema")
-        segment = self._segment(
-            name=name, kind="source", queues=topic.queues, fields=dict(types), source=SourceNode(name, topic, types)
-        )
+        try:
+            spec = source_spec(source, schema)
+        except TopologyDefinitionError as e:
+            raise TopologyDefinitionError(f"source {name!r}: {e}") from None
+        types = dict(spec.fields)
+        node = SourceNode(name, spec, source if isinstance(source, FileTopic) else None)
+        segment = self._segment(name=name, kind="source", queues=spec.queues, fields=dict(types), source=node)
         stream = Stream(self, segment, types)
         self._named[name] = stream
         return stream

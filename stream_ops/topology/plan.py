@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.sources import SourceSpec
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
 from stream_ops.topology.stage_kinds import StageKind, stage_kind
@@ -187,7 +188,8 @@ class StageSpec(_Frozen):
     kind: str
     """A registered stage kind (:mod:`stream_ops.topology.stage_kinds`)."""
     queues: int
-    source_path: str | None = None
+    source: SourceSpec | None = None
+    """What a source stage reads (:mod:`stream_ops.sources`)."""
     input_fields: dict[str, str]
     fields: dict[str, str] = {}
     from_stages: tuple[int, ...] = ()
@@ -247,6 +249,11 @@ class StageSpec(_Frozen):
     def downstream(self) -> tuple[int, ...]:
         """Indices of the stages this stage's shuffles feed."""
         return tuple(sorted({o.to_stage for o in self.shuffles}))
+
+    @property
+    def source_path(self) -> str | None:
+        """The path a source stage reads (None for sources without one, and other stages)."""
+        return self.source.path if self.source is not None else None
 
     @property
     def reads_source(self) -> bool:
@@ -400,7 +407,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         name=segment.name,
         kind=segment.kind,
         queues=segment.queues,
-        source_path=str(segment.source.topic.path) if segment.source else None,
+        source=segment.source.spec if segment.source else None,
         input_fields=input_fields,
         fields=dict(segment.fields),
         from_stages=tuple(dict.fromkeys(i for i, _ in segment.inputs)),

@@ -75,7 +75,10 @@ def stage_kinds() -> tuple[StageKind, ...]:
 
 
 def _describe_source(stage: StageSpec) -> str:
-    return f"reads `{stage.source_path}`, applies {len(stage.operations)} record operations"
+    from stream_ops.sources import source_kind
+
+    read = source_kind(stage.source.kind).describe(stage.source) if stage.source is not None else "a source"
+    return f"reads {read}, applies {len(stage.operations)} record operations"
 
 
 def _describe_keyed(stage: StageSpec) -> str:

@@ -120,7 +120,7 @@ def test_bad_state_kind_and_names(tmp_path):
         grouped.persistent_aggregate(Count(), out="count", state=dict)
     with pytest.raises(TopologyDefinitionError, match="topology name"):
         Topology("bad name!")
-    with pytest.raises(TopologyDefinitionError, match="unknown type"):
+    with pytest.raises(TopologyDefinitionError, match="unsupported type .varchar."):
         Topology("x").source("s", FileTopic(tmp_path / "x"), schema={"a": "varchar"})
 
 
