@@ -1,7 +1,8 @@
 """The Dagster code location of the example topologies (``dagster dev -m definitions``).
 
 The examples: Trident's word count, Storm's uuid/word/timestamp JoinBolt, S4's counter
-processing element and Trident's WordCountDB (partition_persist + state_query).
+processing element, Trident's WordCountDB (partition_persist + state_query) and the dataflow
+graph (two sources merged, a count and a JoinBolt, Parquet and print sinks).
 
 Wiring only. Environment:
 
@@ -31,11 +32,17 @@ from pathlib import Path
 import dagster as dg
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
-from stream_ops.examples import counter_pe, uuid_join, wordcount, wordcount_db
+from stream_ops.examples import counter_pe, dataflow, uuid_join, wordcount, wordcount_db
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
 
 defs = build_definitions(
-    topologies=[wordcount.topology(), uuid_join.topology(), counter_pe.topology(), wordcount_db.topology()],
+    topologies=[
+        wordcount.topology(),
+        uuid_join.topology(),
+        counter_pe.topology(),
+        wordcount_db.topology(),
+        dataflow.topology(),
+    ],
     zookeeper=ZooKeeperResource(
         hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),
         chroot=os.environ.get("STREAM_OPS_CHROOT", DEFAULT_CHROOT),
