@@ -162,9 +162,10 @@ def test_a_sink_function_that_fails_is_called_again_with_the_same_txid_by_the_ne
     assert delivery.files(0) == [], "delivered batches are removed"
 
 
-def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_path, sink_package, monkeypatch):
+def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_path, sink_package, monkeypatch, caplog):
     ops, db, _ = sink_package
     topology, out = _topology(ops, tmp_path)
+    caplog.set_level("INFO", "stream_ops.print")
     with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
         topology_id = submit(admin, cluster, topology, workers=1)
         forget("sinkpkg")
@@ -194,6 +195,8 @@ def test_a_zombies_sink_output_is_never_visible(spark, zk_config, cluster, tmp_p
     assert _rows(db) == [(0, "live"), (0, "words")]
     assert _topic_words(out) == ["live", "words"]
     assert _parquet_words(spark, tmp_path) == (["live", "words"], ["live", "words"])
+    printed = [m for m in caplog.messages if m.startswith("log task")]
+    assert len(printed) == 2 and not any("zombie" in m for m in printed), printed
     staged = [p for p in (tmp_path / "words-out" / ".pending").rglob("*") if p.is_file()]
     assert all("-e000001" not in p.name for p in staged) or staged == [], staged
 
