@@ -136,3 +136,42 @@ def test_archive_modules_lists_top_level_modules():
     assert archive_modules(_zip([])) == ()
     with pytest.raises(TopologyLoadError, match="not a zip"):
         archive_modules(b"not a zip")
+
+
+MODULE_SOURCES = {
+    "fns": "def split(s):\n    return s.split()\n\n\ndef keep(t, records):\n    pass\n",
+    "pes": "from stream_ops.operators import ProcessingElement\n\n\nclass Echo(ProcessingElement):\n"
+    "    def on_event(self, event):\n        self.emit(word=event['word'])\n",
+    "states": "from stream_ops.operators.trident_state import State, StateFactory, StateUpdater\n\n\n"
+    "class S(State):\n    def begin_commit(self, txid): pass\n    def commit(self, txid): pass\n\n\n"
+    "class F(StateFactory):\n    def make_state(self, p, n):\n        return S()\n\n\n"
+    "class U(StateUpdater):\n    def update_state(self, state, tuples, collector): pass\n",
+    "sinks": "def write(txid, records):\n    pass\n",
+}
+
+
+def test_the_archive_ships_the_module_of_every_kind_of_reference(tmp_path: Path) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    root = tmp_path / "site-packages"
+    root.mkdir()
+    for name, text in MODULE_SOURCES.items():
+        (root / f"{name}_{suffix}.py").write_text(text)
+    sys.path.insert(0, str(root))
+    try:
+        importlib.invalidate_caches()
+        mods = {name: importlib.import_module(f"{name}_{suffix}") for name in MODULE_SOURCES}
+        topology = Topology("kinds")
+        words = topology.source("s", FileTopic(tmp_path / "in", 1), schema={"sentence": "string"}).each(
+            mods["fns"].split, out="word", fields=["sentence"]
+        )
+        words.process(mods["pes"].Echo, key="word", out={"word": "string"}).partition_persist(
+            mods["states"].F(), ["word"], mods["states"].U(), name="st"
+        )
+        words.sink(mods["sinks"].write)
+        plan = build_plan(topology)
+        members = _members(build_code_archive(plan))
+        assert {f"{name}_{suffix}.py" for name in MODULE_SOURCES} <= set(members)
+    finally:
+        sys.path.remove(str(root))
+        for name in MODULE_SOURCES:
+            sys.modules.pop(f"{name}_{suffix}", None)
