@@ -66,7 +66,7 @@ class BatchAggregateProcessor:
         if not values:
             return [], []
         try:
-            total = functools.reduce(self.aggregator.combine, values)
+            total = self.aggregator.apply(None, functools.reduce(self.aggregator.combine, values))
         except Exception as e:  # noqa: BLE001 - reported as a dead letter, the batch goes on
             return [], [{"record": {"partials": values}, "error": f"combine: {type(e).__name__}: {e}"}]
         return [{self.spec.value_field: total}], []

@@ -738,7 +738,7 @@ def _uncombinable(aggregator: Any, partial: Any) -> str | None:
     if partial is None:
         return "the partial aggregate is null (a null field reached the aggregator)"
     try:
-        aggregator.combine(aggregator.zero(), partial)
+        aggregator.apply(None, partial)
     except Exception as e:  # noqa: BLE001 - reported as a dead letter
         return f"the partial aggregate cannot be combined: {type(e).__name__}: {e}"
     return None
@@ -750,7 +750,7 @@ def _combiner(aggregator: Any, key: tuple[Any, ...], partial: Any, dead: list[di
 
     def combine(current: Any) -> Any:
         try:
-            return aggregator.combine(aggregator.zero() if current is None else current, partial)
+            return aggregator.apply(current, partial)
         except Exception as e:  # noqa: BLE001 - reported as a dead letter
             dead.append({"record": {"key": list(key), "partial": partial}, "error": f"combine: {type(e).__name__}: {e}"})
             return current

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.operators.aggregators import CombinerAggregator
+from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, ReducerCombiner, as_combiner
 from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
@@ -394,9 +394,9 @@ def _join_output_types(bolt: Any, streams: Mapping[str, Stream]) -> dict[str, st
     return types
 
 
-def _check_aggregator(aggregator: Any, what: str) -> None:
-    if not isinstance(aggregator, CombinerAggregator):
-        raise TopologyDefinitionError(f"{what}: {aggregator!r} is not an aggregator such as Count() or Sum(field)")
+def _state_type(aggregator: CombinerAggregator, value_type: str) -> str:
+    """The type of what an aggregate keeps (a reducer's state differs from its shuffled partials)."""
+    return aggregator.state_type() if isinstance(aggregator, ReducerCombiner) else value_type
 
 
 def _check_queues(n: Any, what: str) -> int:
@@ -676,7 +676,7 @@ class Stream:
         return self._extend(node, {**self._fields, **new})
 
     def persistent_aggregate(
-        self, aggregator: CombinerAggregator, *, out: str, state: Any, name: str | None = None
+        self, aggregator: CombinerAggregator | ReducerAggregator, *, out: str, state: Any, name: str | None = None
     ) -> StateHandle:
         """Aggregate the whole stream into one persistent value (Trident's ungrouped
         ``persistentAggregate``): one global key, kept by a stage of one task.
@@ -686,7 +686,7 @@ class Stream:
         """
         return GroupedStream(self, (), 1).persistent_aggregate(aggregator, out=out, state=state, name=name)
 
-    def aggregate(self, aggregator: CombinerAggregator, *, out: str, name: str | None = None) -> Stream:
+    def aggregate(self, aggregator: CombinerAggregator | ReducerAggregator, *, out: str, name: str | None = None) -> Stream:
         """Combine each batch into one record ``{out: value}`` (Trident's ``aggregate``).
 
         Records are partially aggregated where they are, then combined by a stage of one task,
@@ -694,21 +694,22 @@ class Stream:
         kept: use :meth:`persistent_aggregate` for a running total.
         """
         what = self._what("aggregate")
-        _check_aggregator(aggregator, what)
+        aggregator = as_combiner(aggregator, what)
         self._check_fields(aggregator.input_fields(), what)
         if not isinstance(out, str) or not out.isidentifier():
             raise TopologyDefinitionError(f"{what}: out={out!r} must be a field name")
         value_type = aggregator.value_type(self._types_of(aggregator.input_fields()))
+        out_fields = {out: _state_type(aggregator, value_type)}
         stage_name = _check_name("stage", name or f"{self._segment.name}-{out}")
         segment = self._topology._segment(
             name=stage_name,
             kind="aggregate",
             queues=1,
-            fields={out: value_type},
+            fields=out_fields,
             aggregate=AggregateNode(stage_name, (), aggregator, out, "", 1, value_type),
         )
         self._connect({"kind": "partials", "to_stage": segment.index, "queues": 1, "key_fields": ()}, what)
-        return Stream(self._topology, segment, {out: value_type})
+        return Stream(self._topology, segment, out_fields)
 
     # --- sinks: where records leave the topology, exactly once per txid -----------------------
 
@@ -846,7 +847,7 @@ class GroupedStream:
 
     def persistent_aggregate(
         self,
-        aggregator: CombinerAggregator,
+        aggregator: CombinerAggregator | ReducerAggregator,
         *,
         out: str,
         state: Any,
@@ -863,7 +864,7 @@ class GroupedStream:
         """
         stream = self._stream
         what = stream._what("persistent_aggregate")
-        _check_aggregator(aggregator, what)
+        aggregator = as_combiner(aggregator, what)
         stream._check_fields(aggregator.input_fields(), what)
         if not isinstance(out, str) or not out.isidentifier():
             raise TopologyDefinitionError(f"{what}: out={out!r} must be a field name")
@@ -888,7 +889,7 @@ class GroupedStream:
             name=state_name,
             kind="keyed",
             queues=self.queues,
-            fields={**{k: path_type(stream._fields, k, what) for k in self.keys}, out: value_type},
+            fields={**{k: path_type(stream._fields, k, what) for k in self.keys}, out: _state_type(aggregator, value_type)},
             aggregate=node,
         )
         stream._connect({"kind": "partials", "to_stage": segment.index, "queues": self.queues, "key_fields": self.keys}, what)
