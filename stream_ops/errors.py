@@ -193,3 +193,8 @@ class QueryTLSError(QueryError):
 class SourceError(StreamOpsError):
     """A source could not be read as its spec says (a queue it does not have, a spec of
     another kind, options that do not fit the kind)."""
+
+
+class LockTimeoutError(CoordinationError, TransientError):
+    """A ZooKeeper lock was not acquired within its timeout: another process holds it (or the
+    connection was lost meanwhile). Nothing was done under it; try again later."""

@@ -27,8 +27,11 @@ that time is spent. Writes are never retried after a connection loss or a timeou
 ZooKeeper may or may not apply them (a queued write may still be sent after a reconnect):
 the caller gets :class:`ZooKeeperUnavailableError` and decides (re-read, then write again).
 
-Watches and recipes (``DataWatch``, ``ChildrenWatch``, ``Lock``, ``Election``, ...) are used
-by runtime code directly on :attr:`ZkStore.client`; paths always come from
+Watches and recipes go through a store too: :mod:`~stream_ops.coordination.watches`
+(children and data watches), :mod:`~stream_ops.coordination.lock` (an exclusive lock with a
+timeout) and :mod:`~stream_ops.coordination.election` (leader election). Session listeners get a
+:class:`~stream_ops.coordination.session.ConnectionState`. No code outside this package touches
+kazoo or :attr:`ZkStore.client`; paths always come from
 :class:`~stream_ops.coordination.paths.ZkPaths`.
 
 Example:
@@ -75,6 +78,7 @@ from kazoo.security import ACL
 
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.acl import cluster_acl, cluster_roots, format_acl, same_acl, tree_not_owned
+from stream_ops.coordination.session import ConnectionState, SessionListener
 from stream_ops.errors import (
     ConcurrentUpdateError,
     CoordinationError,
@@ -85,7 +89,7 @@ from stream_ops.errors import (
     ZooKeeperUnavailableError,
 )
 
-__all__ = ["ZkStore", "ZnodeStat", "decode_json", "encode_json"]
+__all__ = ["KAZOO_ERRORS", "ZkStore", "ZnodeStat", "decode_json", "encode_json", "translate_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +105,9 @@ _UNAVAILABLE = (
 #: Errors after which a read may be retried (a closed client is final).
 _RETRYABLE_READ = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
 
-#: Everything kazoo raises (its timeout error is not a KazooException).
-_KAZOO_ERRORS = (KazooException, KazooTimeoutError)
+#: Everything kazoo raises (its timeout error is not a KazooException); for this package's
+#: recipes, which translate them with :func:`translate_error`.
+KAZOO_ERRORS = (KazooException, KazooTimeoutError)
 
 _MISSING: Any = object()
 
@@ -142,8 +147,11 @@ def decode_json(raw: bytes | None, path: str = "?") -> Any:
         ) from e
 
 
-def _translate(e: BaseException, action: str, path: str) -> StreamOpsError:
-    """Map a kazoo exception raised while doing ``action`` on ``path`` to a stream_ops error."""
+def translate_error(e: BaseException, action: str, path: str) -> StreamOpsError:
+    """Map a kazoo exception raised while doing ``action`` on ``path`` to a stream_ops error.
+
+    Raise the result ``from e``. Only this package's modules call it (nothing else sees kazoo).
+    """
     if isinstance(e, ConnectionClosedError | ZookeeperStoppedError):
         return ZooKeeperUnavailableError(f"cannot {action} {path}: this ZkStore is closed; connect a new one")
     if isinstance(e, KazooTimeoutError):
@@ -288,6 +296,8 @@ class ZkStore:
         self._sleep = sleep
         self._timeout = operation_timeout_s if operation_timeout_s is not None else config.session_timeout_s
         self._closed = False
+        # Listeners given to add_listener -> the kazoo listeners that translate the state for them.
+        self._listeners: dict[SessionListener, Callable[[KazooState], object]] = {}
         # Mirrors the session state (set while CONNECTED): calls wait on it instead of letting
         # kazoo queue requests that would be sent, possibly much later, after a reconnect.
         self._live = threading.Event()
@@ -357,8 +367,8 @@ class ZkStore:
             bootstrap = cls._start_client(config, config.hosts)
             try:
                 _prepare_chroot(bootstrap, config, verify_tree=verify_tree)
-            except _KAZOO_ERRORS as e:
-                raise _translate(e, "open or create the chroot", config.chroot) from e
+            except KAZOO_ERRORS as e:
+                raise translate_error(e, "open or create the chroot", config.chroot) from e
             finally:
                 bootstrap.stop()
                 bootstrap.close()
@@ -393,7 +403,7 @@ class ZkStore:
                 "Check that ZooKeeper is running (`stream-ops zookeeper start` runs a local one), "
                 "that the host:port list is right, and that this machine can reach it."
             ) from e
-        except _KAZOO_ERRORS as e:
+        except KAZOO_ERRORS as e:
             client.stop()
             client.close()
             raise CoordinationError(
@@ -404,7 +414,11 @@ class ZkStore:
 
     @property
     def client(self) -> KazooClient:
-        """The underlying kazoo client, for watches and recipes in runtime code."""
+        """The underlying kazoo client: only for this package's recipes (and tests).
+
+        Code outside :mod:`stream_ops.coordination` uses the store's methods and the
+        watch, lock and election modules instead.
+        """
         return self._client
 
     @property
@@ -417,16 +431,57 @@ class ZkStore:
         """Whether the session is currently connected (not suspended or lost)."""
         return bool(self._client.connected)
 
-    def add_listener(self, fn: Callable[[KazooState], Any]) -> None:
-        """Register a session-state listener (``CONNECTED`` / ``SUSPENDED`` / ``LOST``).
+    @property
+    def session_id(self) -> int | None:
+        """The id of the current ZooKeeper session, or ``None`` while not connected.
 
-        The listener runs on kazoo's event thread and must not block.
+        It is the ``ephemeralOwner`` of every ephemeral node this session creates (see
+        :meth:`owns_ephemeral`).
         """
-        self._client.add_listener(fn)
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
 
-    def remove_listener(self, fn: Callable[[KazooState], Any]) -> None:
-        """Unregister a listener added with :meth:`add_listener`."""
-        self._client.remove_listener(fn)
+    def owns_ephemeral(self, stat: ZnodeStat) -> bool:
+        """Whether ``stat`` is of an ephemeral node of this store's current session.
+
+        False while not connected (the session cannot be told then).
+        """
+        session = self.session_id
+        return session is not None and stat.ephemeralOwner == session
+
+    def add_listener(self, fn: SessionListener) -> None:
+        """Register a session-state listener; it gets a :class:`ConnectionState`.
+
+        The listener runs on the ZooKeeper client's event thread and must not block; returning
+        ``True`` unregisters it.
+        """
+
+        def translated(state: KazooState) -> object:
+            return fn(ConnectionState(state))
+
+        self._listeners[fn] = translated
+        self._client.add_listener(translated)
+
+    def remove_listener(self, fn: SessionListener) -> None:
+        """Unregister a listener added with :meth:`add_listener` (unknown ones are ignored)."""
+        translated = self._listeners.pop(fn, None)
+        if translated is not None:
+            self._client.remove_listener(translated)
+
+    def require_connection(self, action: str, path: str) -> None:
+        """Wait until the session is connected, at most the operation timeout.
+
+        For this package's recipes, before they start kazoo calls that would otherwise queue
+        until a reconnect.
+
+        Args:
+            action: What is about to be done, for the message (e.g. ``"watch"``).
+            path: The znode it is done on, for the message.
+
+        Raises:
+            ZooKeeperUnavailableError: Closed, or not connected in time (nothing was sent).
+        """
+        self._await_connection(action, path, self._timeout)
 
     def close(self) -> None:
         """End the session (ephemeral nodes vanish) and free the client. Idempotent."""
@@ -484,24 +539,24 @@ class ZkStore:
                 return self._wait(start(), max(remaining, 0.001))
             except NoNodeError as e:
                 if missing is _MISSING:
-                    raise _translate(e, action, path) from e
+                    raise translate_error(e, action, path) from e
                 return missing
             except _RETRYABLE_READ as e:
                 if self._closed or isinstance(e, ConnectionClosedError) or time.monotonic() + delay >= deadline:
-                    raise _translate(e, action, path) from e
+                    raise translate_error(e, action, path) from e
                 logger.debug("retrying %s %s after %s", action, path, type(e).__name__)
                 self._sleep(delay)
                 delay = min(delay * 2, 1.0)
-            except _KAZOO_ERRORS as e:
-                raise _translate(e, action, path) from e
+            except KAZOO_ERRORS as e:
+                raise translate_error(e, action, path) from e
 
     def _write(self, action: str, path: str, start: Callable[[], IAsyncResult]) -> Any:
         """Send a write once connected and wait for it; failures are translated, never retried."""
         self._await_connection(action, path, self._timeout)
         try:
             return self._wait(start())
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, action, path) from e
+        except KAZOO_ERRORS as e:
+            raise translate_error(e, action, path) from e
 
     # --- reads -----------------------------------------------------------------------
 
@@ -528,6 +583,31 @@ class ZkStore:
     def exists(self, path: str) -> bool:
         """Whether the znode exists."""
         return self._read("check", path, lambda: self._client.exists_async(path)) is not None
+
+    def stat(self, path: str) -> ZnodeStat | None:
+        """The znode's stat (version, ``ephemeralOwner``, ...), or ``None`` if it does not exist.
+
+        Raises:
+            ZooKeeperUnavailableError: No answer within the operation timeout.
+        """
+        stat: ZnodeStat | None = self._read("check", path, lambda: self._client.exists_async(path))
+        return stat
+
+    def get_bytes(self, path: str) -> tuple[bytes | None, ZnodeStat] | None:
+        """Read a znode's raw data, for nodes not written as JSON (e.g. election contenders).
+
+        Returns:
+            ``(data, stat)``, or ``None`` if the znode does not exist. ``data`` is ``None`` for a
+            node created with null data.
+
+        Raises:
+            ZooKeeperUnavailableError: No answer within the operation timeout.
+        """
+        found = self._read("read", path, lambda: self._client.get_async(path), missing=None)
+        if found is None:
+            return None
+        raw, stat = found
+        return raw, stat
 
     def children(self, path: str, *, watch: Callable[..., Any] | None = None) -> list[str]:
         """Names of the children of ``path``, sorted; empty if the znode is missing."""
@@ -672,8 +752,8 @@ class ZkStore:
                 return new
             except (BadVersionError, NodeExistsError, NoNodeError) as e:
                 logger.debug("update of %s lost a race (%s), attempt %d", path, type(e).__name__, attempt + 1)
-            except _KAZOO_ERRORS as e:
-                raise _translate(e, "update", path) from e
+            except KAZOO_ERRORS as e:
+                raise translate_error(e, "update", path) from e
         raise ConcurrentUpdateError(
             f"gave up updating {path} after {retries} attempts: other writers changed it every time. "
             "Retry later or reduce contention on this znode."
@@ -763,8 +843,8 @@ class ZkStore:
                 # A child appeared meanwhile: delete it too, then try again.
                 for child in self.children(path):
                     self.delete_recursive(f"{path}/{child}")
-            except _KAZOO_ERRORS as e:
-                raise _translate(e, "delete", path) from e
+            except KAZOO_ERRORS as e:
+                raise translate_error(e, "delete", path) from e
         raise ConcurrentUpdateError(f"could not delete {path}: children kept being added under it")
 
     # --- transactions ----------------------------------------------------------------
@@ -796,8 +876,8 @@ class ZkStore:
         self._await_connection("commit a transaction on", "ZooKeeper", self._timeout)
         try:
             results: list[Any] = self._wait(tx.commit_async())
-        except _KAZOO_ERRORS as e:
-            raise _translate(e, f"commit a transaction of {len(tx.operations)} operations on", "ZooKeeper") from e
+        except KAZOO_ERRORS as e:
+            raise translate_error(e, f"commit a transaction of {len(tx.operations)} operations on", "ZooKeeper") from e
         failures = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if not failures:
             return results

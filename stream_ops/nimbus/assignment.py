@@ -1,4 +1,8 @@
-"""Compute and store a topology's assignment from the live worker slots (Nimbus's job)."""
+"""Compute and store a topology's assignment from the live worker slots (Nimbus's job).
+
+The readers :func:`live_workers` and :func:`read_assignment` live in
+:mod:`stream_ops.coordination.cluster_state` (workers read them too) and are re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +10,16 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
-from kazoo.exceptions import BadVersionError
-
+from stream_ops.coordination.cluster_state import live_workers, read_assignment
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.records import AssignmentRecord, StormRecord, WorkerRecord
+from stream_ops.coordination.records import AssignmentRecord, StormRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import ConcurrentUpdateError, TopologyNotFoundError, ZnodeExistsError
 from stream_ops.scheduler import Slot, assign
 
+__all__ = ["live_workers", "read_assignment", "reassign"]
+
 logger = logging.getLogger(__name__)
-
-
-def live_workers(store: ZkStore) -> dict[str, WorkerRecord]:
-    """Worker id -> record for every registered (connected) worker."""
-    workers: dict[str, WorkerRecord] = {}
-    for worker_id in store.children(ZkPaths.WORKERS):
-        found = store.get_json(ZkPaths.worker(worker_id))
-        if found is not None:
-            workers[worker_id] = WorkerRecord.model_validate(found[0])
-    return workers
-
-
-def read_assignment(store: ZkStore, topology_id: str) -> tuple[AssignmentRecord, int] | None:
-    """The assignment and its epoch (znode version), or None if there is none."""
-    found = store.get_json(ZkPaths.assignment(topology_id))
-    if found is None:
-        return None
-    data, stat = found
-    return AssignmentRecord.model_validate(data), stat.version
 
 
 def reassign(
@@ -112,7 +98,7 @@ def reassign(
                 version = 0
             else:
                 version = store.set_json(ZkPaths.assignment(topology_id), record.to_json_obj(), version=current[1]).version
-        except (BadVersionError, ConcurrentUpdateError, ZnodeExistsError):
+        except (ConcurrentUpdateError, ZnodeExistsError):  # another writer won the compare-and-set or the create
             continue
         moved = sorted(t for t in tasks if previous.tasks.get(t) != tasks[t])
         logger.info("topology %s: assignment epoch %d, %d tasks placed, moved %s", topology_id, version, len(tasks), moved)

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from stream_ops.config import ClusterConfig
+from stream_ops.coordination.cluster_state import find_topology_id, read_storm
+from stream_ops.coordination.lock import hold_lock
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import CoordinationError
+from stream_ops.errors import CoordinationError, LockTimeoutError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.state.snapshot import CompactionResult, compact_queue
 from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topology.plan import Plan, StageSpec
@@ -41,14 +42,19 @@ class QueueCompaction:
 
 @contextmanager
 def compaction_lock(store: ZkStore, topology_id: str, task_id: int, *, timeout_s: float = 30.0) -> Iterator[None]:
-    """Hold the lock of one task's state-topic queue: one snapshot writer at a time."""
-    lock = store.client.Lock(ZkPaths.compaction_lock(topology_id, task_id))
-    if not lock.acquire(timeout=timeout_s):
-        raise CoordinationError(f"the state queue of task {topology_id}/{task_id} is being compacted by someone else; try again")
-    try:
+    """Hold the lock of one task's state-topic queue: one snapshot writer at a time.
+
+    Raises:
+        CoordinationError: The lock was not acquired within ``timeout_s``.
+    """
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(hold_lock(store, ZkPaths.compaction_lock(topology_id, task_id), timeout_s=timeout_s))
+        except LockTimeoutError as e:
+            raise CoordinationError(
+                f"the state queue of task {topology_id}/{task_id} is being compacted by someone else; try again"
+            ) from e
         yield
-    finally:
-        lock.release()
 
 
 def compact_queue_locked(

@@ -1,14 +1,15 @@
 """``stream-ops nimbus``: the heartbeat monitor loop under a leader election.
 
-Any number of nimbus processes may run; they contend through kazoo's ``Election`` recipe on
-``/nimbus/election`` (a sequential-ephemeral lock), and only the leader runs
+Any number of nimbus processes may run; they contend through a
+:class:`~stream_ops.coordination.election.LeaderElection` on ``/nimbus/election`` (a
+sequential-ephemeral lock), and only the leader runs
 :meth:`~stream_ops.nimbus.monitor.Monitor.tick`, so two monitors never reassign at once.
 
-State machine of one nimbus (the kazoo session listener only flips flags; the contender
+State machine of one nimbus (the session listener only flips flags; the contender
 thread acts on them):
 
-* CONTENDING: waiting in the election queue (kazoo's lock re-queues by itself after a lost
-  session).
+* CONTENDING: waiting in the election queue (the election's lock re-queues by itself after a
+  lost session).
 * LEADING: elected; a fresh :class:`~stream_ops.nimbus.monitor.Monitor` (so every task
   gets a launch grace from now) ticks every ``interval_s``. Before each tick the leader
   checks that its election node still exists and belongs to its session.
@@ -27,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -35,15 +37,13 @@ import time
 import uuid
 from collections.abc import Callable
 
-from kazoo.exceptions import KazooException, NoNodeError
-from kazoo.protocol.states import KazooState
-from kazoo.recipe.election import Election
-
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.acl import require_auth
+from stream_ops.coordination.election import LeaderElection, election_contenders
 from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.session import ConnectionState
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import StreamOpsError, TransientError
+from stream_ops.errors import CoordinationError, StreamOpsError, TransientError
 from stream_ops.nimbus.monitor import Monitor, MonitorAction
 
 __all__ = ["current_leader", "default_identifier", "run_nimbus"]
@@ -72,8 +72,8 @@ def current_leader(store: ZkStore) -> str | None:
         'host-a:4242:1f2e3d4c'
     """
     try:
-        contenders = Election(store.client, ZkPaths.NIMBUS_ELECTION).contenders()
-    except KazooException as e:
+        contenders = election_contenders(store, ZkPaths.NIMBUS_ELECTION)
+    except CoordinationError as e:
         raise StreamOpsError(f"cannot read the nimbus election at {ZkPaths.NIMBUS_ELECTION}: {e}") from e
     return contenders[0] if contenders else None
 
@@ -107,16 +107,16 @@ class _Nimbus:
         self._connected.set()
         self._lost_count = 0
         self._mu = threading.Lock()
-        self._election: Election | None = None
+        self._election: LeaderElection | None = None
 
-    # --- session listener (kazoo's thread: flags only) -------------------------------------
+    # --- session listener (the ZooKeeper client's thread: flags only) -----------------------
 
-    def on_state(self, state: KazooState) -> None:
-        if state == KazooState.CONNECTED:
+    def on_state(self, state: ConnectionState) -> None:
+        if state == ConnectionState.CONNECTED:
             self._connected.set()
-        elif state == KazooState.SUSPENDED:
+        elif state == ConnectionState.SUSPENDED:
             self._connected.clear()
-        elif state == KazooState.LOST:
+        elif state == ConnectionState.LOST:
             self._connected.clear()
             self._lost_count += 1
 
@@ -134,14 +134,14 @@ class _Nimbus:
             if not self._connected.is_set():
                 self.stop.wait(_PAUSE_POLL_S)
                 continue
-            election = Election(self.store.client, ZkPaths.NIMBUS_ELECTION, self.identifier)
+            election = LeaderElection(self.store, ZkPaths.NIMBUS_ELECTION, self.identifier)
             with self._mu:
                 if self.stop.is_set():
                     break
                 self._election = election
             try:
-                election.run(self._lead, election)
-            except (KazooException, StreamOpsError) as e:
+                election.run(functools.partial(self._lead, election))
+            except StreamOpsError as e:
                 if not self.stop.is_set():
                     logger.warning(
                         "nimbus %s: election round failed (%s: %s); contending again", self.identifier, type(e).__name__, e
@@ -154,38 +154,26 @@ class _Nimbus:
                     self._election = None
             self.stop.wait(_RETRY_BACKOFF_S)
 
-    def _node_path(self, election: Election) -> str | None:
-        node = election.lock.node
-        return None if node is None else f"{ZkPaths.NIMBUS_ELECTION}/{node}"
-
-    def _release(self, election: Election) -> None:
+    def _release(self, election: LeaderElection) -> None:
         """Make sure a round leaves no election node of ours behind (it would block us)."""
-        if not election.lock.is_acquired or self.stop.is_set():
+        if not election.is_leader or self.stop.is_set():
             return  # released normally, or the session is about to close anyway
-        path = self._node_path(election)
         deadline = time.monotonic() + self.store.config.session_timeout_s
-        while path is not None and time.monotonic() < deadline and not self.stop.is_set():
+        while time.monotonic() < deadline and not self.stop.is_set():
             try:
-                self.store.client.delete(path)
+                election.withdraw()
                 return
-            except NoNodeError:
-                return
-            except KazooException:
+            except CoordinationError:
                 self.stop.wait(_PAUSE_POLL_S)
 
-    def _holds(self, election: Election) -> bool | None:
+    def _holds(self, election: LeaderElection) -> bool | None:
         """Whether our election node still exists in our session (None: cannot tell now)."""
-        path = self._node_path(election)
-        if path is None:
-            return False
         try:
-            stat = self.store.client.exists(path)
-        except KazooException:
+            return election.holds()
+        except CoordinationError:
             return None
-        session = self.store.client.client_id
-        return stat is not None and session is not None and stat.ephemeralOwner == session[0]
 
-    def _lead(self, election: Election) -> None:
+    def _lead(self, election: LeaderElection) -> None:
         lost_at_start = self._lost_count
         if self.stop.is_set():
             return

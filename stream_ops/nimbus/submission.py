@@ -1,4 +1,9 @@
-"""Submit, find, activate, deactivate and kill topologies (Storm's Nimbus verbs)."""
+"""Submit, find, activate, deactivate and kill topologies (Storm's Nimbus verbs).
+
+The readers :func:`list_topologies`, :func:`find_topology_id` and :func:`read_storm` live in
+:mod:`stream_ops.coordination.cluster_state` (workers and query clients read them too) and are
+re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from stream_ops.config import ClusterConfig
+from stream_ops.coordination.cluster_state import find_topology_id, list_topologies, read_storm
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, TaskRecord, TopologyStatusName, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
-from stream_ops.errors import SubmissionError, TopologyNotFoundError
+from stream_ops.errors import SubmissionError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.nimbus.code_archive import build_code_archive
 from stream_ops.nimbus.dist_store import write_submission
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.plan import Plan, build_plan
+
+__all__ = [
+    "activate",
+    "deactivate",
+    "find_topology_id",
+    "kill",
+    "list_topologies",
+    "read_storm",
+    "set_status",
+    "submit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,33 +118,6 @@ def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: Sto
         tx.create(ZkPaths.transactional_task(topology_id, task.task_id), encode_json(TransactionalRecord().to_json_obj()))
     tx.create(ZkPaths.storm(topology_id), encode_json(storm.to_json_obj()))
     store.commit_transaction(tx)
-
-
-def list_topologies(store: ZkStore) -> list[StormRecord]:
-    """Every submitted topology that has not been removed, oldest first."""
-    records = []
-    for topology_id in store.children(ZkPaths.STORMS):
-        found = store.get_json(ZkPaths.storm(topology_id))
-        if found is not None:
-            records.append(StormRecord.model_validate(found[0]))
-    return sorted(records, key=lambda r: r.submitted_at)
-
-
-def find_topology_id(store: ZkStore, name_or_id: str, *, missing_ok: bool = False) -> str | None:
-    """Resolve a topology name (or id) to the id of its live submission."""
-    for record in list_topologies(store):
-        if record.status != "KILLED" and name_or_id in (record.name, record.topology_id):
-            return record.topology_id
-    if missing_ok:
-        return None
-    raise TopologyNotFoundError(f"no running topology named {name_or_id!r}; see 'stream-ops list'")
-
-
-def read_storm(store: ZkStore, topology_id: str) -> StormRecord:
-    found = store.get_json(ZkPaths.storm(topology_id))
-    if found is None:
-        raise TopologyNotFoundError(f"topology {topology_id!r} does not exist")
-    return StormRecord.model_validate(found[0])
 
 
 def set_status(store: ZkStore, name_or_id: str, status: TopologyStatusName) -> str:

@@ -67,8 +67,7 @@ def acquire(
     record = TransactionalRecord.model_validate(data)
     owner = store.get_json(owner_path)
     if owner is not None:
-        session = store.client.client_id
-        if owner[0].get("worker_id") == worker_id and session is not None and owner[1].ephemeralOwner == session[0]:
+        if owner[0].get("worker_id") == worker_id and store.owns_ephemeral(owner[1]):
             # Our own session holds it but no runner does (a start that raced a reconnect):
             # give it back and take the task under a new epoch.
             logger.warning("worker %s: dropping its own stale owner node of task %s/%d", worker_id, topology_id, task_id)

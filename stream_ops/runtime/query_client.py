@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.config import QueryConfig, ZooKeeperConfig, query_token
+from stream_ops.coordination.cluster_state import find_topology_id, read_assignment, read_storm
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.hashing import encode_key, partition_for
-from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)

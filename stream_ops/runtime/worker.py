@@ -1,6 +1,6 @@
 """A worker: one slot (``host:port``), one SparkSession, the tasks assigned to it.
 
-State machine of the worker's ZooKeeper session (kazoo listener):
+State machine of the worker's ZooKeeper session (its session listener):
 
 * CONNECTED: register ``/workers/{id}``, reconcile tasks with the assignment.
 * SUSPENDED: keep queries running but let no batch commit (commits wait for CONNECTED).
@@ -27,15 +27,17 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
-from kazoo.protocol.states import KazooState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.acl import require_auth
+from stream_ops.coordination.cluster_state import read_assignment
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
-from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.session import ConnectionState
+from stream_ops.coordination.store import ZkStore, ZnodeStat
+from stream_ops.coordination.watches import watch_children, watch_data
 from stream_ops.durable_files import apply_umask
 from stream_ops.errors import (
     CoordinationError,
@@ -48,7 +50,6 @@ from stream_ops.errors import (
     ZooKeeperUnavailableError,
 )
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.process_limits import raise_open_files_limit
 from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
@@ -164,14 +165,14 @@ class Worker:
 
     # --- session state machine ---------------------------------------------------------------
 
-    def _on_state(self, state: str) -> None:
-        # kazoo calls this on its own thread: only flip flags here.
-        if state == KazooState.CONNECTED:
+    def _on_state(self, state: ConnectionState) -> None:
+        # Called on the ZooKeeper client's thread: only flip flags here.
+        if state == ConnectionState.CONNECTED:
             self._connected.set()
-        elif state == KazooState.SUSPENDED:
+        elif state == ConnectionState.SUSPENDED:
             self._connected.clear()
             logger.warning("worker %s: ZooKeeper SUSPENDED, commits paused", self.worker_id)
-        elif state == KazooState.LOST:
+        elif state == ConnectionState.LOST:
             self._connected.clear()
             self._lost.set()
             logger.error("worker %s: ZooKeeper session LOST, stopping all tasks", self.worker_id)
@@ -194,7 +195,7 @@ class Worker:
             self._server = self._query_server()
             self._server.start()
             self._register(stop)
-            self.store.client.ChildrenWatch(ZkPaths.ASSIGNMENTS, self._on_assignments)
+            watch_children(self.store, ZkPaths.ASSIGNMENTS, self._on_assignments)
             # Heartbeats run on their own thread: starting a task can take long (rebuilding a
             # large state), and the tasks already running must keep beating meanwhile.
             beats = threading.Thread(target=self._heartbeat_loop, args=(stop,), name="stream-ops-heartbeat", daemon=True)
@@ -271,28 +272,28 @@ class Worker:
                 stop.wait(0.25)
 
     def _handle_lost(self, stop: threading.Event) -> None:
-        # The old session's /owners nodes are gone already. A task started after kazoo
+        # The old session's /owners nodes are gone already. A task started after the client
         # reconnected (before this loop saw LOST) holds its node in the *new* session, so
         # release still runs: it deletes only a node that names this worker and epoch.
         for key in list(self._runners):
             self._stop_runner(key)
-        if self.store is None or not self.store.client.connected:
+        if self.store is None or not self.store.connected:
             return
         self._lost.clear()
         self._connected.set()
         self._watched.clear()
         self._register(stop)
-        self.store.client.ChildrenWatch(ZkPaths.ASSIGNMENTS, self._on_assignments)
+        watch_children(self.store, ZkPaths.ASSIGNMENTS, self._on_assignments)
 
     def _on_assignments(self, children: list[str]) -> None:
         assert self.store is not None
         for topology_id in children:
             if topology_id not in self._watched:
                 self._watched.add(topology_id)
-                self.store.client.DataWatch(ZkPaths.assignment(topology_id), self._on_assignment_data)
+                watch_data(self.store, ZkPaths.assignment(topology_id), self._on_assignment_data)
         self._changed.set()
 
-    def _on_assignment_data(self, data: Any, stat: Any) -> bool | None:
+    def _on_assignment_data(self, data: bytes | None, stat: ZnodeStat | None) -> bool | None:
         self._changed.set()
         return None if data is not None else False
 

@@ -10,6 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from stream_ops.config import ZooKeeperConfig
+from stream_ops.coordination.election import election_contenders
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.nimbus import leader as leader_module
@@ -94,7 +95,7 @@ def test_only_the_leader_acts_and_the_follower_takes_over_when_it_stops(
     poll(lambda: nimbuses.leaders())
     first = nimbuses.leaders()[0]
     other = "nimbus-b" if first == "nimbus-a" else "nimbus-a"
-    poll(lambda: len(leader_module.Election(zk_store.client, ZkPaths.NIMBUS_ELECTION).contenders()) == 2)
+    poll(lambda: len(election_contenders(zk_store, ZkPaths.NIMBUS_ELECTION)) == 2)
     assert current_leader(zk_store) == first
 
     lost = w1.assigned(topology_id)
@@ -140,8 +141,7 @@ def test_a_leader_whose_session_is_lost_steps_down_and_contends_again(
     nimbuses.start("nimbus-a")
     poll(lambda: nimbuses.leaders() == ["nimbus-a"])
     nimbuses.start("nimbus-b")
-    election = leader_module.Election(zk_store.client, ZkPaths.NIMBUS_ELECTION)
-    poll(lambda: election.contenders() == ["nimbus-a", "nimbus-b"])
+    poll(lambda: election_contenders(zk_store, ZkPaths.NIMBUS_ELECTION) == ["nimbus-a", "nimbus-b"])
 
     # Expire nimbus-a's session the way kazoo's test harness does: a second client joins the
     # session and closes it.
@@ -155,7 +155,7 @@ def test_a_leader_whose_session_is_lost_steps_down_and_contends_again(
     poll(lambda: ("nimbus-a", False) in nimbuses.leadership)
     poll(lambda: nimbuses.leaders() == ["nimbus-a", "nimbus-b"])
     # nimbus-a is back in the queue with its new session, behind nimbus-b.
-    poll(lambda: election.contenders() == ["nimbus-b", "nimbus-a"])
+    poll(lambda: election_contenders(zk_store, ZkPaths.NIMBUS_ELECTION) == ["nimbus-b", "nimbus-a"])
     assert current_leader(zk_store) == "nimbus-b"
 
 
@@ -163,11 +163,10 @@ def test_run_nimbus_returns_promptly_while_contending(zk_store: ZkStore, nimbuse
     nimbuses.start("nimbus-a")
     poll(lambda: nimbuses.leaders() == ["nimbus-a"])
     nimbuses.start("nimbus-b")
-    election = leader_module.Election(zk_store.client, ZkPaths.NIMBUS_ELECTION)
-    poll(lambda: len(election.contenders()) == 2)
+    poll(lambda: len(election_contenders(zk_store, ZkPaths.NIMBUS_ELECTION)) == 2)
     nimbuses.stop("nimbus-b", timeout_s=3.0)  # a follower blocked in the election
     nimbuses.stop("nimbus-a", timeout_s=3.0)  # the leader
-    poll(lambda: election.contenders() == [])
+    poll(lambda: election_contenders(zk_store, ZkPaths.NIMBUS_ELECTION) == [])
     assert current_leader(zk_store) is None
     assert ("nimbus-a", False) in nimbuses.leadership
 

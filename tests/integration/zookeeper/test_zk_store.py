@@ -7,11 +7,11 @@ import time
 import uuid
 
 import pytest
-from kazoo.client import KazooState
 
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination import ZkPaths, ZkStore, encode_json
 from stream_ops.coordination.embedded import EmbeddedZooKeeper, free_port
+from stream_ops.coordination.session import ConnectionState
 from stream_ops.errors import (
     ConcurrentUpdateError,
     CoordinationError,
@@ -257,11 +257,12 @@ def test_chroot_is_created(zookeeper: EmbeddedZooKeeper, zk_config: ZooKeeperCon
 
 def test_listener_sees_session_end(zk_config: ZooKeeperConfig) -> None:
     store = ZkStore.connect(zk_config)
-    states: list[KazooState] = []
+    states: list[ConnectionState] = []
     store.add_listener(states.append)
     assert store.connected
     store.close()
-    _wait_for(lambda: KazooState.LOST in states, timeout_s=2)
+    _wait_for(lambda: ConnectionState.LOST in states, timeout_s=2)
+    assert all(isinstance(state, ConnectionState) for state in states)
 
 
 def test_unavailable_hosts_fail_fast() -> None:
