@@ -89,5 +89,5 @@ def test_a_plan_keeps_user_aggregators_and_the_reducers_state_type(tmp_path):
     plan = build_plan(t)
     longest, distinct = plan.stage(1), plan.stage(2)
     assert longest.state.aggregator["kind"] == "user" and longest.fields["longest"] == "long"
-    assert distinct.state.aggregator["kind"] == "reducer"
+    assert distinct.state.aggregator["kind"] == "user"  # a reference like any user code: shipped and bound
     assert distinct.input_fields == {"key": "string", "value": "string"} and distinct.fields == {"seen": "string"}
