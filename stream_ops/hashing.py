@@ -2,6 +2,10 @@
 
 Python's built-in ``hash`` is salted per process, so it cannot route a key to the same queue
 from two workers. Keys are encoded as canonical JSON and hashed with CRC-32.
+
+Keys are JSON values: a float with an integral value is the integer (``1.0`` is the key
+``1``, so it meets ``1`` in one task and one state entry), while ``true`` stays a boolean and
+is not ``1`` (Python's ``True == 1`` does not carry over).
 """
 
 from __future__ import annotations
@@ -14,9 +18,25 @@ from typing import Any
 _KEY_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+_EXACT_INTS = 2.0**53
+"""Beyond this a float no longer stands for one integer, so it stays a float."""
+
+
+def normalise_key_value(value: Any) -> Any:
+    """``value`` as the key it stands for: integral floats (below 2**53) become ints, inside
+    lists and mappings too; everything else is unchanged."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT_INTS:
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [normalise_key_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normalise_key_value(v) for k, v in value.items()}
+    return value
+
+
 def encode_key(key: Sequence[Any]) -> str:
     """Canonical JSON text of a key tuple (the group-by field values, in order)."""
-    return _KEY_ENCODER.encode(list(key))
+    return _KEY_ENCODER.encode([normalise_key_value(v) for v in key])
 
 
 def stable_hash(key: Sequence[Any]) -> int:

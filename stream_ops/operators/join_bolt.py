@@ -3,9 +3,12 @@
 A :class:`JoinBolt` is built like Storm's (``org.apache.storm.bolt.JoinBolt``): the first stream
 and its join field, then one ``join`` / ``left_join`` per further stream, naming the stream it
 joins against (the *prior* stream, which must already be part of the join), then ``select``
-to choose the output fields, and a tumbling window. :meth:`JoinBolt.execute` joins the records
-of one complete window. :class:`TumblingWindow` cuts a record stream into such windows and can
-be checkpointed with the task. Nothing here reads a clock: the caller passes ``now``.
+to choose the output fields, and a window (Storm's ``withWindow`` / ``withTumblingWindow``,
+on the window model of :mod:`stream_ops.operators.windows`: count or time, tumbling or
+sliding, processing or event time with a lag and a late tuple stream).
+:meth:`JoinBolt.execute` joins the records of one complete window;
+:class:`~stream_ops.operators.window_buffer.WindowBuffer` cuts a record stream into such
+windows and is checkpointed with the task. Nothing here reads a clock.
 
 Join rules (Storm's, plus right and full outer joins):
 
@@ -16,14 +19,16 @@ Join rules (Storm's, plus right and full outer joins):
   ``inner join s3 on s3.k3 = s2.k2``.
 * ``join``: inner join, rows without a match are dropped.
 * ``left_join``: every row built so far is kept; a row without a match gets nulls for the
-  new stream. **Difference from Storm**: Storm drops a row whose prior join key is missing
-  (null) even in a left join; here it is kept with nulls, as in SQL.
+  new stream. A row whose prior join key is missing (null) is kept with nulls too, as in SQL;
+  Storm drops it, and ``JoinBolt(..., storm_compat=True)`` does the same.
 * ``right_join`` (not in Storm): matched rows, plus every record of the new stream that
   matched no row, with nulls for all earlier streams.
 * ``outer_join`` (not in Storm): left and right together (SQL ``full outer join``).
 * A missing or null join key never equals anything (SQL null semantics), on either side.
-* Join keys compare with Python equality (``1 == 1.0``, but ``"1" != 1``); list and mapping
-  keys are compared by content.
+* Join keys compare as JSON values, the way the shuffle routes them
+  (:func:`stream_ops.hashing.encode_key`): ``1`` and ``1.0`` are the same key and meet in one
+  task, ``true`` is not ``1`` (as in Storm's Java ``equals``), ``"1"`` is not ``1``; list and
+  mapping keys are compared by content.
 
 Output order is deterministic: rows follow the probe (first stream) records in window order,
 and for each row the matching records of each joined stream in window order; records of a
@@ -34,9 +39,9 @@ Projection (``select``): ``"a, s2:b, outer.inner"``. A name with a ``stream:`` p
 only from that stream's record; a name without one from the first record, in stream
 declaration order, whose value is present and not null (Storm's rule). Dotted names walk
 nested mappings. A field that is missing anywhere gives ``None``. Output field names are the
-selected names without the stream prefix (Storm keeps ``stream:name``), so two selectors that
-differ only by prefix are rejected unless one is renamed with ``as`` (not in Storm):
-``"a:v, b:v as b_v"``.
+selected names as written, ``stream:`` prefix included (Storm's ``FieldSelector.outputName``):
+``select("users:city, stores:city")`` emits ``users:city`` and ``stores:city``. ``as`` (not in
+Storm) renames: ``"users:city as user_city"``.
 
 Example:
     >>> bolt = (
@@ -46,7 +51,7 @@ Example:
     ...     .with_tumbling_window(count=10)
     ... )
     >>> bolt.output_fields
-    ('uuid', 'word', 'timestamp')
+    ('uuid', 'word', 'spout2:timestamp')
     >>> bolt.execute([
     ...     ("spout1", {"uuid": "u1", "word": "hello", "timestamp": 1}),
     ...     ("spout2", {"uuid": "u1", "timestamp": 7}),
@@ -56,23 +61,21 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.errors import TopologyDefinitionError
+from stream_ops.hashing import normalise_key_value
+from stream_ops.operators.window_buffer import WindowBuffer, WindowItem
+from stream_ops.operators.windows import Duration, Records, Sliding, Tumbling, WindowDef, as_length
 from stream_ops.topology.field_paths import lookup
 
 JoinType = Literal["inner", "left", "right", "outer"]
 JOIN_TYPES: tuple[str, ...] = ("inner", "left", "right", "outer")
 DEFAULT_OUTPUT_STREAM = "default"
 """Storm emits on the ``default`` stream unless ``withOutputStream`` names another."""
-
-WindowItem = tuple[str, Mapping[str, Any]]
-"""One record of a window: ``(stream name, record)``."""
-
 
 # --- field selectors -------------------------------------------------------------------
 
@@ -93,8 +96,11 @@ class FieldSelector:
 
     @property
     def name(self) -> str:
-        """Output field name: the alias, else the dotted path without the stream prefix."""
-        return self.alias if self.alias is not None else ".".join(self.path)
+        """Output field name: the alias, else the selector as written (``stream:x.y``), as Storm names it."""
+        if self.alias is not None:
+            return self.alias
+        path = ".".join(self.path)
+        return f"{self.stream}:{path}" if self.stream is not None else path
 
     def __str__(self) -> str:
         text = ".".join(self.path)
@@ -135,7 +141,12 @@ class FieldSelector:
 
 
 def _hashable(value: Any) -> Any:
-    """A hashable stand-in for a join key (lists and mappings compare by content)."""
+    """A hashable stand-in for a join key: JSON equality (``1 == 1.0``, ``True != 1``), lists
+    and mappings by content."""
+    if isinstance(value, bool):
+        return ("__bool__", value)
+    if isinstance(value, float):
+        return normalise_key_value(value)
     if isinstance(value, Mapping):
         return ("__mapping__", tuple(sorted(((str(k), _hashable(v)) for k, v in value.items()))))
     if isinstance(value, (list, tuple)):
@@ -143,150 +154,6 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return ("__set__", frozenset(_hashable(v) for v in value))
     return value
-
-
-# --- windows ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """A tumbling window's size: exactly one of ``count`` (records) or ``seconds``.
-
-    Raises:
-        TopologyDefinitionError: neither or both given, or a size that is not positive.
-    """
-
-    count: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.count is None) == (self.seconds is None):
-            raise TopologyDefinitionError("a tumbling window needs exactly one of count= (records) or seconds= (processing time)")
-        if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int) or self.count <= 0):
-            raise TopologyDefinitionError(f"window count must be a positive integer, got {self.count!r}")
-        if self.seconds is not None and (
-            isinstance(self.seconds, bool)
-            or not isinstance(self.seconds, (int, float))
-            or not math.isfinite(self.seconds)
-            or self.seconds <= 0
-        ):
-            raise TopologyDefinitionError(f"window seconds must be a positive number, got {self.seconds!r}")
-
-    def to_spec(self) -> dict[str, Any]:
-        """``{"count": n}`` or ``{"seconds": s}``."""
-        return {"count": self.count} if self.count is not None else {"seconds": self.seconds}
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> WindowSpec:
-        """Inverse of :meth:`to_spec`."""
-        return cls(count=spec.get("count"), seconds=spec.get("seconds"))
-
-
-class TumblingWindow:
-    """Cuts ``(stream, record)`` pairs into tumbling windows; pure and checkpointable.
-
-    * Count windows close as soon as they hold ``count`` records (all streams together).
-    * Time windows are aligned to multiples of ``seconds`` of the processing time ``now``
-      (``[k*s, (k+1)*s)``); a window closes when ``now`` reaches its end, checked on
-      :meth:`add` and :meth:`flush`. A window with no records is never returned. Processing
-      time is expected not to go back; a ``now`` before the open window's start is counted in
-      the open window.
-
-    Example:
-        >>> window = TumblingWindow(seconds=10)
-        >>> window.add("orders", {"id": 1}, now=3.0)
-        []
-        >>> window.flush(now=10.0)
-        [[('orders', {'id': 1})]]
-    """
-
-    def __init__(self, count: int | None = None, seconds: float | None = None) -> None:
-        self._spec = WindowSpec(count=count, seconds=seconds)
-        self._records: list[WindowItem] = []
-        self._start: float | None = None
-
-    @property
-    def spec(self) -> WindowSpec:
-        """The window's size."""
-        return self._spec
-
-    @property
-    def pending(self) -> int:
-        """Records buffered in the open window."""
-        return len(self._records)
-
-    def add(self, stream: str, record: Mapping[str, Any], now: float) -> list[list[WindowItem]]:
-        """Buffer one record seen at ``now``; returns the windows this completes (oldest first)."""
-        closed = self.flush(now)
-        if self._spec.seconds is not None and not self._records:
-            self._start = math.floor(now / self._spec.seconds) * self._spec.seconds
-        self._records.append((stream, record))
-        if self._spec.count is not None and len(self._records) >= self._spec.count:
-            closed.append(self._take())
-        return closed
-
-    def flush(self, now: float, *, force: bool = False) -> list[list[WindowItem]]:
-        """Windows complete at ``now`` (a time window whose end has passed).
-
-        Args:
-            now: current processing time in seconds.
-            force: also return the open, incomplete window (count or time), e.g. on shutdown.
-        """
-        if not self._records:
-            return []
-        if force:
-            return [self._take()]
-        if self._spec.seconds is not None and self._start is not None and now >= self._start + self._spec.seconds:
-            return [self._take()]
-        return []
-
-    def _take(self) -> list[WindowItem]:
-        records, self._records, self._start = self._records, [], None
-        return records
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able snapshot of the buffer, to store with the task's state.
-
-        Raises:
-            StateError: a buffered record is not JSON-able.
-        """
-        snapshot = {
-            **self._spec.to_spec(),
-            "start": self._start,
-            "records": [[stream, dict(record)] for stream, record in self._records],
-        }
-        try:
-            return json.loads(json.dumps(snapshot, allow_nan=False))
-        except (TypeError, ValueError) as e:
-            raise StateError(f"tumbling window buffer is not JSON-able, so it cannot be checkpointed: {e}") from e
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Replace the buffer with one returned by :meth:`state`.
-
-        Raises:
-            StateError: the snapshot was taken with another window size, or is malformed.
-        """
-        try:
-            taken = WindowSpec.from_spec(state)
-            records: list[WindowItem] = [(str(stream), dict(record)) for stream, record in state["records"]]
-            start = state.get("start")
-        except (KeyError, TypeError, ValueError, TopologyDefinitionError) as e:
-            raise StateError(f"not a tumbling window snapshot: {e}") from e
-        if taken != self._spec:
-            raise StateError(
-                f"window snapshot was taken with {taken.to_spec()}, this window is {self._spec.to_spec()}; "
-                "restore it into a window of the same size (or drop the snapshot)"
-            )
-        self._records = records
-        self._start = None if start is None else float(start)
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> TumblingWindow:
-        """A window of the snapshot's size holding the snapshot's records."""
-        spec = WindowSpec.from_spec(state)
-        window = cls(count=spec.count, seconds=spec.seconds)
-        window.restore(state)
-        return window
 
 
 # --- the join --------------------------------------------------------------------------
@@ -329,6 +196,8 @@ class JoinBolt:
     Args:
         source: The first stream (the probe side; SQL ``from source``).
         field: Its join field (dotted for nested keys).
+        null_keys: ``"keep"`` (default): a left/outer join keeps a row whose prior join key is
+            null, with nulls for the new stream, as SQL does; ``"drop"``: drop it, as Storm does.
 
     Example:
         >>> bolt = (
@@ -340,10 +209,19 @@ class JoinBolt:
         ... )
     """
 
-    def __init__(self, source: str, field: str) -> None:
+    def __init__(self, source: str, field: str, *, null_keys: Literal["keep", "drop"] = "keep") -> None:
+        if null_keys not in ("keep", "drop"):
+            raise TopologyDefinitionError(f"JoinBolt null_keys must be 'keep' (SQL) or 'drop' (Storm), got {null_keys!r}")
         self._clauses: list[JoinClause] = [JoinClause(_stream_name(source), _join_field(source, field))]
         self._selectors: tuple[FieldSelector, ...] | None = None
-        self._window: WindowSpec | None = None
+        self._null_keys = null_keys
+        self._length: Duration | Records | None = None
+        self._slide: Duration | Records | None = None
+        self._timestamp_field: str | None = None
+        self._timestamp_unit = "s"
+        self._lag: float = 0.0
+        self._watermark_interval: float | None = None
+        self._late_stream: str | None = None
         self._output_stream: str = DEFAULT_OUTPUT_STREAM
 
     # --- building ----------------------------------------------------------------------
@@ -401,16 +279,62 @@ class JoinBolt:
             if selector.name in seen:
                 raise TopologyDefinitionError(
                     f"{what}: {str(seen[selector.name])!r} and {str(selector)!r} both give output field "
-                    f"{selector.name!r}; output names drop the stream prefix, so rename one with "
-                    f"'{selector} as other_name'"
+                    f"{selector.name!r}; rename one with '{selector} as other_name'"
                 )
             seen[selector.name] = selector
         self._selectors = selectors
         return self
 
-    def with_tumbling_window(self, *, count: int | None = None, seconds: float | None = None) -> JoinBolt:
-        """Join each tumbling window of ``count`` records or ``seconds`` of processing time."""
-        self._window = WindowSpec(count=count, seconds=seconds)
+    def with_window(self, length: Any, slide: Any = None) -> JoinBolt:
+        """Join each window of ``length`` every ``slide`` (Storm's ``withWindow``): both a
+        :class:`~stream_ops.operators.windows.Duration` (or seconds) or both
+        :class:`~stream_ops.operators.windows.Records`; without ``slide``, a tumbling window."""
+        length = as_length(length, "JoinBolt.with_window(length)")
+        slide = length if slide is None else as_length(slide, "JoinBolt.with_window(slide)")
+        Sliding(length, slide)  # checks the pair
+        self._length, self._slide = length, slide
+        return self
+
+    def with_tumbling_window(self, length: Any = None, *, count: int | None = None, seconds: float | None = None) -> JoinBolt:
+        """Join each tumbling window (Storm's ``withTumblingWindow``) of ``length`` (a
+        ``Duration``, seconds or ``Records``), or of ``count`` records or ``seconds``."""
+        given = [v for v in (length, count, seconds) if v is not None]
+        if len(given) != 1:
+            raise TopologyDefinitionError("a tumbling window needs exactly one of length, count= (records) or seconds= (time)")
+        if count is not None:
+            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+                raise TopologyDefinitionError(f"window count must be a positive integer, got {count!r}")
+            return self.with_window(Records(count))
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0
+        ):
+            raise TopologyDefinitionError(f"window seconds must be a positive number, got {seconds!r}")
+        return self.with_window(Tumbling(given[0]).length)
+
+    def with_timestamp_field(self, field: str, *, unit: Literal["s", "ms"] = "s") -> JoinBolt:
+        """Use event time read from ``field`` of every joined stream (Storm's
+        ``withTimestampField``), in seconds or milliseconds since the epoch; windows close on
+        the watermark."""
+        self._timestamp_field = FieldSelector.parse(field, what="JoinBolt.with_timestamp_field()").name
+        self._timestamp_unit = unit
+        return self
+
+    def with_lag(self, lag: Any) -> JoinBolt:
+        """How far the watermark stays behind the largest event time seen (Storm's ``withLag``):
+        a ``Duration``, seconds or 0."""
+        self._lag = 0.0 if lag == 0 and not isinstance(lag, bool) else _seconds(lag, "JoinBolt.with_lag()")
+        return self
+
+    def with_watermark_interval(self, interval: Any) -> JoinBolt:
+        """How often the watermark is advanced and windows are evaluated when no data arrives
+        (Storm's ``withWatermarkInterval``; the task's tick interval and the watermark's idle timeout)."""
+        self._watermark_interval = _seconds(interval, "JoinBolt.with_watermark_interval()")
+        return self
+
+    def with_late_tuple_stream(self, name: str) -> JoinBolt:
+        """Send records that arrive after the watermark passed them to the stream ``name``
+        (Storm's ``withLateTupleStream``; ``topology.stream(name)``) instead of the dead letters."""
+        self._late_stream = _stream_name(name)
         return self
 
     def with_output_stream(self, name: str) -> JoinBolt:
@@ -436,9 +360,47 @@ class JoinBolt:
         return {c.stream: c.field for c in self._clauses}
 
     @property
-    def window(self) -> WindowSpec | None:
-        """The tumbling window size, or ``None`` if none was set."""
-        return self._window
+    def window(self) -> WindowDef | None:
+        """The window, or ``None`` if none was set.
+
+        Raises:
+            TopologyDefinitionError: the time settings do not fit the window (e.g. event time
+                with a count window).
+        """
+        if self._length is None:
+            return None
+        assert self._slide is not None
+        shape = Tumbling(self._length) if self._slide == self._length else Sliding(self._length, self._slide)
+        event = self._timestamp_field is not None
+        if not event and (self._lag or self._late_stream):
+            raise TopologyDefinitionError(
+                f"JoinBolt on {list(self.streams)}: with_lag and with_late_tuple_stream need with_timestamp_field (event time)"
+            )
+        return WindowDef.build(
+            shape,
+            time="event" if event else "processing",
+            timestamp_field=self._timestamp_field,
+            timestamp_unit=self._timestamp_unit,
+            lag=self._lag,
+            idle_timeout=(self._watermark_interval if self._watermark_interval is not None else "default") if event else None,
+            late_stream=self._late_stream,
+            what=f"JoinBolt on {list(self.streams)}",
+        )
+
+    @property
+    def null_keys(self) -> str:
+        """``keep`` (SQL) or ``drop`` (Storm): what a left join does with a null prior key."""
+        return self._null_keys
+
+    @property
+    def tick_interval_s(self) -> float | None:
+        """How often the join's task ticks so time windows close without new data."""
+        window = self.window
+        if window is None or window.counted:
+            return None
+        if self._watermark_interval is not None:
+            return self._watermark_interval
+        return window.tick_interval_s
 
     @property
     def output_stream(self) -> str:
@@ -459,17 +421,18 @@ class JoinBolt:
         """The parsed ``select`` fields."""
         return self._require_selectors("selectors")
 
-    def tumbling_window(self) -> TumblingWindow:
-        """A new, empty window buffer of this bolt's size.
+    def window_buffer(self, now: float) -> WindowBuffer:
+        """A new, empty window buffer for this bolt's window.
 
         Raises:
             TopologyDefinitionError: no window was configured.
         """
-        if self._window is None:
+        window = self.window
+        if window is None:
             raise TopologyDefinitionError(
-                f"JoinBolt on {list(self.streams)} has no window; call with_tumbling_window(count=...) or (seconds=...)"
+                f"JoinBolt on {list(self.streams)} has no window; call with_window(...) or with_tumbling_window(...)"
             )
-        return TumblingWindow(count=self._window.count, seconds=self._window.seconds)
+        return WindowBuffer(window, now)
 
     def _require_selectors(self, what: str) -> tuple[FieldSelector, ...]:
         if self._selectors is None:
@@ -491,8 +454,24 @@ class JoinBolt:
             "kind": "JoinBolt",
             "streams": [c.to_spec() for c in self._clauses],
             "select": [str(s) for s in selectors],
-            "window": None if self._window is None else self._window.to_spec(),
+            "window": None if self._length is None else self._window_spec(),
+            "null_keys": self._null_keys,
             "output_stream": self._output_stream,
+        }
+
+    def _window_spec(self) -> dict[str, Any]:
+        assert self._length is not None and self._slide is not None
+        counted = isinstance(self._length, Records)
+        size = (lambda n: n.count) if counted else (lambda n: n.value)
+        return {
+            "counted": counted,
+            "length": size(self._length),
+            "slide": size(self._slide),
+            "timestamp_field": self._timestamp_field,
+            "timestamp_unit": self._timestamp_unit,
+            "lag": self._lag,
+            "watermark_interval": self._watermark_interval,
+            "late_stream": self._late_stream,
         }
 
     @classmethod
@@ -506,7 +485,7 @@ class JoinBolt:
             raise TopologyDefinitionError(f"not a JoinBolt description: kind is {spec.get('kind')!r}")
         try:
             first, *rest = spec["streams"]
-            bolt = cls(first["stream"], first["field"])
+            bolt = cls(first["stream"], first["field"], null_keys=spec.get("null_keys", "keep"))
             for clause in rest:
                 how = clause["how"]
                 if how not in JOIN_TYPES:
@@ -515,8 +494,17 @@ class JoinBolt:
                     )
                 bolt._add(clause["stream"], clause["field"], clause["prior"], how)
             bolt.select(list(spec["select"]))
-            if spec.get("window") is not None:
-                bolt.with_tumbling_window(**spec["window"])
+            window = spec.get("window")
+            if window is not None and "length" not in window:  # plans of earlier versions
+                bolt.with_tumbling_window(count=window.get("count"), seconds=window.get("seconds"))
+            elif window is not None:
+                make = Records if window["counted"] else Duration
+                bolt.with_window(make(window["length"]), make(window["slide"]))
+                if window.get("timestamp_field") is not None:
+                    bolt.with_timestamp_field(window["timestamp_field"], unit=window.get("timestamp_unit", "s"))
+                bolt._lag = float(window.get("lag") or 0.0)
+                bolt._watermark_interval = window.get("watermark_interval")
+                bolt._late_stream = window.get("late_stream")
             bolt.with_output_stream(spec.get("output_stream", DEFAULT_OUTPUT_STREAM))
         except (KeyError, TypeError, ValueError) as e:
             raise TopologyDefinitionError(f"malformed JoinBolt description ({type(e).__name__}: {e})") from e
@@ -525,18 +513,18 @@ class JoinBolt:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JoinBolt):
             return NotImplemented
-        return (self._clauses, self._selectors, self._window, self._output_stream) == (
+        return (self._clauses, self._selectors, self._output_stream, self._null_keys) == (
             other._clauses,
             other._selectors,
-            other._window,
             other._output_stream,
-        )
+            other._null_keys,
+        ) and (None if self._length is None else self._window_spec()) == (None if other._length is None else other._window_spec())
 
     __hash__ = None  # type: ignore[assignment]  # mutable builder
 
     def __repr__(self) -> str:
         select = None if self._selectors is None else ", ".join(str(s) for s in self._selectors)
-        return f"JoinBolt(streams={list(self.streams)}, select={select!r}, window={self._window}, output_stream={self._output_stream!r})"
+        return f"JoinBolt(streams={list(self.streams)}, select={select!r}, window={None if self._length is None else self._window_spec()}, output_stream={self._output_stream!r})"
 
     # --- running -------------------------------------------------------------------------
 
@@ -597,6 +585,8 @@ class JoinBolt:
         joined: list[list[Mapping[str, Any] | None]] = []
         for row in rows:
             key = lookup(row[prior_position], prior.path)
+            if key is None and self._null_keys == "drop":
+                continue  # Storm: a row without a prior key leaves every join
             hits = table.get(_hashable(key), ()) if key is not None else ()
             for i in hits:
                 matched[i] = True
@@ -622,6 +612,13 @@ class JoinBolt:
             if value is not None:
                 return value
         return None
+
+
+def _seconds(value: Any, what: str) -> float:
+    length = as_length(value, what)
+    if isinstance(length, Records):
+        raise TopologyDefinitionError(f"{what} takes a duration (seconds or Duration), not a record count")
+    return length.value
 
 
 def _stream_name(name: Any) -> str:

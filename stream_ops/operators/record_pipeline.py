@@ -141,18 +141,24 @@ def run_batch(
     operations: Sequence[OperationSpec],
     read_state: StateReader | None = None,
     taps: Sequence[int] | None = None,
+    *,
+    side: Mapping[str, list[Record]] | None = None,
 ) -> tuple[dict[int, list[Record]], list[DeadLetter]]:
     """Apply operations one at a time over a whole batch (state queries read in bulk).
 
     Per-record operations behave exactly as in :class:`RecordPipeline` (their dead letters
     carry the record the failing operation read); a ``state_query`` calls ``batch_retrieve``
-    once for all records that reach it, then ``execute`` per record. Returns each tap's
+    once for all records that reach it, then ``execute`` per record; a ``side`` operation
+    yields the processor's records of its side stream (``side[op.side]``). Returns each tap's
     records (``taps`` defaults to the last operation).
     """
     values: dict[int, list[Record]] = {INPUT: list(records)}
     dead: list[DeadLetter] = []
     inputs = operation_inputs(operations)
     for index, op in enumerate(operations):
+        if op.kind == "side":
+            values[index] = list((side or {}).get(op.side or "", []))
+            continue
         current = values[inputs[index]]
         if op.kind != "state_query" or not current:
             values[index], more = RecordPipeline([op]).run_all(current) if current else ([], [])

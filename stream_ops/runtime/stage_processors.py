@@ -1,23 +1,28 @@
-"""What join, process and partition stages do with the records of one batch (driver side).
+"""What records stages do with the records of one batch (driver side): the protocol, and the
+join, aggregate and partition processors (windowed aggregates: :mod:`.window_stage`;
+processing elements: :mod:`.process_stage`).
 
-Each processor keeps its operator state (a join's window buffer, the processing elements of
-every key) in the task's RocksDB store under one reserved key, so it is written to the state
-topic with the batch and restored after a move like any keyed state.
+Each processor keeps its operator state (a join's window buffer, the open windows, the
+processing elements of every key) in the task's RocksDB store, so it is written to the state
+topic with the batch and restored after a move like any keyed state. Besides its records, a
+processor may emit *side streams* by name (late records, a processing element's named output
+streams); the stage's ``side`` operations read them.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stream_ops.errors import TopologyLoadError
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.join_bolt import JoinBolt, TumblingWindow
-from stream_ops.operators.processing_element import PERuntime, ProcessingElement, Trigger
+from stream_ops.operators.join_bolt import JoinBolt
+from stream_ops.operators.windows import WindowDef
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
-from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import StageSpec
 
 logger = logging.getLogger(__name__)
@@ -27,16 +32,44 @@ TICK_STREAM = "__tick__"
 triggers fire when no data arrives (a micro-batch only runs when a file arrives)."""
 
 Row = tuple[str, str | None, dict[str, Any]]
+"""One shuffled row: (input stream tag, encoded key, record)."""
+
+
+@dataclass
+class ProcessorOutput:
+    """What a processor made of one batch."""
+
+    records: list[dict[str, Any]]
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    """``{"record", "error"}`` for the dead-letter topic."""
+    side: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Records of named side streams (late records, named output streams)."""
 
 
 class StageProcessor(Protocol):
-    """Turns a batch of shuffled rows into output records and updates its own state."""
+    """Turns a batch of shuffled rows into output records and updates its own state.
+
+    Constructed with ``(stage, store, now)``: the stage, the task's store (None for stateless
+    kinds) and the processing time, then restores its state from the store.
+    """
 
     tick_interval_s: float | None
 
-    def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(output records, dead letters) for one batch; stages the state change in the store."""
+    def process(self, rows: list[Row], now: float) -> ProcessorOutput:
+        """The batch's output; stages the state change in the store."""
         ...
+
+
+def late_letters(output: ProcessorOutput, window: WindowDef, late: list[Mapping[str, Any]]) -> None:
+    """Send late records to the window's late stream, or to the dead letters with the reason."""
+    if not late:
+        return
+    if window.late_stream is not None:
+        output.side.setdefault(window.late_stream, []).extend(dict(r) for r in late)
+        return
+    output.dead.extend(
+        {"record": dict(r), "error": f"late: event time in {window.timestamp_field!r} is before the watermark"} for r in late
+    )
 
 
 class PartitionProcessor:
@@ -44,11 +77,11 @@ class PartitionProcessor:
 
     tick_interval_s: float | None = None
 
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None, now: float) -> None:
         pass
 
-    def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return [record for stream, _, record in rows if stream != TICK_STREAM], []
+    def process(self, rows: list[Row], now: float) -> ProcessorOutput:
+        return ProcessorOutput([record for stream, _, record in rows if stream != TICK_STREAM])
 
 
 class BatchAggregateProcessor:
@@ -56,79 +89,51 @@ class BatchAggregateProcessor:
 
     tick_interval_s: float | None = None
 
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None, now: float) -> None:
         assert stage.batch_aggregate is not None
         self.spec = stage.batch_aggregate
         self.aggregator = aggregator_from_spec(self.spec.aggregator)
 
-    def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def process(self, rows: list[Row], now: float) -> ProcessorOutput:
         values = [record["value"] for _, _, record in rows if record.get("value") is not None]
         if not values:
-            return [], []
+            return ProcessorOutput([])
         try:
             total = self.aggregator.apply(None, functools.reduce(self.aggregator.combine, values))
         except Exception as e:  # noqa: BLE001 - reported as a dead letter, the batch goes on
-            return [], [{"record": {"partials": values}, "error": f"combine: {type(e).__name__}: {e}"}]
-        return [{self.spec.value_field: total}], []
+            return ProcessorOutput([], [{"record": {"partials": values}, "error": f"combine: {type(e).__name__}: {e}"}])
+        return ProcessorOutput([{self.spec.value_field: total}])
 
 
 class JoinProcessor:
-    """A Storm JoinBolt over tumbling windows; the window buffer is task state."""
+    """A Storm JoinBolt over its windows; the window buffer is task state."""
 
     STATE_KEY = ("__join_window__",)
 
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
+    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None, now: float) -> None:
         assert stage.join is not None and store is not None
         self.bolt = JoinBolt.from_spec(stage.join.bolt_spec())
         self.store = store
-        saved = store.multi_get([self.STATE_KEY])[0]
-        self.window: TumblingWindow = TumblingWindow.from_state(saved) if saved else self.bolt.tumbling_window()
-        seconds = self.bolt.window.seconds if self.bolt.window else None
-        self.tick_interval_s = max(seconds / 2, 0.2) if seconds else None
-
-    def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        windows = []
-        for stream, _, record in rows:
-            if stream != TICK_STREAM:
-                windows.extend(self.window.add(stream, record, now))
-        windows.extend(self.window.flush(now))
-        fields = self.bolt.output_fields
-        out = [dict(zip(fields, row, strict=True)) for window in windows for row in self.bolt.execute(window)]
-        self.store.multi_put([self.STATE_KEY], [self.window.state()])
-        return out, []
-
-
-class ProcessElementProcessor:
-    """S4 processing elements, one per key; every instance is checkpointed with the batch."""
-
-    STATE_KEY = ("__processing_elements__",)
-
-    def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None) -> None:
-        assert stage.process is not None and store is not None
-        spec = stage.process
-        pe_class = resolve_function(spec.pe_class, scope=spec.code)
-        if not (isinstance(pe_class, type) and issubclass(pe_class, ProcessingElement)):
-            raise TopologyLoadError(f"{spec.pe_class} is not a ProcessingElement subclass")
-        trigger = Trigger.from_spec(spec.trigger) if spec.trigger else None
-        self.store = store
+        self.buffer = self.bolt.window_buffer(now)
         saved = store.multi_get([self.STATE_KEY])[0]
         if saved:
-            self.runtime = PERuntime.restore(saved, pe_class, spec.key_field, trigger, ttl_seconds=spec.ttl_seconds)
-        else:
-            self.runtime = PERuntime(pe_class, spec.key_field, trigger, ttl_seconds=spec.ttl_seconds)
-        periods = [p for p in (trigger.every_seconds if trigger else None, spec.ttl_seconds) if p]
-        self.tick_interval_s = max(min(periods) / 2, 0.2) if periods else None
+            self.buffer.restore(saved, now)
+        self.tick_interval_s = self.bolt.tick_interval_s
 
-    def process(self, rows: list[Row], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        records = [record for stream, _, record in rows if stream != TICK_STREAM]
-        out = self.runtime.process(records, now)
-        out.extend(self.runtime.tick(now))
-        dead = [{"record": d.get("record"), "error": d.get("error")} for d in self.runtime.take_dead_letters()]
-        self.store.multi_put([self.STATE_KEY], [self.runtime.checkpoint()])
-        return out, dead
+    def process(self, rows: list[Row], now: float) -> ProcessorOutput:
+        batch = self.buffer.add([(stream, record) for stream, _, record in rows if stream != TICK_STREAM], now)
+        fields = self.bolt.output_fields
+        out = [dict(zip(fields, row, strict=True)) for window in batch.windows for row in self.bolt.execute(window)]
+        self.store.multi_put([self.STATE_KEY], [self.buffer.state(now)])
+        output = ProcessorOutput(out, list(batch.dead))
+        window = self.bolt.window
+        assert window is not None
+        late = [{"stream": stream, "record": json.dumps(record, default=str)} for stream, record in batch.late]
+        late_letters(output, window, late)
+        return output
 
 
-def make_processor(stage: StageSpec, store: RocksDBBackingMap | None) -> StageProcessor | None:
+def make_processor(stage: StageSpec, store: RocksDBBackingMap | None, now: float) -> StageProcessor | None:
     """The record processor of ``stage``'s kind (see :mod:`stream_ops.topology.stage_kinds`),
     or None for kinds whose batches Spark computes alone."""
     ref = stage.kind_info.processor
@@ -136,5 +141,5 @@ def make_processor(stage: StageSpec, store: RocksDBBackingMap | None) -> StagePr
         return None
     module, _, name = ref.partition(":")
     processor_class = getattr(importlib.import_module(module), name)
-    processor: StageProcessor = processor_class(stage, store)
+    processor: StageProcessor = processor_class(stage, store, now)
     return processor

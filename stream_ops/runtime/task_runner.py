@@ -110,6 +110,8 @@ class _Batch:
     partials: list[tuple[str, Any]] = field(default_factory=list)
     """(encoded key, partial aggregate) a keyed stage applies to its state."""
     dead: list[dict[str, Any]] = field(default_factory=list)
+    side: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Records of the processor's named side streams (late records, named output streams)."""
     rows: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
     """The shuffled (stream, key, record) rows a records stage's processor reads."""
     driver_operations: bool = False
@@ -268,7 +270,7 @@ class TaskRunner:
                     self.state.restored_keys,
                     time.monotonic() - started,
                 )
-        self.processor = make_processor(stage, self.state.store if self.state else None)
+        self.processor = make_processor(stage, self.state.store if self.state else None, self.clock())
         if stage.persist is not None:
             factory = resolve_object(stage.persist.factory)
             self.user_state = factory.make_state(self.task.queue, stage.queues)
@@ -609,11 +611,12 @@ class TaskRunner:
             self._update_map_state(batch, txid)
         elif self.processor is not None:
             rows = batch.rows or [("", key, {"value": value}) for key, value in batch.partials]
-            batch.records, batch.dead = self.processor.process(rows, self.clock())
+            result = self.processor.process(rows, self.clock())
+            batch.records, batch.dead, batch.side = result.records, result.dead, result.side
         if batch.driver_operations:
             stage = self.stage
             taps = [stage.tap_of(output) for output in stage.outputs]
-            by_tap, letters = run_batch(batch.records, stage.operations, self._state_reader, taps)
+            by_tap, letters = run_batch(batch.records, stage.operations, self._state_reader, taps, side=batch.side)
             batch.outputs = {index: by_tap[tap] for index, tap in enumerate(taps)}
             batch.dead.extend({"record": d.record, "error": d.error} for d in letters)
 

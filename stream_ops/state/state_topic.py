@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.errors import ReplayError, StateError
+from stream_ops.hashing import normalise_key_value
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
 from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name, parse_batch_file_name
@@ -93,7 +94,16 @@ def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
     return encode
 
 
-_encode_key_text = _one_shot(_KEY_ENCODER)
+_encode_key_json = _one_shot(_KEY_ENCODER)
+
+
+def _encode_key_text(key: Key) -> str:
+    # encode_key's normalisation (1.0 is the key 1), paid only by keys holding floats or containers
+    if any(v.__class__ in (float, list, dict) for v in key):
+        key = [normalise_key_value(v) for v in key]
+    return _encode_key_json(key)
+
+
 _encode_value_text = _one_shot(_VALUE_ENCODER)
 
 

@@ -20,27 +20,26 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, ReducerCombiner, as_combiner
+from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
+from stream_ops.operators.windows import WindowDef
 from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topology.definition_checks import check_name as _check_name
+from stream_ops.topology.definition_checks import check_queues as _check_queues
+from stream_ops.topology.definition_checks import state_type as _state_type
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
 
+if TYPE_CHECKING:
+    from stream_ops.topology.windowed import WindowedStream, WindowNode
+
 SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-
-
-def _check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise TopologyDefinitionError(f"{kind} name {name!r} is invalid: use letters, digits, '_' or '-', starting with a letter")
-    return name
 
 
 def _field_types(out: str | Sequence[str] | Mapping[str, str], what: str) -> dict[str, str]:
@@ -120,6 +119,8 @@ class OperationNode:
     query: dict[str, Any] | None = None
     input: int = -1
     """The operation of the same stage this one reads (-1: the stage's input)."""
+    side: str | None = None
+    """For ``kind == "side"``: the processor's side stream whose records this yields."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ class Segment:
     aggregate: AggregateNode | None = None
     join: dict[str, Any] | None = None
     process: ProcessNode | None = None
+    window: WindowNode | None = None
+    """A windowed aggregate stage's window, keys and aggregator."""
     inputs: list[tuple[int, str | None]] = field(default_factory=list)
     operations: list[OperationNode] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
@@ -198,6 +201,8 @@ class Topology:
         self._states: dict[str, StateHandle] = {}
         self._sinks: dict[str, str] = {}
         self._named: dict[str, Stream] = {}
+        self._side: dict[str, tuple[Segment, dict[str, str], str]] = {}
+        """Side streams not read yet: name -> (stage, fields, who declared it)."""
 
     def _segment(self, **kwargs: Any) -> Segment:
         name = kwargs["name"]
@@ -257,8 +262,12 @@ class Topology:
         if not isinstance(bolt, JoinBolt):
             raise TopologyDefinitionError(f"{what}: expected a JoinBolt, got {type(bolt).__name__}")
         spec = bolt.to_spec()  # raises if select() was not called
-        if bolt.window is None:
-            raise TopologyDefinitionError(f"{what}: call with_tumbling_window(count=...) or (seconds=...) on the bolt")
+        try:
+            window = bolt.window
+        except TopologyDefinitionError as e:
+            raise TopologyDefinitionError(f"{what}: {e}") from None
+        if window is None:
+            raise TopologyDefinitionError(f"{what}: call with_window(...) or with_tumbling_window(...) on the bolt")
         expected = set(bolt.streams)
         if set(streams) != expected:
             raise TopologyDefinitionError(
@@ -278,6 +287,8 @@ class Topology:
             stream = streams[stream_name]
             join_field = bolt.join_fields[stream_name]
             stream._check_fields([join_field], f"{what} stream {stream_name!r}")
+            if window.timestamp_field is not None:
+                _check_timestamp(stream, window.timestamp_field, f"{what} stream {stream_name!r}")
             stream._connect(
                 {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (join_field,), "stream": stream_name},
                 f"{what} stream {stream_name!r}",
@@ -286,18 +297,37 @@ class Topology:
         joined = Stream(self, segment, out_fields)
         if output_stream != "default":
             self._named[output_stream] = joined
+        if window.late_stream is not None:
+            self._declare_side(window.late_stream, segment, dict(LATE_JOIN_FIELDS), what)
         return joined
 
+    def _declare_side(self, name: str, segment: Segment, fields: dict[str, str], what: str) -> None:
+        """Register the side stream ``name`` of ``segment``; :meth:`stream` reads it."""
+        _check_name("stream", name)
+        if name in self._named or name in self._side:
+            raise TopologyDefinitionError(f"{what}: a stream named {name!r} exists already; choose another late stream name")
+        self._side[name] = (segment, fields, what)
+
+    def unread_side_streams(self) -> dict[str, str]:
+        """Declared side streams nobody reads: name -> who declared it."""
+        return {name: what for name, (_, _, what) in self._side.items()}
+
     def stream(self, name: str) -> Stream:
-        """The stream called ``name``: a source, or a JoinBolt's ``with_output_stream`` name
-        (Storm's stream ids), e.g. to join it again downstream.
+        """The stream called ``name``: a source, a JoinBolt's ``with_output_stream`` name
+        (Storm's stream ids), e.g. to join it again downstream, or a late stream
+        (``late_stream=`` of a window, ``with_late_tuple_stream`` of a JoinBolt).
 
         Raises:
             TopologyDefinitionError: no stream has that name.
         """
+        if name in self._side:
+            segment, fields, _ = self._side.pop(name)
+            segment.operations.append(OperationNode("side", "", None, dict(fields), input=-1, side=name))
+            self._named[name] = Stream(self, [_Tap(segment, len(segment.operations) - 1)], fields)
         found = self._named.get(name)
         if found is None:
-            raise TopologyDefinitionError(f"topology {self.name!r} has no stream named {name!r}; named: {sorted(self._named)}")
+            known = sorted({*self._named, *self._side})
+            raise TopologyDefinitionError(f"topology {self.name!r} has no stream named {name!r}; named: {known}")
         return found
 
     def merge(self, *streams: Stream) -> Stream:
@@ -394,15 +424,19 @@ def _join_output_types(bolt: Any, streams: Mapping[str, Stream]) -> dict[str, st
     return types
 
 
-def _state_type(aggregator: CombinerAggregator, value_type: str) -> str:
-    """The type of what an aggregate keeps (a reducer's state differs from its shuffled partials)."""
-    return aggregator.state_type() if isinstance(aggregator, ReducerCombiner) else value_type
+LATE_JOIN_FIELDS: dict[str, str] = {"stream": "string", "record": "string"}
+"""The fields of a JoinBolt's late tuple stream: the input stream's name and the record as JSON
+(the joined streams have different fields)."""
 
 
-def _check_queues(n: Any, what: str) -> int:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise TopologyDefinitionError(f"{what}: queues must be a positive integer, got {n!r}")
-    return n
+def _check_timestamp(stream: Stream, field_name: str, what: str) -> None:
+    """Refuse an event-time field the stream lacks or that is not a number."""
+    kind = path_type(stream._fields, field_name, what)
+    if kind not in ("long", "int", "double", "float"):
+        raise TopologyDefinitionError(
+            f"{what}: event time field {field_name!r} is {kind!r}; it must hold a number of seconds (or milliseconds "
+            "with timestamp_unit='ms') since the epoch: map it to a long or double first"
+        )
 
 
 @dataclass(frozen=True)
@@ -515,6 +549,58 @@ class Stream:
         ref = function_ref(fn, what=what)
         selected = self._check_fields(fields, what) if fields is not None else None
         return self._extend(OperationNode("filter", ref, selected, {}), self._fields)
+
+    def window(
+        self,
+        window: Any,
+        *,
+        time: str = "processing",
+        timestamp_field: str | None = None,
+        timestamp_unit: str = "s",
+        lag: Any = 0.0,
+        idle_timeout: Any = "default",
+        late_stream: str | None = None,
+    ) -> WindowedStream:
+        """Cut the stream into windows, then ``.group_by(...).aggregate(...)`` (or
+        ``.aggregate(...)``) emits one record per (window, key) when the window closes, with
+        ``window_start`` and ``window_end`` (seconds).
+
+        Args:
+            window: ``Tumbling(length)``, ``Sliding(length, slide)`` or ``Session(gap)``;
+                lengths in seconds, ``Duration`` or ``Records.of(n)`` (counted per key).
+            time: ``"processing"`` (the task's clock) or ``"event"`` (``timestamp_field``).
+            timestamp_field: the field holding event time, in seconds since the epoch
+                (``timestamp_unit="ms"`` for milliseconds).
+            lag: how far the watermark stays behind the largest event time seen (seconds).
+            idle_timeout: seconds without records after which the watermark moves on with
+                processing time (default ``max(lag, 1)``; None waits for data).
+            late_stream: name of the stream (``topology.stream(name)``) that gets records
+                arriving after the watermark passed them; without one they go to the dead
+                letters with the reason ``late``.
+
+        Example:
+            >>> counts = (events.window(Tumbling(60), time="event", timestamp_field="ts", lag=5)
+            ...           .group_by("user").aggregate(Count(), out="clicks"))
+        """
+        from stream_ops.topology.windowed import WindowedStream
+
+        what = self._what("window")
+        try:
+            spec = WindowDef.build(
+                window,
+                time=time,
+                timestamp_field=timestamp_field,
+                timestamp_unit=timestamp_unit,
+                lag=lag,
+                idle_timeout=idle_timeout,
+                late_stream=late_stream,
+                what=what,
+            )
+        except TopologyDefinitionError as e:
+            raise TopologyDefinitionError(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
+        if spec.timestamp_field is not None:
+            _check_timestamp(self, spec.timestamp_field, what)
+        return WindowedStream(self, spec)
 
     def group_by(self, *fields: str, queues: int | None = None) -> GroupedStream:
         """Partition the stream by ``fields``: equal keys meet in one task after a shuffle.

@@ -36,10 +36,13 @@ INPUT = -1
 
 class OperationSpec(_Frozen):
     """One record operation: ``each``, ``map``, ``filter``, ``peek`` of a referenced function,
-    or a ``state_query`` (``query`` names the state and the query function)."""
+    a ``state_query`` (``query`` names the state and the query function), or ``side``: the
+    records of the stage processor's side stream ``side`` (late records, a named output
+    stream), which operations and outputs read like any tap."""
 
-    kind: Literal["each", "map", "filter", "peek", "state_query"]
+    kind: Literal["each", "map", "filter", "peek", "state_query", "side"]
     function: str
+    side: str | None = None
     fields: tuple[str, ...] | None
     out: dict[str, str]
     query: dict[str, Any] | None = None
@@ -138,6 +141,16 @@ class AggregateSpec(_Frozen):
     value_type: str
 
 
+class WindowAggregateSpec(_Frozen):
+    """A windowed aggregate stage (see :class:`stream_ops.operators.windows.WindowDef`)."""
+
+    window: dict[str, Any]
+    key_fields: tuple[str, ...]
+    aggregator: dict[str, Any]
+    value_field: str
+    value_type: str
+
+
 class StateSpec(_Frozen):
     """The keyed map state a stage keeps."""
 
@@ -164,7 +177,8 @@ class JoinSpec(_Frozen):
     kind: Literal["JoinBolt"] = "JoinBolt"
     streams: tuple[JoinClauseSpec, ...]
     select: tuple[str, ...]
-    window: dict[str, float | int | None] | None = None
+    window: dict[str, Any] | None = None
+    null_keys: Literal["keep", "drop"] = "keep"
     output_stream: str | None = None
 
     def bolt_spec(self) -> dict[str, Any]:
@@ -199,6 +213,7 @@ class StageSpec(_Frozen):
     batch_aggregate: AggregateSpec | None = None
     join: JoinSpec | None = None
     process: ProcessSpec | None = None
+    window_aggregate: WindowAggregateSpec | None = None
 
     @field_validator("kind")
     @classmethod
@@ -374,7 +389,9 @@ def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
 
 def _stage(segment: Segment, topology: Topology) -> StageSpec:
     operations = tuple(
-        OperationSpec(kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query, input=op.input)
+        OperationSpec(
+            kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query, input=op.input, side=op.side
+        )
         for op in segment.operations
     )
     state = batch_aggregate = None
@@ -398,6 +415,16 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         input_fields = {"key": "string", "value": segment.aggregate.value_type}
     else:
         input_fields = dict(RECORDS_FIELDS)
+    window_aggregate = None
+    if segment.window is not None:
+        w = segment.window
+        window_aggregate = WindowAggregateSpec(
+            window=w.window.to_spec(),
+            key_fields=w.key_fields,
+            aggregator=w.aggregator.to_spec(),
+            value_field=w.out,
+            value_type=w.value_type,
+        )
     process = None
     if segment.process is not None:
         p = segment.process
@@ -417,6 +444,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         batch_aggregate=batch_aggregate,
         join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
+        window_aggregate=window_aggregate,
     )
 
 
@@ -438,6 +466,11 @@ def build_plan(topology: Topology) -> Plan:
                 "so its records would go nowhere; end it in a sink (to_parquet, to_topic, sink, print), "
                 "group_by(...).persistent_aggregate(...) or partition_persist(...)"
             )
+    for name, what in topology.unread_side_streams().items():
+        raise TopologyDefinitionError(
+            f"topology {topology.name!r}: {what} sends late records to stream {name!r}, which nothing reads; "
+            f"read it with topology.stream({name!r}) (e.g. into a sink), or drop late_stream to dead-letter them"
+        )
     stages = tuple(_stage(segment, topology) for segment in segments)
     tasks: list[TaskSpec] = []
     for stage in stages:

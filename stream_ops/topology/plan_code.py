@@ -49,6 +49,8 @@ def plan_references(plan: Plan) -> list[PlanReference]:
     for stage in plan.stages:
         where = f"stage {stage.name!r}"
         for op in stage.operations:
+            if op.kind == "side":  # the processor's own records: no code
+                continue
             found.append(PlanReference(f"{where} {op.kind}", op.function))
             if op.query is not None:
                 found.append(PlanReference(f"{where} state_query function", _class_of(op.query.get("function"), where)))
@@ -73,6 +75,8 @@ def _aggregator_specs(stage: StageSpec) -> list[tuple[str, dict[str, Any]]]:
         found.append(("state aggregator", stage.state.aggregator))
     if stage.batch_aggregate is not None:
         found.append(("aggregate aggregator", stage.batch_aggregate.aggregator))
+    if stage.window_aggregate is not None:
+        found.append(("window aggregator", stage.window_aggregate.aggregator))
     return found
 
 
@@ -138,6 +142,9 @@ def _bind_stage(stage: StageSpec, scope: CodeScope) -> StageSpec:
     if stage.batch_aggregate is not None:
         aggregator = _bind_aggregator(stage.batch_aggregate.aggregator, scope)
         update["batch_aggregate"] = stage.batch_aggregate.model_copy(update={"aggregator": aggregator})
+    if stage.window_aggregate is not None:
+        aggregator = _bind_aggregator(stage.window_aggregate.aggregator, scope)
+        update["window_aggregate"] = stage.window_aggregate.model_copy(update={"aggregator": aggregator})
     return stage.model_copy(update=update)
 
 

@@ -103,6 +103,16 @@ def _describe_process(stage: StageSpec) -> str:
     return f"runs `{pe}` per key"
 
 
+def _describe_window(stage: StageSpec) -> str:
+    from stream_ops.operators.windows import WindowDef
+
+    spec = stage.window_aggregate
+    if spec is None:
+        return "a windowed aggregate"
+    keys = f" per {', '.join(spec.key_fields)}" if spec.key_fields else ""
+    return f"aggregates `{spec.value_field}`{keys} over {WindowDef.from_spec(spec.window).describe()}"
+
+
 def _describe_partition(stage: StageSpec) -> str:
     return f"receives the records of stage(s) {list(stage.from_stages)} partitioned by key"
 
@@ -128,7 +138,7 @@ register_stage_kind(
         "process",
         reads="records",
         keeps_state=True,
-        processor=f"{_PROCESSORS}:ProcessElementProcessor",
+        processor="stream_ops.runtime.process_stage:ProcessElementProcessor",
         describe=_describe_process,
     )
 )
@@ -139,5 +149,14 @@ register_stage_kind(
         keeps_state=False,
         processor=f"{_PROCESSORS}:PartitionProcessor",
         describe=_describe_partition,
+    )
+)
+register_stage_kind(
+    StageKind(
+        "window",
+        reads="records",
+        keeps_state=True,
+        processor="stream_ops.runtime.window_stage:WindowAggregateProcessor",
+        describe=_describe_window,
     )
 )

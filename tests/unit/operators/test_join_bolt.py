@@ -7,7 +7,8 @@ import json
 import pytest
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.operators import JoinBolt, WindowSpec
+from stream_ops.operators import Duration, JoinBolt, Records, WindowDef
+from stream_ops.operators.windows import Sliding, Tumbling
 
 # --- Storm's documented examples ---------------------------------------------------------
 
@@ -27,7 +28,7 @@ def test_storm_uuid_word_timestamp_example():
         ("spout2", {"uuid": "u2", "timestamp": 200}),
         ("spout2", {"uuid": "u1", "timestamp": 150}),
     ]
-    assert bolt.output_fields == ("uuid", "word", "timestamp")
+    assert bolt.output_fields == ("uuid", "word", "spout2:timestamp")  # Storm keeps the prefix
     # Probe (spout1) order, then matches in window order; "timestamp" read from spout2 only.
     assert bolt.execute(window) == [["u1", "hello", 100], ["u1", "hello", 150], ["u2", "world", 200]]
 
@@ -197,7 +198,13 @@ def test_nested_and_prefixed_selectors_and_nested_join_fields():
         ("users", {"profile": {"id": 7, "name": {"first": "ann"}}}),
         ("events", {"meta": {"user": 7, "ts": 123}, "kind": "click"}),
     ]
-    assert bolt.output_fields == ("profile.name.first", "meta.ts", "profile.missing.deep", "meta.user.nope", "kind")
+    assert bolt.output_fields == (
+        "profile.name.first",
+        "events:meta.ts",
+        "profile.missing.deep",
+        "events:meta.user.nope",
+        "events:kind",
+    )
     assert bolt.execute(window) == [["ann", 123, None, None, "click"]]
 
 
@@ -210,7 +217,7 @@ def test_unprefixed_field_comes_from_the_first_stream_that_has_it():
 
 def test_select_accepts_a_list_and_spaces():
     bolt = JoinBolt("a", "k").join("b", "k", "a").select(["  k ", " b : v "])
-    assert bolt.output_fields == ("k", "v")
+    assert bolt.output_fields == ("k", "b:v")
     assert [str(s) for s in bolt.selectors] == ["k", "b:v"]
     aliased = JoinBolt("a", "k").join("b", "k", "a").select("a:v as left_v, b:v as right_v")
     assert [str(s) for s in aliased.selectors] == ["a:v as left_v", "b:v as right_v"]
@@ -252,7 +259,7 @@ def test_execute_and_to_spec_before_select():
 @pytest.mark.parametrize(
     ("select", "message"),
     [
-        ("a:x, b:x", "both give output field 'x'"),
+        ("a:x, a:x", "both give output field 'a:x'"),
         ("a:x as y, y", "both give output field 'y'"),
         ("a:x as 1y", "alias '1y' .* is not a valid name"),
         ("", "names no field"),
@@ -287,8 +294,8 @@ def test_record_of_a_stream_outside_the_join():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, "exactly one of count="),
-        ({"count": 3, "seconds": 1.0}, "exactly one of count="),
+        ({}, "exactly one of length, count="),
+        ({"count": 3, "seconds": 1.0}, "exactly one of length, count="),
         ({"count": 0}, "positive integer"),
         ({"count": 2.5}, "positive integer"),
         ({"seconds": -1}, "positive number"),
@@ -300,9 +307,9 @@ def test_bad_windows(kwargs, message):
         JoinBolt("a", "k").with_tumbling_window(**kwargs)
 
 
-def test_tumbling_window_requires_a_window():
+def test_window_buffer_requires_a_window():
     with pytest.raises(TopologyDefinitionError, match="has no window"):
-        JoinBolt("a", "k").select("k").tumbling_window()
+        JoinBolt("a", "k").select("k").window_buffer(now=0.0)
 
 
 # --- definition and serialisation ------------------------------------------------------------
@@ -320,9 +327,9 @@ def test_builder_is_fluent_and_exposes_its_definition():
     assert bolt.streams == ("users", "orders", "refunds", "tags", "notes")
     assert [c.how for c in bolt.clauses] == [None, "inner", "left", "right", "outer"]
     assert [c.prior for c in bolt.clauses] == [None, "users", "users", "orders", "tags"]
-    assert bolt.window == WindowSpec(seconds=30)
+    assert bolt.window == WindowDef.build(Tumbling(30))
     assert bolt.output_stream == "joined"
-    assert bolt.output_fields == ("id", "amount")
+    assert bolt.output_fields == ("id", "orders:amount")
 
 
 def test_defaults():
@@ -344,7 +351,7 @@ def test_spec_round_trip_through_json():
     )
     spec = json.loads(json.dumps(bolt.to_spec()))
     assert spec["kind"] == "JoinBolt"
-    assert spec["window"] == {"count": 100}
+    assert spec["window"]["counted"] is True and spec["window"]["length"] == 100
     rebuilt = JoinBolt.from_spec(spec)
     assert rebuilt == bolt
     assert rebuilt.to_spec() == bolt.to_spec()
@@ -352,7 +359,9 @@ def test_spec_round_trip_through_json():
     assert rebuilt.execute(window) == bolt.execute(window)
 
     time_bolt = JoinBolt("a", "k").select("k").with_tumbling_window(seconds=2.5)
-    assert JoinBolt.from_spec(json.loads(json.dumps(time_bolt.to_spec()))).window == WindowSpec(seconds=2.5)
+    assert JoinBolt.from_spec(json.loads(json.dumps(time_bolt.to_spec()))).window == WindowDef.build(Tumbling(2.5))
+    old_plan = {**time_bolt.to_spec(), "window": {"seconds": 2.5}}  # plans of earlier versions
+    assert JoinBolt.from_spec(old_plan) == time_bolt
 
 
 def test_from_spec_rejects_bad_descriptions():
@@ -367,3 +376,63 @@ def test_from_spec_rejects_bad_descriptions():
         JoinBolt.from_spec(twice)
     with pytest.raises(TopologyDefinitionError, match="malformed JoinBolt description"):
         JoinBolt.from_spec({"kind": "JoinBolt", "streams": []})
+
+
+# --- Storm parity: windows, names, keys, nulls -----------------------------------------------
+
+
+def test_storm_window_builders_on_the_window_model():
+    sliding = JoinBolt("a", "k").select("k").with_window(Duration.seconds(10), Duration.of(5000))
+    assert sliding.window == WindowDef.build(Sliding(10, 5))
+    counted = JoinBolt("a", "k").select("k").with_window(Records.of(6), Records.of(2))
+    assert counted.window == WindowDef.build(Sliding(Records.of(6), Records.of(2)))
+    assert JoinBolt("a", "k").select("k").with_tumbling_window(Records.of(3)).window == WindowDef.build(Tumbling(Records(3)))
+    event = (
+        JoinBolt("a", "k")
+        .select("k")
+        .with_window(60)
+        .with_timestamp_field("ts", unit="ms")
+        .with_lag(Duration.seconds(5))
+        .with_watermark_interval(2)
+        .with_late_tuple_stream("late")
+    )
+    assert event.window == WindowDef.build(
+        Tumbling(60), time="event", timestamp_field="ts", timestamp_unit="ms", lag=5, idle_timeout=2, late_stream="late"
+    )
+    assert event.tick_interval_s == 2
+    assert JoinBolt.from_spec(json.loads(json.dumps(event.to_spec()))) == event
+
+
+def test_window_settings_that_do_not_fit_fail_with_the_reason():
+    with pytest.raises(TopologyDefinitionError, match="both be durations"):
+        JoinBolt("a", "k").with_window(10, Records.of(2))
+    with pytest.raises(TopologyDefinitionError, match="need with_timestamp_field"):
+        _ = JoinBolt("a", "k").select("k").with_window(10).with_lag(3).window
+    with pytest.raises(TopologyDefinitionError, match="event time needs a duration window"):
+        _ = JoinBolt("a", "k").select("k").with_window(Records.of(5)).with_timestamp_field("ts").window
+    with pytest.raises(TopologyDefinitionError, match="takes a duration"):
+        JoinBolt("a", "k").with_lag(Records.of(2))
+
+
+def test_storm_output_names_keep_the_stream_prefix():
+    bolt = JoinBolt("users", "id").join("stores", "city_id", "users").select("users:city, stores:city")
+    assert bolt.output_fields == ("users:city", "stores:city")
+    window = [("users", {"id": 1, "city": "Oslo"}), ("stores", {"city_id": 1, "city": "Bergen"})]
+    assert bolt.execute(window) == [["Oslo", "Bergen"]]
+
+
+def test_keys_equal_as_json_values_meet_and_booleans_stay_apart():
+    bolt = JoinBolt("a", "k").join("b", "k", "a").select("a:v, b:v")
+    window = [("a", {"k": 1, "v": "int"}), ("a", {"k": True, "v": "bool"}), ("b", {"k": 1.0, "v": "float"})]
+    assert bolt.execute(window) == [["int", "float"]]
+
+
+def test_storm_drops_a_left_join_row_without_a_prior_key_sql_keeps_it():
+    window = [("a", {"k": None, "v": "no key"}), ("a", {"k": 1, "v": "keyed"})]
+    sql = JoinBolt("a", "k").left_join("b", "k", "a").select("a:v, b:v")
+    storm = JoinBolt("a", "k", null_keys="drop").left_join("b", "k", "a").select("a:v, b:v")
+    assert sql.execute(window) == [["no key", None], ["keyed", None]]
+    assert storm.execute(window) == [["keyed", None]]
+    assert JoinBolt.from_spec(storm.to_spec()) == storm
+    with pytest.raises(TopologyDefinitionError, match="null_keys"):
+        JoinBolt("a", "k", null_keys="storm")  # type: ignore[arg-type]

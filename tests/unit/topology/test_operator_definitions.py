@@ -134,7 +134,7 @@ def test_join_output_types_come_from_the_joined_streams_and_the_output_stream_is
         .with_output_stream("orders")
     )
     joined = t.join(bolt, a=a, b=b)
-    assert joined._fields == {"id": "long", "ts": "long", "amount": "double", "who": "string", "name.first": "string"}
+    assert joined._fields == {"a:id": "long", "ts": "long", "b:amount": "double", "who": "string", "a:name.first": "string"}
     assert t.stream("orders") is joined and t.stream("a") is a
     with pytest.raises(TopologyDefinitionError, match="no stream named 'nope'"):
         t.stream("nope")
@@ -142,5 +142,5 @@ def test_join_output_types_come_from_the_joined_streams_and_the_output_stream_is
     with pytest.raises(TopologyDefinitionError, match="output stream 'orders' is a name taken already"):
         t.join(again, a=a, b=b)
     # Min over a joined long compares numbers: the aggregate's value type is the field's
-    joined.group_by("id").persistent_aggregate(Min("ts"), out="first", state=OpaqueMapState)
+    joined.group_by("a:id").persistent_aggregate(Min("ts"), out="first", state=OpaqueMapState)
     assert build_plan(t).stage(3).state.value_type == "long"
