@@ -1,8 +1,9 @@
 """The Dagster code location of the example topologies (``dagster dev -m definitions``).
 
 The examples: Trident's word count, Storm's uuid/word/timestamp JoinBolt, S4's counter
-processing element, Trident's WordCountDB (partition_persist + state_query) and the dataflow
-graph (two sources merged, a count and a JoinBolt, Parquet and print sinks).
+processing element, Trident's WordCountDB (partition_persist + state_query), the dataflow
+graph (two sources merged, a count and a JoinBolt, Parquet and print sinks) and event-time
+windows (a windowed count per user with a late stream, a sliding JoinBolt).
 
 Wiring only. Environment:
 
@@ -32,7 +33,7 @@ from pathlib import Path
 import dagster as dg
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
-from stream_ops.examples import counter_pe, dataflow, uuid_join, wordcount, wordcount_db
+from stream_ops.examples import counter_pe, dataflow, uuid_join, windows, wordcount, wordcount_db
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
 
 defs = build_definitions(
@@ -42,6 +43,7 @@ defs = build_definitions(
         counter_pe.topology(),
         wordcount_db.topology(),
         dataflow.topology(),
+        windows.topology(),
     ],
     zookeeper=ZooKeeperResource(
         hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),

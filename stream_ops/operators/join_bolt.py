@@ -326,8 +326,8 @@ class JoinBolt:
         return self
 
     def with_watermark_interval(self, interval: Any) -> JoinBolt:
-        """How often the watermark is advanced and windows are evaluated when no data arrives
-        (Storm's ``withWatermarkInterval``; the task's tick interval and the watermark's idle timeout)."""
+        """How often windows are evaluated against the watermark when no data arrives (Storm's
+        ``withWatermarkInterval``; the task's tick interval)."""
         self._watermark_interval = _seconds(interval, "JoinBolt.with_watermark_interval()")
         return self
 
@@ -382,7 +382,7 @@ class JoinBolt:
             timestamp_field=self._timestamp_field,
             timestamp_unit=self._timestamp_unit,
             lag=self._lag,
-            idle_timeout=(self._watermark_interval if self._watermark_interval is not None else "default") if event else None,
+            idle_timeout=None,  # Storm's watermarks wait for data
             late_stream=self._late_stream,
             what=f"JoinBolt on {list(self.streams)}",
         )

@@ -22,9 +22,12 @@ last one's plus ``gap`` (Spark's ``session_window``).
 Event time (:class:`Watermark`): the watermark is the maximum event time the task has seen
 minus ``lag`` (Storm's ``withLag``, Spark's ``withWatermark``). A window closes once the
 watermark reaches its end; a record whose time is before the watermark is *late*, and goes
-to the late stream (or the dead letters). When no record has arrived for ``idle_timeout``
-seconds of processing time, the watermark moves on with processing time, as if events kept
-coming, so the last windows close without new data (the task's ticks drive this).
+to the late stream (or the dead letters). By default the watermark waits for data, as in
+Spark and Storm: the last windows close when newer records arrive. With ``idle_timeout=s``,
+once no record has arrived for ``s`` seconds of processing time the watermark moves on with
+processing time, as if events kept coming, so the last windows close without new data (the
+task's ticks drive this); the price is that records held up longer than that upstream (a
+source task down for a while) arrive late.
 
 Nothing here reads a clock: callers pass processing time ``now`` in seconds.
 """
@@ -225,13 +228,11 @@ class WindowDef:
         timestamp_field: str | None = None,
         timestamp_unit: str = "s",
         lag: Any = 0.0,
-        idle_timeout: Any = "default",
+        idle_timeout: Any = None,
         late_stream: str | None = None,
         what: str = "window()",
     ) -> WindowDef:
         """Check and combine a user's window arguments.
-
-        ``idle_timeout`` defaults to ``max(lag, 1)`` seconds for event time.
 
         Raises:
             TopologyDefinitionError: naming the argument at fault.
@@ -261,10 +262,9 @@ class WindowDef:
         lag_s = _seconds(lag, f"{what} lag", allow_zero=True)
         if time == "processing" and lag_s:
             raise TopologyDefinitionError(f"{what}: lag applies to event time only (processing time is never late)")
-        if idle_timeout == "default":
-            idle = max(lag_s, 1.0) if time == "event" else None
-        else:
-            idle = None if idle_timeout is None else _seconds(idle_timeout, f"{what} idle_timeout", allow_zero=False)
+        idle = None if idle_timeout is None else _seconds(idle_timeout, f"{what} idle_timeout", allow_zero=False)
+        if idle is not None and time != "event":
+            raise TopologyDefinitionError(f"{what}: idle_timeout applies to event time only")
         if late_stream is not None and time != "event":
             raise TopologyDefinitionError(f"{what}: late_stream needs time='event' (processing time is never late)")
         return cls(

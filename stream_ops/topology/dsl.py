@@ -558,7 +558,7 @@ class Stream:
         timestamp_field: str | None = None,
         timestamp_unit: str = "s",
         lag: Any = 0.0,
-        idle_timeout: Any = "default",
+        idle_timeout: float | None = None,
         late_stream: str | None = None,
     ) -> WindowedStream:
         """Cut the stream into windows, then ``.group_by(...).aggregate(...)`` (or
@@ -573,7 +573,8 @@ class Stream:
                 (``timestamp_unit="ms"`` for milliseconds).
             lag: how far the watermark stays behind the largest event time seen (seconds).
             idle_timeout: seconds without records after which the watermark moves on with
-                processing time (default ``max(lag, 1)``; None waits for data).
+                processing time, closing the last windows without new data (default None:
+                it waits for data, as in Spark and Storm; see the README for the trade-off).
             late_stream: name of the stream (``topology.stream(name)``) that gets records
                 arriving after the watermark passed them; without one they go to the dead
                 letters with the reason ``late``.

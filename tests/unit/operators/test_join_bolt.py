@@ -397,7 +397,7 @@ def test_storm_window_builders_on_the_window_model():
         .with_late_tuple_stream("late")
     )
     assert event.window == WindowDef.build(
-        Tumbling(60), time="event", timestamp_field="ts", timestamp_unit="ms", lag=5, idle_timeout=2, late_stream="late"
+        Tumbling(60), time="event", timestamp_field="ts", timestamp_unit="ms", lag=5, late_stream="late"
     )
     assert event.tick_interval_s == 2
     assert JoinBolt.from_spec(json.loads(json.dumps(event.to_spec()))) == event

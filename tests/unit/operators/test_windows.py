@@ -85,10 +85,10 @@ def test_event_time_reads_seconds_or_milliseconds_and_rejects_junk():
 def test_definition_round_trips_through_json():
     window = WindowDef.build(Sliding(60, 10), time="event", timestamp_field="ts", lag=5, late_stream="late")
     assert WindowDef.from_spec(json.loads(json.dumps(window.to_spec()))) == window
-    assert window.idle_timeout == 5.0
-    assert WindowDef.build(Tumbling(1), time="event", timestamp_field="ts").idle_timeout == 1.0
-    assert WindowDef.build(Tumbling(1), time="event", timestamp_field="ts", idle_timeout=None).idle_timeout is None
-    assert WindowDef.build(Tumbling(1)).idle_timeout is None
+    assert window.idle_timeout is None  # waits for data unless asked
+    assert WindowDef.build(Tumbling(1), time="event", timestamp_field="ts", idle_timeout=3).idle_timeout == 3.0
+    with pytest.raises(TopologyDefinitionError, match="idle_timeout applies to event time only"):
+        WindowDef.build(Tumbling(1), idle_timeout=3)
 
 
 def test_watermark_is_max_event_minus_lag_and_never_goes_back():
