@@ -36,7 +36,7 @@ from typing import Any
 
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import CombinerAggregator
-from stream_ops.operators.windows import WINDOW_END, WINDOW_START, Watermark, WindowDef
+from stream_ops.operators.windows import LATE, WINDOW_END, WINDOW_START, Watermark, WindowDef
 from stream_ops.topology.field_paths import value_or_none
 
 Record = dict[str, Any]
@@ -100,18 +100,13 @@ class WindowedAggregation:
         mark = self.watermark.value(now) if self.watermark is not None else None
         for record in records:
             key = encode_key([value_or_none(record, f) for f in self.key_fields])
-            t = now
-            if self.watermark is not None:
-                event_time = self.window.event_time(record)
-                if event_time is None:
-                    out.dead.append(
-                        {"record": dict(record), "error": f"no usable event time in field {self.window.timestamp_field!r}"}
-                    )
-                    continue
-                if mark is not None and event_time < mark:
-                    out.late.append(dict(record))
-                    continue
-                t = event_time
+            t, problem = self.window.place(record, now, mark)
+            if problem == LATE:
+                out.late.append(dict(record))
+                continue
+            if problem is not None:
+                out.dead.append({"record": dict(record), "error": problem})
+                continue
             try:
                 partial = self.aggregator.init(record)
             except Exception as e:  # noqa: BLE001 - user aggregators may raise anything

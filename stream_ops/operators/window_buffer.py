@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_ops.errors import StateError
-from stream_ops.operators.windows import Watermark, WindowDef
+from stream_ops.operators.windows import LATE, Watermark, WindowDef
 
 WindowItem = tuple[str, Mapping[str, Any]]
 """One record of a window: ``(stream name, record)``."""
@@ -78,18 +78,14 @@ class WindowBuffer:
         out = BufferBatch()
         mark = self.watermark.value(now) if self.watermark is not None else None
         for stream, record in items:
-            t = now
+            t, problem = self.window.place(record, now, mark)
+            if problem == LATE:
+                out.late.append((stream, record))
+                continue
+            if problem is not None:
+                out.dead.append({"record": dict(record), "error": problem})
+                continue
             if self.watermark is not None:
-                event_time = self.window.event_time(record)
-                if event_time is None:
-                    out.dead.append(
-                        {"record": dict(record), "error": f"no usable event time in field {self.window.timestamp_field!r}"}
-                    )
-                    continue
-                if mark is not None and event_time < mark:
-                    out.late.append((stream, record))
-                    continue
-                t = event_time
                 self.watermark.observe(t, now)
             self._items.append((t, stream, record))
             if self.window.counted:

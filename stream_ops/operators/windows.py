@@ -44,6 +44,8 @@ from stream_ops.errors import TopologyDefinitionError
 
 TimeMode = Literal["processing", "event"]
 WindowKind = Literal["tumbling", "sliding", "session"]
+LATE = "late"
+"""What :meth:`WindowDef.place` says of a record before the watermark."""
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 """Fields added to every windowed result: the window's bounds in seconds since the epoch
@@ -293,6 +295,19 @@ class WindowDef:
             starts.append(start)
             start -= self.slide
         return [(s, s + self.length) for s in reversed(starts)]
+
+    def place(self, record: Mapping[str, Any], now: float, mark: float | None) -> tuple[float, str | None]:
+        """Where ``record`` falls in time: ``(time, None)`` for a record to window at ``time``
+        (its event time, or ``now`` for processing time), ``(nan, LATE)`` for a record before
+        the watermark ``mark``, ``(nan, reason)`` for one without a usable event time."""
+        if self.time == "processing":
+            return now, None
+        event_time = self.event_time(record)
+        if event_time is None:
+            return math.nan, f"no usable event time in field {self.timestamp_field!r}"
+        if mark is not None and event_time < mark:
+            return math.nan, LATE
+        return event_time, None
 
     def event_time(self, record: Mapping[str, Any]) -> float | None:
         """The record's event time in seconds, or None when it has no usable timestamp."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from stream_ops.errors import SourceError, TopologyDefinitionError
+from stream_ops.registry import Registry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -245,29 +246,19 @@ def count_lines(path: Path) -> int:
 
 # --- the registry --------------------------------------------------------------------------
 
-_KINDS: dict[str, SourceKind] = {}
+_KINDS: Registry[SourceKind] = Registry("source kind")
 
 
 def register_source_kind(kind: SourceKind) -> SourceKind:
     """Add ``kind`` to the registry under ``kind.name`` (a name can be registered once)."""
-    if kind.name in _KINDS:
-        raise TopologyDefinitionError(f"source kind {kind.name!r} is registered already")
-    _KINDS[kind.name] = kind
-    return kind
+    return _KINDS.register(kind.name, kind)
 
 
 def source_kind(name: str) -> SourceKind:
-    """The registered kind called ``name``.
-
-    Raises:
-        TopologyDefinitionError: no kind has that name (a plan from a newer version, or a typo).
-    """
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise TopologyDefinitionError(f"unknown source kind {name!r}; known kinds: {sorted(_KINDS)}") from None
+    """The registered kind called ``name`` (raises TopologyDefinitionError for an unknown one)."""
+    return _KINDS.get(name)
 
 
 def source_kinds() -> tuple[SourceKind, ...]:
     """Every registered kind, in registration order."""
-    return tuple(_KINDS.values())
+    return _KINDS.entries()

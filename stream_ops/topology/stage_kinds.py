@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from stream_ops.errors import TopologyDefinitionError
+from stream_ops.registry import Registry
 
 if TYPE_CHECKING:
     from stream_ops.topology.plan import StageSpec
@@ -46,32 +46,22 @@ class StageKind:
     describe: Callable[[StageSpec], str]
 
 
-_KINDS: dict[str, StageKind] = {}
+_KINDS: Registry[StageKind] = Registry("stage kind")
 
 
 def register_stage_kind(kind: StageKind) -> StageKind:
     """Add ``kind`` to the registry (a name can be registered once)."""
-    if kind.name in _KINDS:
-        raise ValueError(f"stage kind {kind.name!r} is registered already")
-    _KINDS[kind.name] = kind
-    return kind
+    return _KINDS.register(kind.name, kind)
 
 
 def stage_kind(name: str) -> StageKind:
-    """The registered kind called ``name``.
-
-    Raises:
-        TopologyDefinitionError: no kind has that name (a plan from a newer version, or a typo).
-    """
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise TopologyDefinitionError(f"unknown stage kind {name!r}; known kinds: {sorted(_KINDS)}") from None
+    """The registered kind called ``name`` (raises TopologyDefinitionError for an unknown one)."""
+    return _KINDS.get(name)
 
 
 def stage_kinds() -> tuple[StageKind, ...]:
     """Every registered kind, in registration order."""
-    return tuple(_KINDS.values())
+    return _KINDS.entries()
 
 
 def _describe_source(stage: StageSpec) -> str:

@@ -389,7 +389,7 @@ class _EchoSource:
 
 
 def test_a_new_kind_is_one_registration_and_a_definition_object(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(source_base, "_KINDS", dict(source_base._KINDS))  # registered for this test only
+    monkeypatch.setattr(source_base, "_KINDS", source_base._KINDS.copy())  # registered for this test only
     with pytest.raises(TopologyDefinitionError, match="unknown source kind 'echo-test'"):
         source_spec(_EchoSource())
     kind = register_source_kind(_EchoKind())
