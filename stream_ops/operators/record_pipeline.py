@@ -53,6 +53,8 @@ def as_fields(value: Any, out: Sequence[str], kind: str) -> Record:
 
 INPUT = -1
 """The tap of the stage's input records."""
+SQL_OPERATIONS = ("select_expr", "where")
+"""Operations Spark runs on the batch before the Python ones; here they pass records through."""
 
 
 def operation_inputs(operations: Sequence[OperationSpec]) -> list[int]:
@@ -69,10 +71,10 @@ class RecordPipeline:
     """
 
     def __init__(self, operations: Sequence[OperationSpec], taps: Sequence[int] | None = None) -> None:
-        self._steps: list[tuple[OperationSpec, Callable[..., Any]]] = [
+        self._steps: list[tuple[OperationSpec, Callable[..., Any] | None]] = [
             # A worker's plan binds each operation to its verified archive (op.code): in a Spark
             # Python worker too, the function is imported from that archive only.
-            (op, resolve_function(op.function, scope=op.code))
+            (op, resolve_function(op.function, scope=op.code) if op.function else None)
             for op in operations
         ]
         self._inputs = operation_inputs(operations)
@@ -109,7 +111,10 @@ class RecordPipeline:
         return outputs, dead
 
     @staticmethod
-    def _apply(op: OperationSpec, fn: Callable[..., Any], record: Record) -> Iterable[Record]:
+    def _apply(op: OperationSpec, fn: Callable[..., Any] | None, record: Record) -> Iterable[Record]:
+        if op.kind in SQL_OPERATIONS:  # Spark applied it before the records got here
+            return [record]
+        assert fn is not None
         args = _arguments(record, op.fields)
         out = list(op.out)
         if op.kind == "peek":

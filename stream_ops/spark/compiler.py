@@ -13,6 +13,7 @@ the callback (the runtime's commit protocol) asks this module for the batch's re
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -27,11 +30,13 @@ from pyspark.sql.streaming import StreamingQuery
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.record_pipeline import RecordPipeline, needs_driver
+from stream_ops.operators.record_pipeline import SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
+
+logger = logging.getLogger(__name__)
 
 _MISSING = object()
 
@@ -234,7 +239,72 @@ def _typed_partials(stage: StageSpec) -> ShuffleSpec | None:
 
 
 def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
-    """Run a source stage's operations (and partial aggregation) on one micro-batch."""
+    """Run a source stage's operations (and partial aggregation) on one micro-batch.
+
+    The stage's leading Spark SQL operations (``select_expr``, ``where``) run first, in the
+    JVM. If one fails on some record (an ANSI cast, a division by zero), the batch is split
+    until the failing records are found; they go to the dead letters and the others are
+    processed once, as if they had been the whole batch. The input count of such a stage
+    counts the rows the SQL operations produce.
+    """
+    sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
+    if not sql:
+        return _source_batch(df, stage)
+    try:
+        return _source_batch(_with_sql(df, sql), stage)
+    except (PySparkException, Py4JJavaError) as e:
+        rows = df.collect()
+        failing = _failing_rows(df.sparkSession, rows, df.schema, sql)
+        if not failing:
+            raise  # not an expression failing on a record
+        logger.warning("stage %s: %d records make a SQL operation fail: %s", stage.name, len(failing), _first_line(e))
+        kept = [row for i, row in enumerate(rows) if i not in failing]
+        result = _source_batch(_with_sql(df.sparkSession.createDataFrame(kept, df.schema), sql), stage)
+        letters = [{"record": rows[i].asDict(recursive=True), "error": failing[i]} for i in sorted(failing)]
+        return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows, result.inputs)
+
+
+def _with_sql(df: DataFrame, operations: list[OperationSpec]) -> DataFrame:
+    """``df`` after the SQL operations; rows that did not parse keep their corrupt column."""
+    corrupt = CORRUPT_COLUMN in df.columns
+    good = df.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN) if corrupt else df
+    for op in operations:
+        good = good.selectExpr(*op.exprs) if op.kind == "select_expr" else good.where(op.exprs[0])
+    if not corrupt:
+        return good
+    nulls = [F.lit(None).cast(field.dataType).alias(field.name) for field in good.schema.fields]
+    bad = df.where(F.col(CORRUPT_COLUMN).isNotNull()).select(*nulls, F.col(CORRUPT_COLUMN))
+    return good.withColumn(CORRUPT_COLUMN, F.lit(None).cast("string")).unionByName(bad)
+
+
+def _failing_rows(spark: SparkSession, rows: list[Any], schema: Any, operations: list[OperationSpec]) -> dict[int, str]:
+    """Index -> error of the rows on which the SQL operations fail, found by halving."""
+    failing: dict[int, str] = {}
+
+    def check(indices: list[int]) -> None:
+        if not indices:
+            return
+        try:
+            frame = _with_sql(spark.createDataFrame([rows[i] for i in indices], schema), operations)
+            frame.write.format("noop").mode("overwrite").save()  # evaluates every expression
+        except (PySparkException, Py4JJavaError) as e:
+            if len(indices) == 1:
+                failing[indices[0]] = f"SQL operation: {_first_line(e)}"
+                return
+            middle = len(indices) // 2
+            check(indices[:middle])
+            check(indices[middle:])
+
+    check(list(range(len(rows))))
+    return failing
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     typed = _typed_partials(stage)
     columns = "out int, key string, value {}, dead string, inputs long, record string"
     if typed is not None:

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
+SQL_KINDS = ("select_expr", "where")
+"""Operations Spark runs in the JVM, before a source stage's Python operations."""
 
 
 def _field_types(out: str | Sequence[str] | Mapping[str, str], what: str) -> dict[str, str]:
@@ -121,6 +123,8 @@ class OperationNode:
     """The operation of the same stage this one reads (-1: the stage's input)."""
     side: str | None = None
     """For ``kind == "side"``: the processor's side stream whose records this yields."""
+    exprs: tuple[str, ...] = ()
+    """For ``select_expr`` / ``where``: the Spark SQL expressions (run in the JVM)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,14 @@ class Segment:
     operations: list[OperationNode] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """Where records leave the stage; each has a ``tap``: the operation it takes records from."""
+
+    def sql_head(self) -> int:
+        """The tap after the stage's leading Spark SQL operations (-1 when it has none)."""
+        head = -1
+        for index, op in enumerate(self.operations):
+            if op.kind in SQL_KINDS and op.input == head:
+                head = index
+        return head
 
     def consumed(self, tap: int) -> bool:
         """Whether an operation or an output reads ``tap``."""
@@ -602,6 +614,43 @@ class Stream:
         if spec.timestamp_field is not None:
             _check_timestamp(self, spec.timestamp_field, what)
         return WindowedStream(self, spec)
+
+    def select_expr(self, *exprs: str) -> Stream:
+        """Replace each record by Spark SQL expressions over its fields (Spark's ``selectExpr``),
+        run in the JVM before the stage's Python operations, e.g.
+        ``select_expr("explode(split(sentence, ' ')) AS word")``.
+
+        The output fields and types come from Spark's analysis at definition time, so a wrong
+        column or a type error fails here; a record that makes an expression fail at run time
+        goes to the dead letters. Only on a source stage, before its Python operations.
+        """
+        return self._sql("select_expr", exprs)
+
+    def where(self, condition: str) -> Stream:
+        """Keep the records for which the Spark SQL boolean ``condition`` holds (Spark's
+        ``where``), run in the JVM like :meth:`select_expr`."""
+        return self._sql("where", (condition,))
+
+    def _sql(self, kind: str, exprs: tuple[str, ...]) -> Stream:
+        from stream_ops.spark.sql_analysis import analyse
+
+        what = self._what(kind)
+        for tap in self._taps:
+            segment = tap.segment
+            if segment.kind != "source":
+                raise TopologyDefinitionError(
+                    f"{what}: Spark SQL operations run on a source stage, where Spark reads the records; "
+                    f"stage {segment.name!r} reads a shuffle. Use each/map/filter here"
+                )
+            if tap.op != segment.sql_head() or segment.consumed(tap.op):
+                raise TopologyDefinitionError(
+                    f"{what}: Spark SQL operations run before the stage's Python operations and on every record of it, "
+                    "so they must come first, in one chain, right after the source"
+                )
+        fields = analyse(self._fields, kind, exprs, what) if kind == "select_expr" else dict(self._fields)
+        if kind == "where":
+            analyse(self._fields, kind, exprs, what)
+        return self._extend(OperationNode(kind, "", None, fields, exprs=tuple(exprs)), fields)
 
     def group_by(self, *fields: str, queues: int | None = None) -> GroupedStream:
         """Partition the stream by ``fields``: equal keys meet in one task after a shuffle.

@@ -40,9 +40,12 @@ class OperationSpec(_Frozen):
     records of the stage processor's side stream ``side`` (late records, a named output
     stream), which operations and outputs read like any tap."""
 
-    kind: Literal["each", "map", "filter", "peek", "state_query", "side"]
+    kind: Literal["each", "map", "filter", "peek", "state_query", "side", "select_expr", "where"]
     function: str
     side: str | None = None
+    exprs: tuple[str, ...] = ()
+    """``select_expr`` / ``where``: Spark SQL expressions, run in the JVM before the stage's
+    Python operations (which see them as done)."""
     fields: tuple[str, ...] | None
     out: dict[str, str]
     query: dict[str, Any] | None = None
@@ -390,7 +393,14 @@ def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
 def _stage(segment: Segment, topology: Topology) -> StageSpec:
     operations = tuple(
         OperationSpec(
-            kind=op.kind, function=op.function, fields=op.fields, out=op.out, query=op.query, input=op.input, side=op.side
+            kind=op.kind,
+            function=op.function,
+            fields=op.fields,
+            out=op.out,
+            query=op.query,
+            input=op.input,
+            side=op.side,
+            exprs=op.exprs,
         )
         for op in segment.operations
     )

@@ -49,7 +49,7 @@ def plan_references(plan: Plan) -> list[PlanReference]:
     for stage in plan.stages:
         where = f"stage {stage.name!r}"
         for op in stage.operations:
-            if op.kind == "side":  # the processor's own records: no code
+            if not op.function:  # side streams and Spark SQL operations reference no code
                 continue
             found.append(PlanReference(f"{where} {op.kind}", op.function))
             if op.query is not None:
