@@ -251,7 +251,9 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     if not sql:
         return _source_batch(df, stage)
     try:
-        return _source_batch(_with_sql(df, sql), stage)
+        data = _with_sql(df, sql)
+        in_jvm = _jvm_partials(data, stage)
+        return in_jvm if in_jvm is not None else _source_batch(data, stage)
     except (PySparkException, Py4JJavaError) as e:
         rows = df.collect()
         failing = _failing_rows(df.sparkSession, rows, df.schema, sql)
@@ -262,6 +264,48 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
         result = _source_batch(_with_sql(df.sparkSession.createDataFrame(kept, df.schema), sql), stage)
         letters = [{"record": rows[i].asDict(recursive=True), "error": failing[i]} for i in sorted(failing)]
         return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows, result.inputs)
+
+
+_JVM_KEY_TYPES = ("string", "bigint", "int", "boolean", "double")
+"""Key column types whose Spark ``to_json`` text reads back as the value the Python path sees
+(a 32-bit float does not: Python widens it)."""
+
+
+def _jvm_partials(data: DataFrame, stage: StageSpec) -> SourceBatchResult | None:
+    """The batch's partial counts computed by Spark alone, when nothing needs Python: every
+    operation is SQL, the one output counts per key after them, and the keys encode alike in
+    the JVM. None when that does not hold (the Python path runs instead).
+
+    One Spark job groups the rows by encoded key (rows that did not parse by their text, as
+    dead letters), like plain Spark's own partial aggregation before a shuffle.
+    """
+    if any(op.kind not in SQL_OPERATIONS for op in stage.operations) or len(stage.outputs) != 1:
+        return None
+    output = stage.outputs[0]
+    if not isinstance(output, ShuffleSpec) or output.aggregator.get("kind") != "Count":
+        return None
+    if stage.tap_of(output) != len(stage.operations) - 1 or not output.key_fields:
+        return None
+    types = dict(data.dtypes)
+    if any(types.get(k) not in _JVM_KEY_TYPES for k in output.key_fields) or len({types[k] for k in output.key_fields}) > 1:
+        return None  # (an array needs one element type)
+    key = F.to_json(F.array(*[F.col(f"`{k}`") for k in output.key_fields]))
+    corrupt = F.col(CORRUPT_COLUMN) if CORRUPT_COLUMN in data.columns else F.lit(None).cast("string")
+    rows = (
+        data.groupBy(F.when(corrupt.isNull(), key).alias("key"), corrupt.alias("dead"))
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
+    counts: dict[str, int] = defaultdict(int)
+    dead: list[dict[str, Any]] = []
+    for row in rows:
+        if row["dead"] is not None:
+            dead.extend([{"record": row["dead"], "error": "does not parse against the source schema"}] * int(row["n"]))
+        else:
+            # Jackson's JSON and encode_key's differ in escapes and float spelling: re-encode
+            # (per distinct key), merging keys that are one key there (0.0 and -0.0).
+            counts[encode_key(json.loads(row["key"]))] += int(row["n"])
+    return SourceBatchResult({0: list(counts.items())}, dead, sum(counts.values()) + len(dead))
 
 
 def _with_sql(df: DataFrame, operations: list[OperationSpec]) -> DataFrame:

@@ -144,3 +144,45 @@ def _run_with_a_failing_record(spark, zk_config, tmp_path, cluster):
     assert errors == ["SQL operation", "does not parse against the source schema"], letters
     failed = next(letter for letter in letters if letter["error"].startswith("SQL operation"))
     assert failed["record"]["n"] == "one"
+
+
+def _partials(spark, topology: Topology, rows: list[tuple]):
+    from stream_ops.spark.compiler import source_batch
+    from stream_ops.topology.plan import build_plan
+
+    result = source_batch(spark.createDataFrame(rows, SOURCE), build_plan(topology).stage(0))
+    return sorted(result.outputs[0]), sorted(d["record"] for d in result.dead_letters), result.input_rows
+
+
+def _counted(tmp_path: Path, name: str, words) -> Topology:
+    from stream_ops import Count, OpaqueMapState
+
+    t = Topology(name)
+    source = t.source("lines", FileTopic(tmp_path / name, 1), schema={"sentence": "string", "n": "string"})
+    key = words(source)
+    key[0].group_by(key[1]).persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    return t
+
+
+def test_counts_computed_in_the_jvm_equal_the_python_paths_keys(spark, tmp_path, monkeypatch):
+    from stream_ops.examples.wordcount import split
+
+    monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
+    rows = [
+        ("héllo wörld héllo", "1"),
+        ('quote" back\\slash tab\tend esc\x1bape', "1.0"),
+        ("", "-0.0"),
+        ("x", "0"),
+        ("y", "2.5"),
+        ("z", None),
+    ]
+    rows = [(*r, None) for r in rows] + [(None, None, '{"sentence": broken')]
+    in_jvm = _counted(tmp_path, "jvm", lambda s: (s.select_expr("explode(split(sentence, ' ')) AS word"), "word"))
+    in_python = _counted(tmp_path, "py", lambda s: (s.each(split, out="word", fields=["sentence"]), "word"))
+    jvm, python = _partials(spark, in_jvm, rows), _partials(spark, in_python, rows)
+    assert jvm[:2] == python[:2]
+    assert (jvm[2], python[2]) == (12, 7), "Spark counted 11 words and a bad line alone; Python read 7 lines"
+    assert ('["héllo"]', 2) in jvm[0] and ('["esc\\u001bape"]', 1) in jvm[0] and jvm[1] == ['{"sentence": broken']
+    doubles = _counted(tmp_path, "doubles", lambda s: (s.select_expr("cast(n AS double) AS x"), "x"))
+    # 1 and 1.0 are the key 1, 0 and -0.0 the key 0, as encode_key has them
+    assert _partials(spark, doubles, rows[:-1]) == ([("[0]", 2), ("[1]", 2), ("[2.5]", 1), ("[null]", 1)], [], 6)
