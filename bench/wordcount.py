@@ -521,19 +521,21 @@ def main() -> None:
                 warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
                 warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
                 run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-                run_stream_ops(
-                    store,
-                    cluster,
-                    worker,
-                    warm_topic.root,
-                    warm_expected,
-                    name="wc-warmup",
-                    state=args.state[0],
-                    n_sentences=len(warm),
-                    poll_s=args.poll,
-                    timeout_s=args.timeout,
-                    label="warmup",
-                )
+                for split_with in args.split:
+                    run_stream_ops(
+                        store,
+                        cluster,
+                        worker,
+                        warm_topic.root,
+                        warm_expected,
+                        name=f"wc-warmup-{split_with}",
+                        state=args.state[0],
+                        n_sentences=len(warm),
+                        poll_s=args.poll,
+                        timeout_s=args.timeout,
+                        label="warmup",
+                        split_with=split_with,
+                    )
                 print(
                     f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s",
                     flush=True,
