@@ -55,6 +55,9 @@ INPUT = -1
 """The tap of the stage's input records."""
 SQL_OPERATIONS = ("select_expr", "where")
 """Operations Spark runs on the batch before the Python ones; here they pass records through."""
+BATCH_OPERATIONS = ("map_batches",)
+"""Operations run on whole Arrow batches before the per-record ones (in the same Python
+worker); here too they pass records through."""
 
 
 def operation_inputs(operations: Sequence[OperationSpec]) -> list[int]:
@@ -112,7 +115,7 @@ class RecordPipeline:
 
     @staticmethod
     def _apply(op: OperationSpec, fn: Callable[..., Any] | None, record: Record) -> Iterable[Record]:
-        if op.kind in SQL_OPERATIONS:  # Spark applied it before the records got here
+        if op.kind in SQL_OPERATIONS or op.kind in BATCH_OPERATIONS:  # applied before the records got here
             return [record]
         assert fn is not None
         args = _arguments(record, op.fields)

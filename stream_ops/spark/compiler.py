@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -30,10 +31,12 @@ from pyspark.sql.streaming import StreamingQuery
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.record_pipeline import SQL_OPERATIONS, RecordPipeline, needs_driver
+from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
+from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
 from stream_ops.topology.field_paths import value_at
+from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
 logger = logging.getLogger(__name__)
@@ -160,6 +163,11 @@ def _stage_rows(
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pipeline = RecordPipeline(operations if mode != "raw" else (), [o.tap for o in outputs] if mode != "raw" else None)
         aggregators = {o.index: aggregator_from_spec(o.aggregator) for o in outputs if o.aggregator is not None}
+        batch_operations = [
+            (op, resolve_function(op.function, scope=op.code), arrow_schema(op.out))
+            for op in operations
+            if op.kind in BATCH_OPERATIONS
+        ]
         for batch in batches:
             columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
@@ -168,6 +176,11 @@ def _stage_rows(
                 for column, item in zip(columns, (out, key, value, letter, rec), strict=True):  # noqa: B023
                     column.append(item)
 
+            rows_read = batch.num_rows
+            if batch_operations:
+                batch, letters = _run_batch_operations(batch, batch_operations)
+                for letter in letters:
+                    add(None, None, None, json.dumps(letter, default=str), None)
             records = batch.to_pylist()
             partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
             for record in records:
@@ -211,7 +224,7 @@ def _stage_rows(
                     else:
                         add(index, key, None, None, json.dumps(value, default=str))
             add(None, None, None, None, None)
-            inputs: list[int | None] = [None] * (len(columns[0]) - 1) + [len(records)]
+            inputs: list[int | None] = [None] * (len(columns[0]) - 1) + [rows_read]
             out_col, keys, values, dead, recs = columns
             yield pa.RecordBatch.from_arrays(
                 [
@@ -226,6 +239,26 @@ def _stage_rows(
             )
 
     return run
+
+
+def _run_batch_operations(
+    batch: pa.RecordBatch, operations: list[tuple[OperationSpec, Any, pa.Schema]]
+) -> tuple[pa.RecordBatch, list[dict[str, Any]]]:
+    """The stage's ``map_batches`` functions over one Arrow batch, in order: (the batch they
+    give, dead letters for lines that did not parse and rows a function fails on)."""
+    letters: list[dict[str, Any]] = []
+    if CORRUPT_COLUMN in batch.schema.names:
+        parsed = pc.is_null(batch.column(CORRUPT_COLUMN))
+        bad = batch.filter(pc.invert(parsed)).column(CORRUPT_COLUMN).to_pylist()
+        letters += [{"record": text, "error": "does not parse against the source schema"} for text in bad]
+        batch = batch.filter(parsed)
+        batch = batch.select([name for name in batch.schema.names if name != CORRUPT_COLUMN])
+    for op, fn, schema in operations:
+        outputs, dead = apply_isolating(fn, batch, schema, op.function)
+        letters += dead
+        table = pa.Table.from_batches(outputs, schema=schema).combine_chunks()
+        batch = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
+    return batch, letters
 
 
 def _typed_partials(stage: StageSpec) -> ShuffleSpec | None:

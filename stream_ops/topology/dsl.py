@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 
 SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
-SQL_KINDS = ("select_expr", "where")
-"""Operations Spark runs in the JVM, before a source stage's Python operations."""
+HEAD_KINDS = ("select_expr", "where", "map_batches")
+"""Operations that run on a source stage's whole batch (Spark SQL in the JVM, then Arrow
+batch functions), before its per-record Python operations."""
 
 
 def _field_types(out: str | Sequence[str] | Mapping[str, str], what: str) -> dict[str, str]:
@@ -174,11 +175,12 @@ class Segment:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """Where records leave the stage; each has a ``tap``: the operation it takes records from."""
 
-    def sql_head(self) -> int:
-        """The tap after the stage's leading Spark SQL operations (-1 when it has none)."""
+    def head(self) -> int:
+        """The tap after the stage's leading Spark SQL and map_batches operations (-1 when it
+        has none)."""
         head = -1
         for index, op in enumerate(self.operations):
-            if op.kind in SQL_KINDS and op.input == head:
+            if op.kind in HEAD_KINDS and op.input == head:
                 head = index
         return head
 
@@ -631,22 +633,45 @@ class Stream:
         ``where``), run in the JVM like :meth:`select_expr`."""
         return self._sql("where", (condition,))
 
-    def _sql(self, kind: str, exprs: tuple[str, ...]) -> Stream:
-        from stream_ops.spark.sql_analysis import analyse
+    def map_batches(self, fn: Callable[[Any], Any], *, schema: Mapping[str, str]) -> Stream:
+        """Replace the records by ``fn(pyarrow.RecordBatch)`` (a RecordBatch or Table of any
+        number of rows with the ``schema`` fields), run in Spark's Python workers on whole
+        Arrow batches (``mapInArrow``), after the stage's Spark SQL operations and before its
+        per-record ones. A batch on which ``fn`` raises is split until the failing rows are
+        found; they go to the dead letters, the other rows count once. Only on a source stage.
+        """
+        from stream_ops.arrow_types import ARROW_TYPES
 
-        what = self._what(kind)
+        what = self._what("map_batches")
+        ref = function_ref(fn, what=what)
+        fields = _field_types(schema, what)
+        nested = [name for name, typ in fields.items() if typ not in ARROW_TYPES]
+        if nested:
+            raise TopologyDefinitionError(f"{what}: fields {nested} are not scalar; map_batches outputs {sorted(ARROW_TYPES)}")
+        self._check_head(what, "map_batches functions run on the Arrow batches Spark reads")
+        return self._extend(OperationNode("map_batches", ref, None, fields), fields)
+
+    def _check_head(self, what: str, why: str, *, before_batches: bool = False) -> None:
+        """Refuse a head operation (SQL, map_batches) anywhere but at the head of a source stage."""
         for tap in self._taps:
             segment = tap.segment
             if segment.kind != "source":
                 raise TopologyDefinitionError(
-                    f"{what}: Spark SQL operations run on a source stage, where Spark reads the records; "
-                    f"stage {segment.name!r} reads a shuffle. Use each/map/filter here"
+                    f"{what}: {why}, on a source stage; stage {segment.name!r} reads a shuffle. Use each/map/filter here"
                 )
-            if tap.op != segment.sql_head() or segment.consumed(tap.op):
+            if before_batches and any(op.kind == "map_batches" for op in segment.operations):
+                raise TopologyDefinitionError(f"{what}: Spark SQL operations run before map_batches; write them first")
+            if tap.op != segment.head() or segment.consumed(tap.op):
                 raise TopologyDefinitionError(
-                    f"{what}: Spark SQL operations run before the stage's Python operations and on every record of it, "
-                    "so they must come first, in one chain, right after the source"
+                    f"{what}: {why}, before the stage's Python operations and on every record of it, so it must come "
+                    "first, in one chain, right after the source"
                 )
+
+    def _sql(self, kind: str, exprs: tuple[str, ...]) -> Stream:
+        from stream_ops.spark.sql_analysis import analyse
+
+        what = self._what(kind)
+        self._check_head(what, "Spark SQL operations run in the JVM where Spark reads the records", before_batches=True)
         fields = analyse(self._fields, kind, exprs, what) if kind == "select_expr" else dict(self._fields)
         if kind == "where":
             analyse(self._fields, kind, exprs, what)

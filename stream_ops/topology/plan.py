@@ -40,7 +40,7 @@ class OperationSpec(_Frozen):
     records of the stage processor's side stream ``side`` (late records, a named output
     stream), which operations and outputs read like any tap."""
 
-    kind: Literal["each", "map", "filter", "peek", "state_query", "side", "select_expr", "where"]
+    kind: Literal["each", "map", "filter", "peek", "state_query", "side", "select_expr", "where", "map_batches"]
     function: str
     side: str | None = None
     exprs: tuple[str, ...] = ()

@@ -21,6 +21,8 @@ from stream_ops.nimbus.submission import submit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runners import make_runner, pause_commits
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
+
 SOURCE = "sentence string, n string, _corrupt_record string"
 
 
@@ -186,3 +188,62 @@ def test_counts_computed_in_the_jvm_equal_the_python_paths_keys(spark, tmp_path,
     doubles = _counted(tmp_path, "doubles", lambda s: (s.select_expr("cast(n AS double) AS x"), "x"))
     # 1 and 1.0 are the key 1, 0 and -0.0 the key 0, as encode_key has them
     assert _partials(spark, doubles, rows[:-1]) == ([("[0]", 2), ("[1]", 2), ("[2.5]", 1), ("[null]", 1)], [], 6)
+
+
+BATCH_OPS = """
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def shout(batch):
+    if "boom" in batch.column("sentence").to_pylist():
+        raise ValueError("cannot shout boom")
+    words = pc.list_flatten(pc.split_pattern(batch.column("sentence"), " "))
+    return pa.table({"word": pc.utf8_upper(words), "extra": words})
+"""
+
+
+def test_map_batches_isolates_failing_rows_and_counts_the_rest_once(spark, zk_config, tmp_path, monkeypatch):
+    from user_packages import forget, import_ops, write_package
+
+    monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    write_package(src, "batchpkg", "v1", extra={"batches.py": BATCH_OPS})
+    import_ops(src, "batchpkg")
+    sys.path.insert(0, str(src))
+    try:
+        import importlib
+
+        ops = importlib.import_module("batchpkg.batches")
+    finally:
+        sys.path.remove(str(src))
+    cluster = ClusterConfig(root=tmp_path / "cluster")
+    t, lines = _source(tmp_path, "batches")
+    lines.where("sentence <> 'skip me'").map_batches(ops.shout, schema={"word": "string"}).to_parquet(
+        tmp_path / "words", name="words"
+    )
+    try:
+        with ZkStore.connect(zk_config) as admin:
+            topology_id = submit(admin, cluster, t, workers=1)
+            forget("batchpkg")  # the runner loads it from the code archive only
+            runner = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage="lines")
+            runner.prepare()
+            rows = [("how are", "1"), ("boom", "2"), ("skip me", "3"), ("you", "4")]
+            batch = spark.createDataFrame([*[(*r, None) for r in rows], (None, None, "{broken")], SOURCE).coalesce(1)
+            runner.process_batch(batch, 0)
+            runner.process_batch(batch, 0)  # a replay of the committed batch writes nothing twice
+            runner.stop()
+            letters = [record for _, _, record in runner.layout.dead_letter_topic().read_queue(0)]
+    finally:
+        forget("batchpkg")
+    root = tmp_path / "words"
+    assert sorted(duckdb.sql(f"select word from read_parquet('{root}/**/*.parquet')").fetchall()) == [
+        ("ARE",),
+        ("HOW",),
+        ("YOU",),
+    ]
+    errors = sorted(letter["error"] for letter in letters)
+    assert errors == [
+        "does not parse against the source schema",
+        "map_batches batchpkg.batches:shout: ValueError: cannot shout boom",
+    ], letters
