@@ -10,8 +10,9 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   driver. Timed from ``start()`` until ``processAllAvailable()`` returns.
 * stream_ops: ``build_wordcount`` (source stage: 2 tasks; keyed stage with opaque or
   transactional state: 2 tasks), its split written as Spark SQL in the JVM
-  (``select_expr("explode(split(sentence, ' ')) AS word")``, ``--split sql``) and/or as
-  Trident's ``each(split)`` per record in Python (``--split row``). Timed from ``submit`` until the state query returns exactly
+  (``select_expr("explode(split(sentence, ' ')) AS word")``, ``--split sql``), as a
+  ``map_batches`` function over Arrow batches (``--split arrow``) and/or as Trident's
+  ``each(split)`` per record in Python (``--split row``). Timed from ``submit`` until the state query returns exactly
   the ground truth (polled every ``--poll`` s), so it includes task start-up, the shuffle
   through files, RocksDB, the state topic and the ZooKeeper commits.
 
@@ -22,7 +23,7 @@ The fsync cost of the commit path is measured twice: stream_ops runs once with i
 fsynced (the default) and once with ``ClusterConfig(fsync=False)`` (``--fsync``), and one
 staged batch file is timed with and without fsync on the same file system.
 
-Run: ``.venv/bin/python bench/wordcount.py [--sentences N] [--state opaque transactional] [--split sql row]``
+Run: ``.venv/bin/python bench/wordcount.py [--sentences N] [--state opaque transactional] [--split sql arrow row]``
 """
 
 from __future__ import annotations
@@ -459,9 +460,10 @@ def main() -> None:
     parser.add_argument(
         "--split",
         nargs="+",
-        choices=["sql", "row"],
-        default=["sql", "row"],
-        help="how stream_ops splits: select_expr in the JVM (sql) and/or each(split) per record in Python (row)",
+        choices=["sql", "arrow", "row"],
+        default=["sql", "arrow", "row"],
+        help="how stream_ops splits: select_expr in the JVM (sql), map_batches over Arrow batches (arrow), "
+        "each(split) per record in Python (row)",
     )
     parser.add_argument(
         "--fsync",
