@@ -41,6 +41,8 @@ from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 
 logger = logging.getLogger(__name__)
 
+HEAD_OPERATIONS = SQL_OPERATIONS + BATCH_OPERATIONS
+
 _MISSING = object()
 
 
@@ -168,6 +170,7 @@ def _stage_rows(
             for op in operations
             if op.kind in BATCH_OPERATIONS
         ]
+        counted = _arrow_count(operations, outputs, mode) if batch_operations else None
         for batch in batches:
             columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
@@ -181,7 +184,14 @@ def _stage_rows(
                 batch, letters = _run_batch_operations(batch, batch_operations)
                 for letter in letters:
                     add(None, None, None, json.dumps(letter, default=str), None)
-            records = batch.to_pylist()
+            if counted is not None:  # count per key in Arrow: no Python per record
+                index, keys = counted
+                grouped = pa.Table.from_batches([batch]).group_by(list(keys)).aggregate([([], "count_all")])
+                for group in grouped.to_pylist():
+                    add(index, encode_key([group[k] for k in keys]), group["count_all"], None, None)
+                records = []
+            else:
+                records = batch.to_pylist()
             partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
@@ -239,6 +249,21 @@ def _stage_rows(
             )
 
     return run
+
+
+def _arrow_count(
+    operations: tuple[OperationSpec, ...], outputs: list[_OutputPlan], mode: str
+) -> tuple[int, tuple[str, ...]] | None:
+    """(output index, key fields) when the batch operations end the stage and its one output
+    counts per top-level key: then Arrow counts each batch (``Table.group_by``)."""
+    if mode != "typed" or len(outputs) != 1 or any(op.kind not in HEAD_OPERATIONS for op in operations):
+        return None
+    output = outputs[0]
+    if output.key_fields is None or (output.aggregator or {}).get("kind") != "Count" or output.tap != len(operations) - 1:
+        return None
+    if not output.key_fields or any(k not in operations[-1].out for k in output.key_fields):
+        return None
+    return output.index, output.key_fields
 
 
 def _run_batch_operations(

@@ -166,8 +166,8 @@ def _counted(tmp_path: Path, name: str, words) -> Topology:
     return t
 
 
-def test_counts_computed_in_the_jvm_equal_the_python_paths_keys(spark, tmp_path, monkeypatch):
-    from stream_ops.examples.wordcount import split
+def test_counts_computed_in_the_jvm_and_in_arrow_equal_the_python_paths_keys(spark, tmp_path, monkeypatch):
+    from stream_ops.examples.wordcount import split, split_batch
 
     monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
     rows = [
@@ -181,8 +181,10 @@ def test_counts_computed_in_the_jvm_equal_the_python_paths_keys(spark, tmp_path,
     rows = [(*r, None) for r in rows] + [(None, None, '{"sentence": broken')]
     in_jvm = _counted(tmp_path, "jvm", lambda s: (s.select_expr("explode(split(sentence, ' ')) AS word"), "word"))
     in_python = _counted(tmp_path, "py", lambda s: (s.each(split, out="word", fields=["sentence"]), "word"))
-    jvm, python = _partials(spark, in_jvm, rows), _partials(spark, in_python, rows)
-    assert jvm[:2] == python[:2]
+    in_arrow = _counted(tmp_path, "arrow", lambda s: (s.map_batches(split_batch, schema={"word": "string"}), "word"))
+    jvm, python, arrow = (_partials(spark, t, rows) for t in (in_jvm, in_python, in_arrow))
+    assert jvm[:2] == python[:2] == arrow[:2]
+    assert arrow[2] == 7, "Arrow counted the words of the 7 lines read"
     assert (jvm[2], python[2]) == (12, 7), "Spark counted 11 words and a bad line alone; Python read 7 lines"
     assert ('["héllo"]', 2) in jvm[0] and ('["esc\\u001bape"]', 1) in jvm[0] and jvm[1] == ['{"sentence": broken']
     doubles = _counted(tmp_path, "doubles", lambda s: (s.select_expr("cast(n AS double) AS x"), "x"))
