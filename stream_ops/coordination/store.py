@@ -301,6 +301,7 @@ class ZkStore:
         # Mirrors the session state (set while CONNECTED): calls wait on it instead of letting
         # kazoo queue requests that would be sent, possibly much later, after a reconnect.
         self._live = threading.Event()
+        self._give_up = threading.Event()
         client.add_listener(self._on_state)
         if client.connected:
             self._live.set()
@@ -511,11 +512,22 @@ class ZkStore:
 
     # --- calls ---------------------------------------------------------------------
 
+    def stop_waiting(self) -> None:
+        """From now on, fail at once instead of waiting for a lost connection to come back (a
+        process shutting down); while connected, operations go on as before."""
+        self._give_up.set()
+
     def _await_connection(self, action: str, path: str, timeout: float) -> None:
         """Wait until the session is connected; raise (nothing was sent) if it is not in time."""
         if self._closed:
             raise ZooKeeperUnavailableError(f"cannot {action} {path}: this ZkStore is closed; connect a new one")
-        if not self._live.wait(max(timeout, 0.0)):
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while not self._live.wait(min(0.1, max(deadline - time.monotonic(), 0.0))):
+            if self._give_up.is_set():
+                raise ZooKeeperUnavailableError(f"cannot {action} {path}: not connected to ZooKeeper, and shutting down")
+            if time.monotonic() >= deadline:
+                break
+        if not self._live.is_set():
             raise ZooKeeperUnavailableError(
                 f"cannot {action} {path}: not connected to ZooKeeper at {self._config.hosts} for "
                 f"{self._timeout:g}s; nothing was sent. Check that ZooKeeper is running and reachable."

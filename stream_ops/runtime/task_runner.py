@@ -336,8 +336,17 @@ class TaskRunner:
         raised = next((line for line in reversed(lines) if _RAISED.match(line)), None)
         return (raised or lines[0])[:1000]
 
-    def stop(self, *, release_ownership: bool = True) -> None:
-        """Stop the query, close the state and (if we still can) release the task."""
+    def stop(self, *, release_ownership: bool = True, wait_s: float | None = None) -> None:
+        """Stop the query, close the state and (if we still can) release the task.
+
+        Args:
+            release_ownership: delete our owner node, so the task can move at once.
+            wait_s: how long to wait for a running batch (default ``settings.stop_wait_s``).
+                When a batch still holds the commit lock after that (e.g. waiting for
+                ZooKeeper to commit), the state is left open rather than waited for: the
+                caller is shutting the process down, which is as safe as a SIGKILL.
+        """
+        deadline = time.monotonic() + (self.settings.stop_wait_s if wait_s is None else wait_s)
         self._stopping.set()
         if self.query is not None:
             try:
@@ -347,17 +356,25 @@ class TaskRunner:
         # Wait for a batch callback that may still be running in its Python thread; if it
         # outlasts the wait, close under it: the commit lock makes its commit either finish
         # before the state closes or refuse (the task is stopping), never run on a closed state.
-        if self._batch_lock.acquire(timeout=self.settings.stop_wait_s):
+        if self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             self._batch_lock.release()
         else:
             logger.warning(
-                "task %s/%d: a batch still runs after %.0f s; closing its state, its commit will be refused",
+                "task %s/%d: a batch still runs after the stop wait; closing its state, its commit will be refused",
                 self.topology_id,
                 self.task.task_id,
-                self.settings.stop_wait_s,
             )
-        with self._commit_lock:
-            self._close_state()
+        if self._commit_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                self._close_state()
+            finally:
+                self._commit_lock.release()
+        else:
+            logger.warning(
+                "task %s/%d: a batch holds the commit lock (ZooKeeper unreachable?); leaving its state to the process exit",
+                self.topology_id,
+                self.task.task_id,
+            )
         if release_ownership and self.ownership is not None:
             release(self.zk, self.ownership)
         logger.info("task %s/%d stopped on %s", self.topology_id, self.task.task_id, self.worker_id)
@@ -414,7 +431,11 @@ class TaskRunner:
 
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
-        if not self.connected.wait(self.settings.commit_wait_s):
+        deadline = time.monotonic() + self.settings.commit_wait_s
+        while not self.connected.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+            if self._stopping.is_set() or time.monotonic() >= deadline:
+                break
+        if not self.connected.is_set():
             raise ZooKeeperUnavailableError(
                 f"task {self.topology_id}/{self.task.task_id}: ZooKeeper not connected; batch left for replay"
             )

@@ -87,6 +87,11 @@ class WorkerSettings(BaseModel):
     capacity: int = Field(64, ge=1, description="Most tasks this worker runs at once.")
     heartbeat_interval_s: float = Field(2.0, gt=0)
     poll_interval_s: float = Field(0.5, gt=0)
+    shutdown_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="On SIGTERM, how long the worker spends stopping and releasing its tasks (in parallel) before it exits.",
+    )
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
     trigger_seconds: float = Field(1.0, ge=0)
@@ -190,6 +195,9 @@ class Worker:
         self.store = ZkStore.connect(self.zookeeper)
         self.store.add_listener(self._on_state)
         self._connected.set()
+        # A stop (SIGTERM) must not wait for ZooKeeper to come back: ZooKeeper calls in flight
+        # give up at once when the connection is away, and the shutdown starts.
+        threading.Thread(target=self._give_up_on_stop, args=(stop,), name="stream-ops-stop-watch", daemon=True).start()
         try:
             self.spark = self._spark_factory()
             self._server = self._query_server()
@@ -215,6 +223,11 @@ class Worker:
                     logger.warning("worker %s: %s", self.worker_id, e)
         finally:
             self._shutdown()
+
+    def _give_up_on_stop(self, stop: threading.Event) -> None:
+        stop.wait()
+        if self.store is not None:
+            self.store.stop_waiting()
 
     def _tick(self, now: float) -> None:
         """Write the time-based ticks of the running tasks; one task's failing write stops no other."""
@@ -507,12 +520,12 @@ class Worker:
         self._runners[key] = runner
         logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, runner.ownership.epoch)  # type: ignore[union-attr]
 
-    def _stop_runner(self, key: tuple[str, int], *, release_ownership: bool = True) -> None:
+    def _stop_runner(self, key: tuple[str, int], *, release_ownership: bool = True, wait_s: float | None = None) -> None:
         runner = self._runners.pop(key, None)
         if runner is None:
             return
         try:
-            runner.stop(release_ownership=release_ownership)
+            runner.stop(release_ownership=release_ownership, wait_s=wait_s)
         except Exception as e:  # noqa: BLE001 - e.g. a user State's close(); the worker goes on
             logger.warning("task %s/%d: stopping it failed: %s", key[0], key[1], describe_error(e))
         if self.store is not None and release_ownership:
@@ -553,20 +566,51 @@ class Worker:
         return sorted(self._runners)
 
     def _shutdown(self) -> None:
-        for key in list(self._runners):
-            try:
-                self._stop_runner(key)
-            except Exception as e:  # noqa: BLE001 - keep shutting the rest down
-                logger.warning("stopping task %s: %s", key, e)
+        """Stop every task at once, releasing each (its next owner need not wait for our session
+        to expire), all within ``shutdown_timeout_s`` whatever ZooKeeper does: what is still
+        stopping then is left to the process exit, which the commit protocol makes as safe as
+        a SIGKILL."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        wait_s = max(0.5, self.settings.shutdown_timeout_s - 1.0)
+        stoppers = [
+            threading.Thread(target=self._stop_quietly, args=(key, wait_s), name=f"stop-{key[0]}-{key[1]}", daemon=True)
+            for key in list(self._runners)
+        ]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in stoppers if t.is_alive()]
+        if left:
+            logger.warning(
+                "worker %s: %s still stopping after %.0f s; exiting without them",
+                self.worker_id,
+                left,
+                self.settings.shutdown_timeout_s,
+            )
         if self._server is not None:
             self._server.stop()
-        if self.spark is not None and self._owns_spark:
+        if self.spark is not None and self._owns_spark and not left:
             self.spark.stop()
         if self.store is not None:
             self.store.remove_listener(self._on_state)
+            closer = threading.Thread(target=self._close_store, name="stream-ops-zk-close", daemon=True)
+            closer.start()
+            closer.join(max(0.5, deadline - time.monotonic()))
+        logger.info("worker %s stopped", self.worker_id)
+
+    def _stop_quietly(self, key: tuple[str, int], wait_s: float) -> None:
+        try:
+            self._stop_runner(key, wait_s=wait_s)
+        except Exception as e:  # noqa: BLE001 - keep shutting the rest down
+            logger.warning("stopping task %s: %s", key, e)
+
+    def _close_store(self) -> None:
+        """Delete our worker node and end the session (bounded by the caller's join)."""
+        assert self.store is not None
+        if self.store.connected:
             try:
                 self.store.delete(ZkPaths.worker(self.worker_id))
             except CoordinationError:
                 pass
-            self.store.close()
-        logger.info("worker %s stopped", self.worker_id)
+        self.store.close()

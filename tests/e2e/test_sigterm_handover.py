@@ -1,0 +1,78 @@
+"""A clean worker shutdown (SIGTERM): its tasks are released at once and move without waiting
+for the ZooKeeper session to expire, counts stay exact; and with ZooKeeper unreachable the
+worker still exits within a few seconds."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from stream_ops.coordination.store import ZkStore
+from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
+from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_counts
+from stream_ops.nimbus import describe_topology, submit
+from stream_ops.topics.producer import produce
+
+WORKER_ARGS = ["--trigger-seconds", "0.2", "--heartbeat-interval", "0.5"]
+
+
+def _sigterm_and_time_exit(worker) -> float:
+    started = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.proc.wait(60)
+    return time.monotonic() - started
+
+
+def test_a_sigtermed_workers_tasks_move_before_its_session_could_expire(tmp_path):
+    session_s = 30.0  # expiry-based detection would take this long at least
+    with (
+        LocalStack(
+            home=tmp_path / "home", workers=2, worker_args=WORKER_ARGS, session_timeout_s=session_s, task_timeout_s=60
+        ) as stack,
+        ZkStore.connect(stack.zk_config) as store,
+    ):
+        topology = build_wordcount(tmp_path / "home" / "in", queues=2)
+        topology_id = submit(store, stack.cluster, topology, workers=2)
+        topic = topology.chains[0].source.topic
+        sent = list(SAMPLE_SENTENCES) * 3
+        produce(topic, ({"sentence": s} for s in sent))
+        wait_for_counts(store, topology.name, "words", expected_word_counts(sent), timeout_s=120)
+        leaving = stack.worker_processes[0]
+        staying = stack.worker_processes[1]
+        assert any(t.owner == leaving.worker_id for t in describe_topology(store, topology_id).tasks)
+
+        started = time.monotonic()
+        exit_s = _sigterm_and_time_exit(leaving)
+        stack.worker_processes.remove(leaving)
+        assert exit_s < 10.0, f"the worker took {exit_s:.1f} s to stop"
+        deadline = started + session_s / 2
+        while time.monotonic() < deadline:
+            tasks = describe_topology(store, topology_id).tasks
+            if all(t.owner == staying.worker_id and t.committed_txid >= 0 for t in tasks):
+                break
+            time.sleep(0.2)
+        moved_s = time.monotonic() - started
+        assert all(t.owner == staying.worker_id for t in describe_topology(store, topology_id).tasks), (
+            f"tasks not moved {moved_s:.1f} s after SIGTERM"
+        )
+        more = list(SAMPLE_SENTENCES)
+        produce(topic, ({"sentence": s} for s in more))
+        wait_for_counts(store, topology.name, "words", expected_word_counts(sent + more), timeout_s=120)
+
+
+def test_a_sigtermed_worker_exits_within_seconds_with_zookeeper_unreachable(tmp_path):
+    with LocalStack(home=tmp_path / "home", workers=1, worker_args=WORKER_ARGS, session_timeout_s=20.0) as stack:
+        with ZkStore.connect(stack.zk_config) as store:
+            topology = build_wordcount(tmp_path / "home" / "in", queues=2)
+            submit(store, stack.cluster, topology, workers=1)
+            sent = list(SAMPLE_SENTENCES)
+            produce(topology.chains[0].source.topic, ({"sentence": s} for s in sent))
+            wait_for_counts(store, topology.name, "words", expected_word_counts(sent), timeout_s=120)
+        assert stack.zookeeper is not None
+        stack.zookeeper.stop()
+        produce(topology.chains[0].source.topic, ({"sentence": s} for s in sent))  # batches that cannot commit
+        time.sleep(2.0)
+        worker = stack.worker_processes[0]
+        exit_s = _sigterm_and_time_exit(worker)
+        stack.worker_processes.remove(worker)
+        assert exit_s < 10.0, f"with ZooKeeper away the worker took {exit_s:.1f} s to stop (4 tasks)"
