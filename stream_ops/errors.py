@@ -149,6 +149,10 @@ class JavaNotFoundError(ZooKeeperServerError):
 # --- nimbus ----------------------------------------------------------------------------
 
 
+class ConfigError(StreamOpsError):
+    """A configuration value (a topology's conf, a setting) is not valid."""
+
+
 class SubmissionError(StreamOpsError):
     """A topology could not be submitted."""
 

@@ -50,6 +50,7 @@ from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.layout import TopologyLayout
+from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.record_pipeline import as_fields, run_batch
 from stream_ops.operators.trident_state import Collector, State
@@ -62,6 +63,7 @@ from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import count_lines, files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
+from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
@@ -133,6 +135,8 @@ class RunnerSettings:
     """How long :meth:`TaskRunner.stop` waits for a running batch before closing under it."""
     query: QueryConfig | None = None
     """The worker's state-query token and TLS CA, for ``state_query`` lookups on other workers."""
+    snapshot_policy: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    """When the task snapshots its state-topic queue by itself (the topology's conf)."""
 
 
 class TaskRunner:
@@ -190,6 +194,8 @@ class TaskRunner:
         # stop() while it closes the state: once the state is closed no batch can touch it or
         # commit, and no batch runs on a closed state.
         self._commit_lock = threading.RLock()
+        self._auto_snapshot: AutoSnapshot | None = None
+        self._appended: tuple[int, int] | None = None
         self._stopping = threading.Event()
         self._last_input_ms = 0
         self._aggregator = aggregator_from_spec(self.stage.state.aggregator) if self.stage.state else None
@@ -261,6 +267,9 @@ class TaskRunner:
                 committed_txid=committed.committed_txid,
                 committed_epoch=committed.committed_epoch,
                 snapshot_dir=self.layout.snapshot_dir(stage, self.task.queue),
+            )
+            self._auto_snapshot = AutoSnapshot(
+                self.settings.snapshot_policy, self._snapshot_own_queue, name=f"task {self.topology_id}/{self.task.task_id}"
             )
             if self.state.rebuilt:
                 logger.info(
@@ -427,7 +436,13 @@ class TaskRunner:
                 # Step 6
                 self._publish_committed(txid, epoch)
                 self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+                if self._auto_snapshot is not None and self._appended is not None:
+                    self._auto_snapshot.appended(*self._appended)
             self._record_stats(batch.rows_in, rows_out, time.monotonic() - started)
+
+    def _snapshot_own_queue(self) -> None:
+        """Compact this task's state-topic queue at its committed txid (the automatic snapshot)."""
+        compact_queue_locked(self.zk, self.layout, self.plan, self.stage, self.task.queue, lock_timeout_s=1.0)
 
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
@@ -505,7 +520,8 @@ class TaskRunner:
         if state is None:
             return
         changed = state.store.pending_items()
-        state.state_topic.append(self.task.task_id, txid, epoch, changed)
+        path = state.state_topic.append(self.task.task_id, txid, epoch, changed)
+        self._appended = (len(changed), path.stat().st_size)
         if changed:
             keys = [key for key, _ in changed]
             before = state.store.multi_get(keys, include_pending=False)

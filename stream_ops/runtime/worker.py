@@ -65,6 +65,7 @@ from stream_ops.runtime.task_failures import (
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
 from stream_ops.spark.session import create_spark_session
+from stream_ops.state.auto_snapshot import SnapshotPolicy
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -497,6 +498,7 @@ class Worker:
                     max_files_per_trigger=self.settings.max_files_per_trigger,
                     commit_wait_s=self.zookeeper.session_timeout_s,
                     query=self.settings.query,
+                    snapshot_policy=SnapshotPolicy.from_conf(storm.conf),
                 ),
                 connected=self._connected,
                 clock=self.clock,
