@@ -631,6 +631,13 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--trigger-seconds", default=1.0, show_default=True, type=float)
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
+@click.option(
+    "--shutdown-timeout",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="On SIGTERM, seconds spent stopping and releasing the tasks (in parallel) before exiting.",
+)
 @click.option("--launched-by", default="cli", show_default=True)
 @click.option(
     "--spark-conf",
@@ -665,6 +672,7 @@ def worker(
     trigger_seconds: float,
     max_files_per_trigger: int,
     heartbeat_interval: float,
+    shutdown_timeout: float,
     launched_by: str,
     spark_conf: tuple[str, ...],
     query_tls_cert: Path | None,
@@ -695,6 +703,7 @@ def worker(
         trigger_seconds=trigger_seconds,
         max_files_per_trigger=max_files_per_trigger,
         heartbeat_interval_s=heartbeat_interval,
+        shutdown_timeout_s=shutdown_timeout,
         launched_by=launched_by,
         query=obj.query_config(tls_cert=query_tls_cert, tls_key=query_tls_key),
     )
