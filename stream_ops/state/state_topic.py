@@ -97,9 +97,12 @@ def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
 _encode_key_json = _one_shot(_KEY_ENCODER)
 
 
+_PLAIN_KEY_TYPES = frozenset({str, int, bool, type(None)})
+
+
 def _encode_key_text(key: Key) -> str:
     # encode_key's normalisation (1.0 is the key 1), paid only by keys holding floats or containers
-    if any(v.__class__ in (float, list, dict) for v in key):
+    if not _PLAIN_KEY_TYPES.issuperset(map(type, key)):
         key = [normalise_key_value(v) for v in key]
     return _encode_key_json(key)
 
