@@ -125,6 +125,8 @@ class RunResult:
     mean_batch_ms: dict[str, float] = field(default_factory=dict)
     commit_ms_per_batch: dict[str, float] = field(default_factory=dict)
     stage_ms_per_batch: dict[str, float] = field(default_factory=dict)
+    keyed_commit_steps_ms: dict[str, float] = field(default_factory=dict)
+    """The keyed stage's commit ms per batch, by step (state topic, RocksDB, ZooKeeper, publish)."""
     startup_s: float | None = None
 
     @property
@@ -280,6 +282,7 @@ def run_stream_ops(
     runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
     batches: dict[str, list[int]] = collections.defaultdict(list)
     commit_ms: dict[str, float] = collections.defaultdict(float)
+    keyed_steps: dict[str, float] = collections.defaultdict(float)
     stage_ms: dict[str, float] = collections.defaultdict(float)
     durations: dict[str, list[float]] = collections.defaultdict(list)
     rows_in: dict[str, int] = collections.Counter()
@@ -287,6 +290,9 @@ def run_stream_ops(
         kind = runner.stage.kind
         batches[kind].append(runner.stats.batches)
         commit_ms[kind] += runner.stats.commit_ms_total
+        if kind == "keyed":
+            for step, ms in runner.stats.commit_steps_ms.items():
+                keyed_steps[step] += ms
         stage_ms[kind] += runner.stats.stage_ms_total
         rows_in[kind] += runner.stats.rows_in
         if runner.query is not None:
@@ -309,6 +315,7 @@ def run_stream_ops(
         mean_batch_ms={k: statistics.fmean(v) for k, v in durations.items() if v},
         commit_ms_per_batch={k: commit_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
         stage_ms_per_batch={k: stage_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
+        keyed_commit_steps_ms={step: ms / sum(batches["keyed"]) for step, ms in keyed_steps.items() if sum(batches["keyed"])},
         startup_s=startup,
     )
 
@@ -429,6 +436,9 @@ def report(
     for r in results[1:]:
         if r.startup_s is not None:
             print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
+        if r.keyed_commit_steps_ms:
+            steps = ", ".join(f"{step} {ms:.1f}" for step, ms in r.keyed_commit_steps_ms.items())
+            print(f"{r.label}: keyed commit ms per batch by step: {steps}")
     print()
     print("README (Markdown):")
     print(

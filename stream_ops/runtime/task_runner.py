@@ -64,6 +64,7 @@ from stream_ops.sources.base import count_lines, files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
+from stream_ops.state.state_topic import encode_items
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
@@ -73,6 +74,9 @@ from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, 
 logger = logging.getLogger(__name__)
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+COMMIT_STEPS = ("state_topic", "rocksdb", "zookeeper", "publish")
+"""The parts of the commit path :attr:`TaskStats.commit_steps_ms` times."""
 
 TICK_PREFIX = "tick-"
 """Names of the tick files a task writes into its own input start with this."""
@@ -95,6 +99,8 @@ class TaskStats:
     """Time spent in the commit path (state topic, RocksDB, ZooKeeper, publish) over all batches."""
     stage_ms_total: float = 0.0
     """Time spent writing staged output files (shuffle, dead letters, persisted tuples) over all batches."""
+    commit_steps_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMMIT_STEPS, 0.0))
+    """``commit_ms_total`` by step: state topic, RocksDB, ZooKeeper, publish."""
     started_at: float = field(default_factory=time.time)
 
 
@@ -431,11 +437,17 @@ class TaskRunner:
                 commit_started = time.perf_counter()
                 # Step 4
                 self._append_state_changes(txid, epoch)
+                zookeeper_started = time.perf_counter()
                 # Step 5
                 self._commit_to_zookeeper(txid, batch.rows_in)
+                publish_started = time.perf_counter()
                 # Step 6
                 self._publish_committed(txid, epoch)
-                self.stats.commit_ms_total += (time.perf_counter() - commit_started) * 1000.0
+                done = time.perf_counter()
+                steps = self.stats.commit_steps_ms
+                steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
+                steps["publish"] += (done - publish_started) * 1000.0
+                self.stats.commit_ms_total += (done - commit_started) * 1000.0
                 if self._auto_snapshot is not None and self._appended is not None:
                     self._auto_snapshot.appended(*self._appended)
             self._record_stats(batch.rows_in, rows_out, time.monotonic() - started)
@@ -519,15 +531,20 @@ class TaskRunner:
         state = self.state
         if state is None:
             return
+        started = time.perf_counter()
         changed = state.store.pending_items()
-        path = state.state_topic.append(self.task.task_id, txid, epoch, changed)
+        encoded = encode_items(changed, where=state.state_topic.path)
+        path = state.state_topic.append_encoded(self.task.task_id, txid, epoch, encoded)
         self._appended = (len(changed), path.stat().st_size)
+        appended = time.perf_counter()
         if changed:
             keys = [key for key, _ in changed]
             before = state.store.multi_get(keys, include_pending=False)
             with self._overlay_lock:
                 self._committed_overlay = dict(zip(keys, before, strict=True))
-        state.store.flush(txid, epoch)
+        state.store.flush(txid, epoch, encoded=encoded)
+        self.stats.commit_steps_ms["state_topic"] += (appended - started) * 1000.0
+        self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - appended) * 1000.0
 
     def _commit_to_zookeeper(self, txid: int, rows: int) -> None:
         """Step 5: the ZooKeeper commit transaction (refused for a zombie)."""

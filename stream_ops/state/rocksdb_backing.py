@@ -141,8 +141,13 @@ class RocksDBBackingMap:
         if dropped:
             logger.info("state store %s: discarded %d pending writes", self._path, dropped)
 
-    def flush(self, txid: int, epoch: int) -> None:
+    def flush(self, txid: int, epoch: int, *, encoded: Sequence[tuple[str, str | None]] | None = None) -> None:
         """Write the pending values and the marker (txid, epoch) in one atomic write batch.
+
+        Args:
+            encoded: the pending items as the caller encoded them already (key text and stored
+                value text, None for a deletion: ``state_topic.encode_items(pending_items())``),
+                so that each value is encoded once per batch.
 
         Raises:
             TxidOrderError: if the store has already applied a later txid.
@@ -156,11 +161,19 @@ class RocksDBBackingMap:
                     f"{marker[0]}; rebuild the store from the state topic at the committed txid"
                 )
             batch = WriteBatch(raw_mode=True)
-            for key, value in self._pending.items():
-                if value is _TOMBSTONE:
-                    batch.delete(_db_key(key))
-                else:
-                    batch.put(_db_key(key), encode_stored(value))
+            if encoded is not None:
+                check_same_length(encoded, self._pending, "RocksDBBackingMap.flush(encoded=...)")
+                for key_text, value_text in encoded:
+                    if value_text is None:
+                        batch.delete(key_text.encode("utf-8"))
+                    else:
+                        batch.put(key_text.encode("utf-8"), value_text.encode("utf-8"))
+            else:
+                for key, value in self._pending.items():
+                    if value is _TOMBSTONE:
+                        batch.delete(_db_key(key))
+                    else:
+                        batch.put(_db_key(key), encode_stored(value))
             batch.put(_META_KEY, meta)
             self._call("write", lambda db: db.write(batch, self._write_options))
             written = len(self._pending)

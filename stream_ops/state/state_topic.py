@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream_ops.errors import ReplayError, StateError
+from stream_ops.errors import ReplayError, StateError, TopicError
 from stream_ops.hashing import normalise_key_value
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
@@ -136,6 +136,22 @@ def stored_value_text(obj: Any, where: object) -> str:
         return _encode_value_text(to_json_obj(from_json_obj(obj)))
     except StateError as e:
         raise ReplayError(f"state topic {where}: {e}") from e
+
+
+def encode_items(items: Iterable[tuple[Key, Any | None]], *, where: object = "") -> list[tuple[str, str | None]]:
+    """(key text, stored value text or None for a deletion) of each item: the bytes a store
+    keeps (``encode_key`` / ``encode_stored``), as text.
+
+    Raises:
+        TopicError: a value is not JSON-serialisable.
+    """
+    encode_value = _encode_value_text
+    try:
+        return [
+            (_encode_key_text(as_key(key)), None if value is None else encode_value(to_json_obj(value))) for key, value in items
+        ]
+    except (TypeError, ValueError, StateError) as e:
+        raise TopicError(f"state topic {where}: a value is not JSON-serialisable: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -261,17 +277,16 @@ class StateTopicQueue:
         Raises:
             TopicError: the file could not be written.
         """
-        records = [
-            {
-                "key": list(as_key(key)),
-                "value": None if value is None else to_json_obj(value),
-                "txid": txid,
-                "epoch": epoch,
-            }
-            for key, value in items
-        ]
-        records.append({_END: {"txid": txid, "epoch": epoch, "entries": len(records)}})
-        return self._topic.write_file(self._queue, batch_file_name(task_id, txid, epoch), records, overwrite=True)
+        return self.append_encoded(task_id, txid, epoch, encode_items(items, where=self._dir))
+
+    def append_encoded(self, task_id: int, txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> Path:
+        """:meth:`append` for items already encoded by :func:`encode_items` (the commit path
+        encodes each value once, for the state topic and RocksDB)."""
+        # Lines framed as the encoded replay cuts them: {"key":<key text>,"value":<stored text>,...}
+        tail = f',"txid":{txid},"epoch":{epoch}}}'
+        lines = [f'{{"key":{key},"value":{"null" if value is None else value}{tail}' for key, value in encoded]
+        lines.append(json.dumps({_END: {"txid": txid, "epoch": epoch, "entries": len(lines)}}, separators=(",", ":")))
+        return self._topic.write_lines(self._queue, batch_file_name(task_id, txid, epoch), lines, overwrite=True)
 
     def entries(self) -> Iterator[StateTopicEntry]:
         """Every entry, offsets counting up across files then lines.

@@ -61,13 +61,19 @@ def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable
 
     Returns the number of records written.
     """
+    lines = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) for record in records)
+    return write_lines_atomically(target, lines, durable=durable)
+
+
+def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool = True) -> int:
+    """:func:`write_json_lines_atomically` for lines already encoded (each one JSON text)."""
     make_dirs(target.parent)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     count = 0
     try:
         with create_private_file(tmp) as out:
-            for record in records:
-                out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
+            for line in lines:
+                out.write(line)
                 out.write("\n")
                 count += 1
             if durable:
@@ -131,12 +137,17 @@ class FileTopic:
         With ``overwrite=False`` an existing file of that name is kept as it is (a replayed
         batch that was already published).
         """
+        lines = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) for record in records)
+        return self.write_lines(queue, name, lines, overwrite=overwrite)
+
+    def write_lines(self, queue: int, name: str, lines: Iterable[str], *, overwrite: bool = True) -> Path:
+        """:meth:`write_file` for lines already encoded as JSON text (one record each)."""
         if name.startswith((".", "_")):
             raise TopicError(f"file name {name!r} would be ignored by Spark (starts with '.' or '_')")
         target = self.queue_path(queue) / name
         if not overwrite and target.exists():
             return target
-        write_json_lines_atomically(target, records, durable=self.durable)
+        write_lines_atomically(target, lines, durable=self.durable)
         return target
 
     # --- staged batches: written before a commit, published (renamed into place) after it ----
