@@ -1,4 +1,8 @@
-"""Failover time of a keyed task after a worker is SIGKILLed, split into phases, per state size.
+"""Failover time of a keyed task after a worker is SIGKILLed (or SIGTERMed), split into phases, per state size.
+
+``--signals kill,term`` runs each size twice: after a SIGKILL detection waits for the dead
+worker's session to expire; after a SIGTERM the worker releases its tasks as it stops, so the
+failover is bounded by the new owner's start.
 
 For each state size (``--sizes``, default 10k and 1M keys) a fresh local stack runs: an
 embedded ZooKeeper, two ``stream-ops worker`` processes and the leader-elected nimbus monitor
@@ -39,6 +43,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -331,6 +336,7 @@ class TaskFailover:
 @dataclass
 class RunResult:
     keys: int
+    signal: str = "kill"
     files: int = 0
     warmup_s: float = 0.0
     fed_keys: int = 0
@@ -371,8 +377,8 @@ def dir_size(path: Path) -> tuple[int, int]:
     return files, size
 
 
-def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunResult:
-    result = RunResult(keys=keys)
+def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_name: str = "kill") -> RunResult:
+    result = RunResult(keys=keys, signal=signal_name)
     result.load.append(loadavg())
     home = Path(tempfile.mkdtemp(prefix=f"failover-{keys}-", dir=args.tmp))
     worker_args = [
@@ -486,11 +492,17 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog) -> RunR
                 tx = store.get_json(ZkPaths.transactional_task(topology_id, t.task_id))
                 kill_txids[t.task_id] = tx[0]["committed_txid"] if tx else -1
             log(
-                f"{keys} keys: SIGKILL {victim.worker_id} (owns tasks {[t.task_id for t in moved]}); "
+                f"{keys} keys: SIG{signal_name.upper()} {victim.worker_id} (owns tasks {[t.task_id for t in moved]}); "
                 f"survivor {survivor.worker_id}"
             )
             t_kill = time.time()
-            stack.kill_worker(victim)
+            if signal_name == "term":
+                victim.proc.send_signal(signal.SIGTERM)
+                victim.proc.wait(120)
+                stack.worker_processes.remove(victim)
+                result.notes.append(f"the SIGTERMed worker exited {time.time() - t_kill:.2f} s after the signal")
+            else:
+                stack.kill_worker(victim)
             # a commit may have landed between our read and the kill
             for t in moved:
                 before = [
@@ -681,6 +693,8 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     )
     print(header)
     for r in results:
+        if r.signal == "term":
+            print(f"{r.keys:>9}  after a SIGTERM (tasks released by the stopping worker, no session expiry):")
         for t in r.tasks:
             total = t.committed
             query_up = None if t.running is None or t.acquired is None else t.running - t.acquired
@@ -698,7 +712,7 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
                 )
         worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
         print(
-            f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the SIGKILL "
+            f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the SIG{r.signal.upper()} "
             f"(max over tasks); verification: {r.verify}"
         )
     print()
@@ -710,7 +724,7 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     for r in results:
         if r.events or r.notes:
             print()
-            print(f"-- {r.keys} keys: events after the kill (killed {r.killed}, survivor {r.survivor}) --")
+            print(f"-- {r.keys} keys, SIG{r.signal.upper()}: events after it ({r.killed} stopped, survivor {r.survivor}) --")
             for line in r.events:
                 print(line)
             for note in r.notes:
@@ -746,6 +760,7 @@ def main() -> None:
     parser.add_argument("--build-timeout", type=float, default=900.0)
     parser.add_argument("--failover-timeout", type=float, default=300.0)
     parser.add_argument("--tmp", default=None, help="parent of the stack's home directory")
+    parser.add_argument("--signals", default="kill,term", help="kill (SIGKILL) and/or term (SIGTERM), comma-separated")
     parser.add_argument("--keep", action="store_true", help="keep the home directories (logs, topics)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -758,9 +773,10 @@ def main() -> None:
     started = time.time()
     results = []
     for size in (int(s) for s in args.sizes.split(",") if s.strip()):
-        t0 = time.time()
-        results.append(run_size(size, args, nimbus_log))
-        log(f"{size} keys done in {time.time() - t0:.0f} s")
+        for signal_name in (s.strip() for s in args.signals.split(",") if s.strip()):
+            t0 = time.time()
+            results.append(run_size(size, args, nimbus_log, signal_name))
+            log(f"{size} keys, SIG{signal_name.upper()}: done in {time.time() - t0:.0f} s")
     report(results, args, info, time.time() - started)
 
 
