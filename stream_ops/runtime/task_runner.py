@@ -61,7 +61,7 @@ from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import count_lines, files_newer_than
-from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp
+from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_topic import encode_items
@@ -316,6 +316,7 @@ class TaskRunner:
         assert self.ownership is not None
         verify_owner(self.zk, self.ownership)
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        remove_crashed_writes(checkpoint)
         self._last_input_ms = latest_file_timestamp(checkpoint)
         self.query = start_stage_query(
             self.spark,

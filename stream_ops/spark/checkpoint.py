@@ -4,10 +4,41 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from stream_ops.coordination.records import BatchInput
+
+logger = logging.getLogger(__name__)
+
+_LOG_DIRS = ("offsets", "commits")
+"""The checkpoint's write-ahead logs, written as a hidden temp file renamed into place."""
+
+
+def remove_crashed_writes(checkpoint_dir: Path) -> list[Path]:
+    """Delete the temp files a killed query left in its offset and commit logs; returns them.
+
+    Spark writes each log entry as a hidden ``.N.<uuid>.tmp`` file and renames it; a process
+    killed in between leaves the temp file behind, and Spark 4 then refuses to start the query
+    on that checkpoint (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`` "should be empty on
+    batch 0") when no entry was completed. Only the task's owner runs a query on its
+    checkpoint, so a temp file there is always a dead writer's.
+    """
+    removed: list[Path] = []
+    for name in _LOG_DIRS:
+        directory = Path(checkpoint_dir) / name
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    if removed:
+        logger.warning(
+            "checkpoint %s: removed %d temp files of a killed query: %s", checkpoint_dir, len(removed), [p.name for p in removed]
+        )
+    return removed
 
 
 def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
