@@ -175,7 +175,7 @@ class WindowBuffer:
         try:
             if state.get("version") == STATE_VERSION:
                 taken = WindowDef.from_spec(state["window"])
-                items = [(float(t), str(s), dict(r)) for t, s, r in state["items"]]
+                items: list[tuple[float, str, Mapping[str, Any]]] = [(float(t), str(s), dict(r)) for t, s, r in state["items"]]
                 since, next_end, mark = int(state["since_emit"]), state.get("next_end"), state.get("watermark")
             else:
                 counted = state.get("count") is not None

@@ -239,6 +239,7 @@ class WindowDef:
         Raises:
             TopologyDefinitionError: naming the argument at fault.
         """
+        kind: WindowKind
         if isinstance(shape, Tumbling):
             kind, length, slide = "tumbling", shape.length, shape.length
         elif isinstance(shape, Sliding):

@@ -15,7 +15,7 @@ import functools
 import importlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,7 +60,7 @@ class StageProcessor(Protocol):
         ...
 
 
-def late_letters(output: ProcessorOutput, window: WindowDef, late: list[Mapping[str, Any]]) -> None:
+def late_letters(output: ProcessorOutput, window: WindowDef, late: Sequence[Mapping[str, Any]]) -> None:
     """Send late records to the window's late stream, or to the dead letters with the reason."""
     if not late:
         return

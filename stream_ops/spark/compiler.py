@@ -182,13 +182,13 @@ def _stage_rows(
             rows_read = batch.num_rows
             if batch_operations:
                 batch, letters = _run_batch_operations(batch, batch_operations)
-                for letter in letters:
-                    add(None, None, None, json.dumps(letter, default=str), None)
+                for dead_letter in letters:
+                    add(None, None, None, json.dumps(dead_letter, default=str), None)
             if counted is not None:  # count per key in Arrow: no Python per record
-                index, keys = counted
-                grouped = pa.Table.from_batches([batch]).group_by(list(keys)).aggregate([([], "count_all")])
+                index, key_fields = counted
+                grouped = pa.Table.from_batches([batch]).group_by(list(key_fields)).aggregate([([], "count_all")])
                 for group in grouped.to_pylist():
-                    add(index, encode_key([group[k] for k in keys]), group["count_all"], None, None)
+                    add(index, encode_key([group[k] for k in key_fields]), group["count_all"], None, None)
                 records = []
             else:
                 records = batch.to_pylist()

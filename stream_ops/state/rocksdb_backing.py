@@ -162,7 +162,7 @@ class RocksDBBackingMap:
                 )
             batch = WriteBatch(raw_mode=True)
             if encoded is not None:
-                check_same_length(encoded, self._pending, "RocksDBBackingMap.flush(encoded=...)")
+                check_same_length(encoded, list(self._pending), "RocksDBBackingMap.flush(encoded=...)")
                 for key_text, value_text in encoded:
                     if value_text is None:
                         batch.delete(key_text.encode("utf-8"))

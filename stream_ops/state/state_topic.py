@@ -103,7 +103,7 @@ _PLAIN_KEY_TYPES = frozenset({str, int, bool, type(None)})
 def _encode_key_text(key: Key) -> str:
     # encode_key's normalisation (1.0 is the key 1), paid only by keys holding floats or containers
     if not _PLAIN_KEY_TYPES.issuperset(map(type, key)):
-        key = [normalise_key_value(v) for v in key]
+        return _encode_key_json([normalise_key_value(v) for v in key])
     return _encode_key_json(key)
 
 

@@ -22,7 +22,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
@@ -667,7 +667,7 @@ class Stream:
                     "first, in one chain, right after the source"
                 )
 
-    def _sql(self, kind: str, exprs: tuple[str, ...]) -> Stream:
+    def _sql(self, kind: Literal["select_expr", "where"], exprs: tuple[str, ...]) -> Stream:
         from stream_ops.spark.sql_analysis import analyse
 
         what = self._what(kind)
