@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from stream_ops.errors import ConfigError
 
 DEFAULT_ZOOKEEPER = "127.0.0.1:2181"
 DEFAULT_CHROOT = "/stream_ops"
@@ -265,3 +268,50 @@ class ClusterConfig(BaseModel):
 
     def resolved_local_state_dir(self) -> Path:
         return self.local_state_dir or self.root / "local"
+
+
+class SpreadPolicy(BaseModel):
+    """When the nimbus spreads a topology onto free slots (Storm's even scheduler, rate-limited).
+
+    A topology that uses fewer worker slots than it wants (``workers`` at submission) while
+    live slots are free is spread over them, moving the fewest tasks. Two limits keep a
+    flapping worker from causing churn, both measured by the observer's own clock (the nimbus
+    monitor's, or the Dagster heartbeat sensor's):
+
+    * a slot counts only once it has been registered without interruption for ``stability_s``;
+    * a topology is spread at most once per ``interval_s``.
+
+    The cluster-wide default applies to every topology; a topology's conf may override it
+    with ``spread_interval_s`` and ``spread_stability_s`` (``submit(..., conf={...})``).
+
+    Example:
+        >>> SpreadPolicy().interval_s, SpreadPolicy().stability_s
+        (10.0, 5.0)
+        >>> SpreadPolicy().for_conf({"spread_interval_s": 30}).interval_s
+        30.0
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    interval_s: float = Field(10.0, ge=0, description="Least time between two spreads of one topology.")
+    stability_s: float = Field(5.0, ge=0, description="Time a slot must be live before a spread uses it.")
+
+    def for_conf(self, conf: Mapping[str, Any]) -> SpreadPolicy:
+        """This policy with a topology conf's ``spread_interval_s`` / ``spread_stability_s`` applied.
+
+        Raises:
+            ConfigError: a value that is not a non-negative number.
+        """
+        values = {
+            name: conf[key]
+            for name, key in (("interval_s", "spread_interval_s"), ("stability_s", "spread_stability_s"))
+            if key in conf
+        }
+        if not values:
+            return self
+        try:
+            return SpreadPolicy(**{**self.model_dump(), **values})
+        except ValidationError as e:
+            raise ConfigError(
+                f"topology conf: spread_interval_s and spread_stability_s must be non-negative numbers: {e}"
+            ) from None

@@ -25,17 +25,44 @@ Example:
     >>> b = assign(range(4), [Slot("h1", 6700), Slot("h1", 6701)], 2, previous=a)
     >>> sorted(moved_tasks(a, b))  # only the tasks of the dead h2:6700 move
     [1, 3]
+
+Spreading (Storm's ``Cluster.needsScheduling`` + ``DefaultScheduler``): a topology whose tasks
+all sit on live slots is scheduled again only when it uses fewer slots than it could
+(:func:`needs_spread`: fewer than ``min(num_workers, live slots, tasks)``), e.g. because it was
+submitted while one worker was up and more joined later. Storm then frees the slots whose task
+count does not fit the even split and re-deals their executors; :func:`spread` does the same
+stickily (the over-full slots keep what fits, only their surplus moves), and
+:func:`decide_spread` adds the rate limit the callers need so a flapping worker causes no
+churn: a new slot counts only after a stability period, and a topology is spread at most once
+per interval.
+
+    >>> crowded = {t: Slot("h1", 6700) for t in range(6)}
+    >>> three = [Slot("h1", 6700), Slot("h2", 6700), Slot("h3", 6700)]
+    >>> needs_spread(range(6), crowded, three, num_workers=3)
+    True
+    >>> spread_out = spread(range(6), three, 3, crowded)
+    >>> sorted(Counter(str(s) for s in spread_out.values()).values()), len(moved_tasks(crowded, spread_out))
+    ([2, 2, 2], 4)
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from stream_ops.errors import SchedulingError
 
-__all__ = ["Slot", "assign", "moved_tasks", "sort_slots"]
+__all__ = [
+    "Slot",
+    "SpreadDecision",
+    "assign",
+    "decide_spread",
+    "moved_tasks",
+    "needs_spread",
+    "sort_slots",
+    "spread",
+]
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -220,3 +247,142 @@ def moved_tasks(previous: Mapping[int, Slot | str], new: Mapping[int, Slot | str
         {2}
     """
     return {task for task, slot in new.items() if task in previous and _as_slot(previous[task]) != _as_slot(slot)}
+
+
+# --- spreading ---------------------------------------------------------------------------------
+
+
+def _used_slots(assignment: Mapping[int, Slot | str], tasks: Collection[int]) -> set[Slot]:
+    return {_as_slot(slot) for task, slot in assignment.items() if task in tasks}
+
+
+def needs_spread(
+    tasks: Iterable[int],
+    assignment: Mapping[int, Slot | str],
+    slots: Iterable[Slot],
+    num_workers: int,
+) -> bool:
+    """Whether a fully placed topology uses fewer slots than it could (Storm's ``needsScheduling``).
+
+    Only for a topology whose every task sits on one of ``slots``: a task without a slot, or on
+    a slot not in ``slots``, is the failover path's business (:func:`assign` places it), so the
+    answer is False.
+
+    Args:
+        tasks: The topology's task ids.
+        assignment: Current task -> slot.
+        slots: The live slots a spread may use.
+        num_workers: Slots the topology wants (``workers`` at submission).
+
+    Returns:
+        True when the topology uses fewer than ``min(num_workers, len(slots), len(tasks))`` slots.
+
+    Example:
+        >>> needs_spread([0, 1], {0: "h:1", 1: "h:1"}, [Slot("h", 1), Slot("h", 2)], 2)
+        True
+        >>> needs_spread([0, 1], {0: "h:1", 1: "h:2"}, [Slot("h", 1), Slot("h", 2), Slot("h", 3)], 3)
+        False
+    """
+    task_set = set(tasks)
+    live = set(slots)
+    if not task_set or any(t not in assignment or _as_slot(assignment[t]) not in live for t in task_set):
+        return False
+    return len(_used_slots(assignment, task_set)) < min(num_workers, len(live), len(task_set))
+
+
+def spread(
+    tasks: Iterable[int],
+    slots: Iterable[Slot],
+    num_workers: int,
+    previous: Mapping[int, Slot | str],
+) -> dict[int, Slot]:
+    """Spread a crowded topology over free ``slots`` the way Storm's even scheduler does, stickily.
+
+    When :func:`needs_spread` holds, the result is :func:`assign` over ``slots`` from
+    ``previous``: an even split over ``min(num_workers, len(slots), len(tasks))`` slots in which
+    every used slot keeps the tasks that fit its share (lowest ids first) and only the surplus
+    moves, round-robin over the free slots in :func:`sort_slots` order. That is the fewest
+    moves any even split allows. Otherwise ``previous`` is returned unchanged (as slots).
+
+    Example:
+        >>> crowded = {0: "a:1", 1: "a:1", 2: "a:1", 3: "b:1"}
+        >>> after = spread(range(4), [Slot("a", 1), Slot("b", 1), Slot("c", 1)], 3, crowded)
+        >>> {t: str(s) for t, s in sorted(after.items())}
+        {0: 'a:1', 1: 'a:1', 2: 'c:1', 3: 'b:1'}
+    """
+    task_list = list(tasks)
+    slot_list = list(slots)
+    if not needs_spread(task_list, previous, slot_list, num_workers):
+        return {t: _as_slot(s) for t, s in previous.items() if t in set(task_list)}
+    return assign(task_list, slot_list, num_workers, previous=previous)
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadDecision:
+    """Whether to spread a topology now, and over which slots.
+
+    Attributes:
+        due: Spread now.
+        reason: Why (or why not), for logs: e.g. ``"uses 1 of 3 slots it could use"``,
+            ``"already spread"``, ``"slot h:6701 live only 2.0 s (stability 5 s)"``,
+            ``"last spread 3.0 s ago (interval 10 s)"``.
+        slots: When due, the slots to spread over: those already used plus the free slots
+            live for the stability period, in :func:`sort_slots` order.
+    """
+
+    due: bool
+    reason: str
+    slots: tuple[Slot, ...] = ()
+
+
+def decide_spread(
+    tasks: Iterable[int],
+    assignment: Mapping[int, Slot | str],
+    slot_live_for: Mapping[Slot, float] | Mapping[str, float],
+    num_workers: int,
+    *,
+    since_last_spread: float | None,
+    interval_s: float,
+    stability_s: float,
+) -> SpreadDecision:
+    """The spreading rule with its rate limit (pure; the caller measures the times on its own clock).
+
+    1. Nothing to do unless the topology uses fewer slots than ``min(num_workers, live slots,
+       tasks)`` (:func:`needs_spread`).
+    2. Free slots count only once live for ``stability_s`` (a flapping worker never does).
+    3. A topology is spread at most once per ``interval_s``.
+
+    Args:
+        tasks: The topology's task ids.
+        assignment: Current task -> slot.
+        slot_live_for: Every live slot -> seconds the caller has seen it live without a break.
+        num_workers: Slots the topology wants.
+        since_last_spread: Seconds since the caller last spread this topology (None: never).
+        interval_s: Least time between two spreads of a topology.
+        stability_s: Time a free slot must have been live.
+
+    Returns:
+        The decision; when due, :func:`spread` over ``decision.slots`` gives the new assignment.
+
+    Example:
+        >>> crowded = {0: "a:1", 1: "a:1"}
+        >>> decide_spread([0, 1], crowded, {"a:1": 60.0, "b:1": 1.0}, 2,
+        ...               since_last_spread=None, interval_s=10, stability_s=5).reason
+        'slot b:1 live only 1.0 s (stability 5 s)'
+        >>> decide_spread([0, 1], crowded, {"a:1": 60.0, "b:1": 6.0}, 2,
+        ...               since_last_spread=None, interval_s=10, stability_s=5).due
+        True
+    """
+    task_list = list(tasks)
+    live_for = {_as_slot(slot): seconds for slot, seconds in slot_live_for.items()}
+    if not needs_spread(task_list, assignment, live_for, num_workers):
+        return SpreadDecision(False, "already spread (or tasks to place first)")
+    used = _used_slots(assignment, set(task_list))
+    stable = used | {slot for slot, seconds in live_for.items() if seconds >= stability_s}
+    if not needs_spread(task_list, assignment, stable, num_workers):
+        young = sorted((s for s in live_for if s not in stable), key=lambda s: -live_for[s])
+        return SpreadDecision(False, f"slot {young[0]} live only {live_for[young[0]]:.1f} s (stability {stability_s:g} s)")
+    if since_last_spread is not None and since_last_spread < interval_s:
+        return SpreadDecision(False, f"last spread {since_last_spread:.1f} s ago (interval {interval_s:g} s)")
+    target = min(num_workers, len(stable), len(task_list))
+    return SpreadDecision(True, f"uses {len(used)} of {target} slots it could use", tuple(sort_slots(stable)))

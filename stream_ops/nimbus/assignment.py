@@ -1,5 +1,10 @@
 """Compute and store a topology's assignment from the live worker slots (Nimbus's job).
 
+* :func:`reassign`: the sticky even split over the live slots (failover, ``storm rebalance``).
+* :func:`spread_topology`: Storm's spreading of a crowded topology onto free slots, the one
+  function both the nimbus monitor and the Dagster rebalance op call once their rate limit
+  (:func:`~stream_ops.scheduler.decide_spread`) says it is due.
+
 The readers :func:`live_workers` and :func:`read_assignment` live in
 :mod:`stream_ops.coordination.cluster_state` (workers read them too) and are re-exported here.
 """
@@ -12,12 +17,12 @@ from collections.abc import Callable, Collection
 
 from stream_ops.coordination.cluster_state import live_workers, read_assignment
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.records import AssignmentRecord, StormRecord
+from stream_ops.coordination.records import AssignmentRecord, StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import ConcurrentUpdateError, TopologyNotFoundError, ZnodeExistsError
-from stream_ops.scheduler import Slot, assign
+from stream_ops.scheduler import Slot, assign, needs_spread
 
-__all__ = ["live_workers", "read_assignment", "reassign"]
+__all__ = ["live_slot_registrations", "live_workers", "read_assignment", "reassign", "spread_topology"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +109,80 @@ def reassign(
         logger.info("topology %s: assignment epoch %d, %d tasks placed, moved %s", topology_id, version, len(tasks), moved)
         return record, version
     raise ConcurrentUpdateError(f"assignment of {topology_id} kept changing under us; retry the rebalance")
+
+
+def live_slot_registrations(store: ZkStore) -> dict[str, int]:
+    """Live slot (``host:port``) -> the czxid of its ``/workers`` node.
+
+    The czxid identifies one registration: a worker that restarts (or whose session expired)
+    registers a new node, so an observer polling now and then still notices that its slot
+    was gone in between (see :class:`~stream_ops.nimbus.monitor.SlotTracker`).
+    """
+    registrations: dict[str, int] = {}
+    for worker_id in store.children(ZkPaths.WORKERS):
+        found = store.get_json(ZkPaths.worker(worker_id))
+        if found is not None:
+            record = WorkerRecord.model_validate(found[0])
+            registrations[str(Slot(record.host, record.port))] = found[1].czxid
+    return registrations
+
+
+def spread_topology(
+    store: ZkStore,
+    topology_id: str,
+    *,
+    slots: Collection[str],
+    clock: Callable[[], float] = time.time,
+    retries: int = 10,
+) -> tuple[AssignmentRecord, int] | None:
+    """Spread an ACTIVE topology that uses fewer slots than it wants over free ``slots``.
+
+    Storm's even scheduler, sticky: the slots the topology already uses keep the tasks that
+    fit their share of an even split, only their surplus moves to the free slots among
+    ``slots`` (:func:`~stream_ops.scheduler.spread`). The caller decides *when* (rate limit,
+    slot stability: :func:`~stream_ops.scheduler.decide_spread`) and names the slots it judged
+    stable; this function checks the rule again against what ZooKeeper holds now and writes
+    the new assignment through :func:`reassign` (compare-and-set, a new assignment epoch),
+    with every other live slot excluded. Moved tasks then change owners through the usual
+    protocol: the old owner sees the new assignment and releases, the new one takes the task
+    under a higher owner epoch.
+
+    Args:
+        store: Connected store.
+        topology_id: The topology.
+        slots: Live slots (``host:port``) the spread may use; the slots the topology already
+            uses are always allowed. Slots no longer live are ignored.
+        clock: Wall clock for the start times of moved tasks (see :func:`reassign`).
+        retries: Compare-and-set attempts.
+
+    Returns:
+        The new assignment and its epoch, or None when there is nothing to spread (the
+        topology is not ACTIVE, has tasks to place first, or already uses every slot it can).
+
+    Raises:
+        TopologyNotFoundError: The topology is not in ``/storms``.
+        ConcurrentUpdateError: Other writers changed the assignment ``retries`` times.
+
+    Example:
+        >>> spread_topology(store, "wordcount-1-1700000000", slots=["h1:6701", "h2:6700"])  # doctest: +SKIP
+        (AssignmentRecord(tasks={0: 'h1:6700', 1: 'h2:6700', ...}, ...), 3)
+    """
+    found = store.get_json(ZkPaths.storm(topology_id))
+    if found is None:
+        raise TopologyNotFoundError(f"topology {topology_id!r} does not exist; see 'stream-ops list'")
+    storm = StormRecord.model_validate(found[0])
+    if storm.status != "ACTIVE":
+        return None
+    current = read_assignment(store, topology_id)
+    if current is None:
+        return None
+    task_ids = sorted(int(t) for t in store.children(ZkPaths.tasks(topology_id)))
+    live = set(live_slot_registrations(store))
+    used = {w for t, w in current[0].tasks.items() if t in set(task_ids)}
+    allowed = sorted(({str(Slot.parse(s)) for s in slots} | used) & live)
+    if not needs_spread(task_ids, current[0].tasks, [Slot.parse(s) for s in allowed], storm.workers):
+        return None
+    logger.info(
+        "topology %s uses %d of the %d slots it wants; spreading it over %s", topology_id, len(used), storm.workers, allowed
+    )
+    return reassign(store, topology_id, clock=clock, retries=retries, exclude_slots=sorted(live - set(allowed)))

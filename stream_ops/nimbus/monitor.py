@@ -34,6 +34,21 @@ in Storm after a nimbus restart; worker loss is still seen at once.
 A slot on a live worker that has a dead task is treated as bad, as Storm does: it is left
 out of that reassignment (so all its tasks move), unless no other live slot exists.
 
+The same tracker is the liveness rule everywhere: the Dagster heartbeat sensor keeps one in
+its cursor (:meth:`HeartbeatTracker.export_beats` / :meth:`HeartbeatTracker.import_beats`, fed
+by its own clock), and :func:`~stream_ops.nimbus.status.describe_topology` reports heartbeat
+ages from it when given one. A heartbeat's fingerprint is the ``mzxid`` of its znode
+(:func:`heartbeat_fingerprint`): it changes with every write, and a node deleted and created
+again has a new one.
+
+Spreading (Storm's even scheduler for a topology that got more room): when an ACTIVE
+topology has nothing dead or unassigned but uses fewer slots than it wants while other live
+slots exist, :func:`~stream_ops.scheduler.decide_spread` applies the
+:class:`~stream_ops.config.SpreadPolicy` (a slot counts once :class:`SlotTracker` has seen it
+live for ``stability_s``; at most one spread per topology per ``interval_s``, both by the
+monitor's clock) and :func:`~stream_ops.nimbus.assignment.spread_topology` moves the fewest
+tasks.
+
 Example:
     >>> tracker = HeartbeatTracker()
     >>> tracker.observe("wc-1-1", 0, ("h1:6700", 10, 11), now=100.0)
@@ -55,12 +70,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stream_ops.config import SpreadPolicy
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import AssignmentRecord, StormRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import StreamOpsError, ZooKeeperUnavailableError
-from stream_ops.nimbus.assignment import live_workers, read_assignment, reassign
-from stream_ops.scheduler import Slot
+from stream_ops.errors import ConfigError, StreamOpsError, ZooKeeperUnavailableError
+from stream_ops.nimbus.assignment import live_slot_registrations, read_assignment, reassign, spread_topology
+from stream_ops.scheduler import decide_spread
 
 __all__ = [
     "REASON_HEARTBEAT_MISSING",
@@ -69,6 +85,8 @@ __all__ = [
     "HeartbeatTracker",
     "Monitor",
     "MonitorAction",
+    "SlotTracker",
+    "heartbeat_fingerprint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,6 +100,40 @@ REASON_HEARTBEAT_STALE = "heartbeat stale"
 
 
 # --- pure part ---------------------------------------------------------------------------------
+
+#: A heartbeat fingerprint as stored in JSON (a sensor cursor): an int, a string, a list or null.
+Fingerprint = Hashable | None
+
+
+def heartbeat_fingerprint(data: Any, mzxid: int, worker: str | None) -> int | None:
+    """The fingerprint of a heartbeat znode as the liveness rule sees it.
+
+    Args:
+        data: The znode's JSON value.
+        mzxid: Its ``mzxid`` (changes with every write; a re-created node has a new one).
+        worker: The worker whose heartbeat counts (the assigned worker, or the owner); None:
+            any writer counts.
+
+    Returns:
+        ``mzxid``, or None when the beat was written by another worker (e.g. the previous
+        owner's last beat: it says nothing about ``worker``).
+
+    Example:
+        >>> heartbeat_fingerprint({"worker_id": "h:1"}, 42, "h:1"), heartbeat_fingerprint({"worker_id": "h:2"}, 42, "h:1")
+        (42, None)
+    """
+    beat_worker = data.get("worker_id") if isinstance(data, dict) else None
+    if worker is not None and beat_worker is not None and beat_worker != worker:
+        return None
+    return mzxid
+
+
+def _to_json_value(fingerprint: Fingerprint) -> Any:
+    return list(fingerprint) if isinstance(fingerprint, tuple) else fingerprint
+
+
+def _from_json_value(value: Any) -> Fingerprint:
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(slots=True)
@@ -131,6 +183,25 @@ class HeartbeatTracker:
         elif beat.fingerprint != fingerprint:
             beat.fingerprint = fingerprint
             beat.changed_at = now
+
+    def export_beats(self, topology_id: str) -> dict[int, tuple[Any, float]]:
+        """Task -> (fingerprint, time it last changed) of one topology, JSON-friendly.
+
+        What a Dagster sensor keeps in its cursor between ticks (tuple fingerprints become
+        lists; :meth:`import_beats` turns them back).
+        """
+        return {
+            task: (_to_json_value(beat.fingerprint), beat.changed_at)
+            for (topology, task), beat in self._beats.items()
+            if topology == topology_id
+        }
+
+    def import_beats(self, topology_id: str, beats: Mapping[int, tuple[Any, float] | list[Any]]) -> None:
+        """Restore what :meth:`export_beats` gave (replacing what is known of the topology's beats)."""
+        for key in [k for k in self._beats if k[0] == topology_id]:
+            del self._beats[key]
+        for task, (fingerprint, changed_at) in beats.items():
+            self._beats[(topology_id, int(task))] = _Beat(_from_json_value(fingerprint), float(changed_at))
 
     def heartbeat_age(self, topology_id: str, task_id: int, now: float) -> float | None:
         """Seconds since the task's heartbeat fingerprint last changed, or None if never observed."""
@@ -223,6 +294,52 @@ class HeartbeatTracker:
         return {k[0] for k in self._beats} | {k[0] for k in self._pairings}
 
 
+class SlotTracker:
+    """Remembers, by the observer's clock, since when each worker slot has been live without a break.
+
+    Pure, like :class:`HeartbeatTracker`: fed the live slots with their registration identity
+    (the czxid of ``/workers/{host:port}``) at a ``now`` given by the caller. A slot that
+    vanished, or registered again (new identity), starts over, so a flapping worker never
+    looks stable. Used by the spreading rule (:func:`~stream_ops.scheduler.decide_spread`).
+
+    Example:
+        >>> slots = SlotTracker()
+        >>> slots.observe({"h:1": 7}, now=100.0)
+        >>> slots.observe({"h:1": 7, "h:2": 9}, now=104.0)
+        >>> slots.live_for(now=110.0)
+        {'h:1': 10.0, 'h:2': 6.0}
+        >>> slots.observe({"h:1": 7, "h:2": 12}, now=111.0)  # h:2 re-registered in between
+        >>> slots.live_for(now=111.0)["h:2"]
+        0.0
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[str, tuple[Fingerprint, float]] = {}
+
+    def observe(self, registrations: Mapping[str, Fingerprint], now: float) -> None:
+        """Record the complete set of live slots seen at ``now`` (slot -> registration identity)."""
+        since: dict[str, tuple[Fingerprint, float]] = {}
+        for slot, identity in registrations.items():
+            known = self._since.get(slot)
+            since[slot] = known if known is not None and known[0] == identity else (identity, now)
+        self._since = since
+
+    def live_for(self, now: float) -> dict[str, float]:
+        """Live slot -> seconds it has been live (as last observed)."""
+        return {slot: max(0.0, now - seen) for slot, (_, seen) in self._since.items()}
+
+    def export(self) -> dict[str, tuple[Any, float]]:
+        """Slot -> (registration identity, live since), JSON-friendly (for a sensor cursor)."""
+        return {slot: (_to_json_value(identity), seen) for slot, (identity, seen) in self._since.items()}
+
+    @classmethod
+    def restore(cls, data: Mapping[str, tuple[Any, float] | list[Any]]) -> SlotTracker:
+        """A tracker holding what :meth:`export` gave."""
+        tracker = cls()
+        tracker._since = {slot: (_from_json_value(identity), float(seen)) for slot, (identity, seen) in data.items()}
+        return tracker
+
+
 # --- I/O part ----------------------------------------------------------------------------------
 
 
@@ -237,6 +354,7 @@ class MonitorAction:
         moved: Task -> ``(previous worker or None, new worker)`` for every task that changed.
         epoch: The new assignment epoch (znode version).
         excluded_slots: Slots left out because a task on them was dead while they lived.
+        spread: True when this was a spread onto free slots (nothing was dead).
     """
 
     topology_id: str
@@ -245,6 +363,7 @@ class MonitorAction:
     moved: Mapping[int, tuple[str | None, str]]
     epoch: int
     excluded_slots: tuple[str, ...] = field(default=())
+    spread: bool = False
 
     def to_json_obj(self) -> dict[str, Any]:
         """JSON-friendly form (for the CLI and logs)."""
@@ -255,11 +374,12 @@ class MonitorAction:
             "unassigned": list(self.unassigned),
             "moved": {str(t): {"from": f, "to": to} for t, (f, to) in sorted(self.moved.items())},
             "excluded_slots": list(self.excluded_slots),
+            "spread": self.spread,
         }
 
 
 class Monitor:
-    """Polls heartbeats and worker nodes, reassigns the tasks of dead slots.
+    """Polls heartbeats and worker nodes, reassigns the tasks of dead slots, spreads crowded topologies.
 
     Call :meth:`tick` periodically (``stream-ops nimbus`` does it through
     :func:`~stream_ops.nimbus.leader.run_nimbus`, only on the elected leader). The monitor
@@ -271,6 +391,8 @@ class Monitor:
         task_timeout_s: A heartbeat unchanged (or missing) this long, after the grace, is dead.
         launch_grace_s: Time a newly (re)assigned task has before heartbeats are required.
         clock: The monitor's clock (monotonic; injectable for tests).
+        spread: When a crowded topology is spread onto free slots (a topology's conf may
+            override it, see :meth:`~stream_ops.config.SpreadPolicy.for_conf`).
 
     Example:
         >>> monitor = Monitor(store, task_timeout_s=10, launch_grace_s=60)  # doctest: +SKIP
@@ -285,6 +407,7 @@ class Monitor:
         task_timeout_s: float = 10.0,
         launch_grace_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        spread: SpreadPolicy | None = None,
     ) -> None:
         if task_timeout_s <= 0:
             raise ValueError(f"task_timeout_s must be positive, got {task_timeout_s}")
@@ -294,18 +417,23 @@ class Monitor:
         self.task_timeout_s = task_timeout_s
         self.launch_grace_s = launch_grace_s
         self.clock = clock
+        self.spread = spread if spread is not None else SpreadPolicy()
         self.tracker = HeartbeatTracker()
+        self.slots = SlotTracker()
+        # Monitor-clock time of each topology's last spread (the rate limit).
+        self._spread_at: dict[str, float] = {}
         # What was last logged per topology, so that only changes are logged.
         self._reported_dead: dict[str, dict[int, str]] = {}
         self._reported_waiting: dict[str, int] = {}
         self._reported_stuck: dict[str, frozenset[int]] = {}
+        self._reported_spread: dict[str, str] = {}
 
     def reset_heartbeat_clocks(self) -> None:
         """Restart heartbeat ages from now (after the monitor's session was SUSPENDED)."""
         self.tracker.reset_heartbeat_clocks(self.clock())
 
     def tick(self) -> list[MonitorAction]:
-        """Check every ACTIVE topology once; reassign where tasks are dead or unassigned.
+        """Check every ACTIVE topology once; reassign where tasks are dead or unassigned, spread where due.
 
         Errors of one topology (e.g. killed while being read, or a compare-and-set lost too
         often) are logged and do not stop the others; a lost connection propagates as
@@ -330,7 +458,7 @@ class Monitor:
                 continue
             seen.add(topology_id)
             try:
-                action = self._check(topology_id, live)
+                action = self._check(storm, live)
             except ZooKeeperUnavailableError:
                 raise
             except StreamOpsError as e:
@@ -344,25 +472,24 @@ class Monitor:
             self._reported_dead.pop(topology_id, None)
             self._reported_waiting.pop(topology_id, None)
             self._reported_stuck.pop(topology_id, None)
+            self._reported_spread.pop(topology_id, None)
+            self._spread_at.pop(topology_id, None)
         return actions
 
     # --- one topology --------------------------------------------------------------------
 
     def _live_slots(self) -> set[str]:
-        return {str(Slot(w.host, w.port)) for w in live_workers(self.store).values()}
+        """The live slots now; also feeds the slot tracker (for the spreading rule)."""
+        registrations = live_slot_registrations(self.store)
+        self.slots.observe(registrations, self.clock())
+        return set(registrations)
 
     def _fingerprint(self, topology_id: str, task_id: int, worker: str) -> Hashable | None:
         found = self.store.get_json(ZkPaths.heartbeat(topology_id, task_id))
-        if found is None:
-            return None
-        data, stat = found
-        beat_worker = data.get("worker_id") if isinstance(data, dict) else None
-        if beat_worker is not None and beat_worker != worker:
-            # The previous owner's last beat: says nothing about the assigned worker.
-            return None
-        return (beat_worker, stat.czxid, stat.mzxid)
+        return None if found is None else heartbeat_fingerprint(found[0], found[1].mzxid, worker)
 
-    def _check(self, topology_id: str, live: set[str]) -> MonitorAction | None:
+    def _check(self, storm: StormRecord, live: set[str]) -> MonitorAction | None:
+        topology_id = storm.topology_id
         task_ids = sorted(int(t) for t in self.store.children(ZkPaths.tasks(topology_id)))
         current = read_assignment(self.store, topology_id)
         record, epoch = current if current is not None else (AssignmentRecord(), -1)
@@ -388,7 +515,7 @@ class Monitor:
         self._log_dead(topology_id, dead)
         if not dead and not unassigned:
             self._reported_stuck.pop(topology_id, None)
-            return None
+            return self._maybe_spread(storm, task_ids, assigned, record, now) if live else None
         if not live:
             if self._reported_waiting.get(topology_id) != len(task_ids):
                 logger.warning("topology %s: no live worker; %d tasks wait for one to join", topology_id, len(task_ids))
@@ -436,6 +563,63 @@ class Monitor:
             {t: f"{f or '-'} -> {to}" for t, (f, to) in moved.items()},
         )
         return action
+
+    def _policy(self, storm: StormRecord) -> SpreadPolicy:
+        try:
+            return self.spread.for_conf(storm.conf)
+        except ConfigError as e:
+            self._report_spread(storm.topology_id, f"bad spread conf, using the defaults: {e}", logging.WARNING)
+            return self.spread
+
+    def _maybe_spread(
+        self,
+        storm: StormRecord,
+        task_ids: list[int],
+        assigned: dict[int, str],
+        record: AssignmentRecord,
+        now: float,
+    ) -> MonitorAction | None:
+        """Spread a healthy topology onto free stable slots when the rate limit allows (module docstring)."""
+        topology_id = storm.topology_id
+        policy = self._policy(storm)
+        last = self._spread_at.get(topology_id)
+        decision = decide_spread(
+            task_ids,
+            assigned,
+            self.slots.live_for(now),
+            storm.workers,
+            since_last_spread=None if last is None else now - last,
+            interval_s=policy.interval_s,
+            stability_s=policy.stability_s,
+        )
+        if not decision.due:
+            self._report_spread(topology_id, decision.reason, logging.DEBUG)
+            return None
+        result = spread_topology(self.store, topology_id, slots=[str(s) for s in decision.slots])
+        if result is None:
+            return None
+        self._spread_at[topology_id] = now
+        new_record, new_epoch = result
+        moved = {t: (record.tasks.get(t), w) for t, w in sorted(new_record.tasks.items()) if record.tasks.get(t) != w}
+        self._reported_spread.pop(topology_id, None)
+        if not moved:
+            return None
+        logger.info(
+            "topology %s: spread at epoch %d (%s): moved %s",
+            topology_id,
+            new_epoch,
+            decision.reason,
+            {t: f"{f or '-'} -> {to}" for t, (f, to) in moved.items()},
+        )
+        return MonitorAction(topology_id=topology_id, dead={}, unassigned=(), moved=moved, epoch=new_epoch, spread=True)
+
+    def _report_spread(self, topology_id: str, reason: str, level: int) -> None:
+        """Log why a topology is not spread, once per reason kind (the numbers in it change every tick)."""
+        kind = reason.split(" ", 2)[:2]
+        key = " ".join(kind)
+        if self._reported_spread.get(topology_id) != key:
+            self._reported_spread[topology_id] = key
+            logger.log(level, "topology %s: not spread now: %s", topology_id, reason)
 
     def _log_dead(self, topology_id: str, dead: dict[int, str]) -> None:
         previous = self._reported_dead.get(topology_id, {})

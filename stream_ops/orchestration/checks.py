@@ -4,7 +4,10 @@ Two checks per stream asset (one per stage):
 
 * ``heartbeat_freshness``: every task of the stage is owned by a worker whose heartbeat is at
   most ``heartbeat_timeout_s`` old. Fails with severity ERROR when no task of the stage is
-  alive, WARN when some are not.
+  alive, WARN when some are not. The age is the nimbus monitor's: seconds since the observer
+  saw the heartbeat change, by its own clock (never the time the worker wrote), so a worker
+  with a skewed clock is judged alike everywhere. The metadata's ``heartbeat_age_basis`` says
+  which age was used.
 * ``txid_progress``: every task that has unprocessed input (records or files not read yet) committed a new
   txid within ``progress_timeout_s``. An idle task (no lag) passes: nothing to commit. Fails
   with severity WARN.
@@ -19,7 +22,10 @@ Where they are evaluated:
   not advanced" comes from its cursor.
 * :func:`build_stream_checks` defines them as a ``@multi_asset_check`` so they show on the
   asset pages and can be executed on demand; executed in a run, the stall time comes from the
-  stream asset's observation history in the Dagster instance.
+  stream asset's observation history in the Dagster instance, and so do heartbeat ages: the
+  heartbeat tracker is rebuilt from the fingerprints the sensor recorded
+  (:func:`tracker_from_observations`), the observations' timestamps being the Dagster
+  instance's clock. A heartbeat no observation showed is 0 s old at its first sight.
 
 The evaluation itself (:func:`evaluate_stage_checks`) is pure: no clock, no I/O.
 
@@ -29,14 +35,15 @@ the resource parameters' annotations of the decorated function at definition tim
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 from stream_ops.errors import StreamOpsError
-from stream_ops.nimbus.status import TaskStatus, TopologyStatus, describe_topology
+from stream_ops.nimbus.monitor import HeartbeatTracker
+from stream_ops.nimbus.status import AGE_BASIS_TEXT, AGE_OBSERVED, TaskStatus, TopologyStatus, describe_topology
 from stream_ops.nimbus.submission import find_topology_id
 from stream_ops.orchestration.observations import stage_health
 from stream_ops.orchestration.resources import ZooKeeperResource
@@ -52,6 +59,7 @@ __all__ = [
     "evaluate_topology_checks",
     "stalled_from_observations",
     "stream_check_specs",
+    "tracker_from_observations",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,6 +142,7 @@ def evaluate_stage_checks(
     heartbeat_timeout_s: float,
     progress_timeout_s: float,
     stalled_for: Mapping[int, float | None],
+    age_basis: str = AGE_OBSERVED,
 ) -> list[CheckOutcome]:
     """Evaluate both checks of one stage (pure).
 
@@ -144,6 +153,8 @@ def evaluate_stage_checks(
         heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
         progress_timeout_s: Longest time a task with unprocessed input may go without a commit.
         stalled_for: Task id -> seconds since its committed txid last advanced (None: unknown).
+        age_basis: How the tasks' heartbeat ages were measured
+            (``TopologyStatus.heartbeat_age_basis``), reported in the metadata.
 
     Returns:
         ``[heartbeat_freshness, txid_progress]``.
@@ -169,6 +180,7 @@ def evaluate_stage_checks(
         "tasks_total": dg.MetadataValue.int(len(tasks)),
         "oldest_heartbeat_age_s": dg.MetadataValue.float(float(max(ages)) if ages else -1.0),
         "heartbeat_timeout_s": dg.MetadataValue.float(float(heartbeat_timeout_s)),
+        "heartbeat_age_basis": dg.MetadataValue.text(f"{age_basis}: {AGE_BASIS_TEXT.get(age_basis, age_basis)}"),
     }
     if not lost:
         freshness = CheckOutcome(
@@ -176,7 +188,7 @@ def evaluate_stage_checks(
             HEARTBEAT_FRESHNESS,
             True,
             ok,
-            f"all {len(tasks)} tasks beat within {heartbeat_timeout_s:g}s",
+            f"all {len(tasks)} tasks beat within {heartbeat_timeout_s:g}s ({age_basis} ages)",
             freshness_meta,
         )
     else:
@@ -186,7 +198,7 @@ def evaluate_stage_checks(
             HEARTBEAT_FRESHNESS,
             False,
             severity,
-            f"{len(lost)} of {len(tasks)} tasks have no heartbeat younger than {heartbeat_timeout_s:g}s "
+            f"{len(lost)} of {len(tasks)} tasks have no heartbeat that changed within {heartbeat_timeout_s:g}s "
             f"(tasks {lost}); the heartbeat sensor requests a rebalance, and a worker launch if workers are missing",
             freshness_meta,
         )
@@ -248,6 +260,7 @@ def evaluate_topology_checks(
                 heartbeat_timeout_s=heartbeat_timeout_s,
                 progress_timeout_s=progress_timeout_s,
                 stalled_for=stalled_for,
+                age_basis=status.heartbeat_age_basis,
             )
         )
     return outcomes
@@ -290,6 +303,41 @@ def stalled_from_observations(
     return stalled
 
 
+def tracker_from_observations(
+    history: Iterable[tuple[float, Mapping[str, Any]]],
+    *,
+    topology_id: str,
+) -> HeartbeatTracker:
+    """Rebuild the heartbeat sensor's tracker from its recorded observations (pure).
+
+    Each observation's ``heartbeat_mzxid`` (task -> fingerprint) is fed to a fresh
+    :class:`~stream_ops.nimbus.monitor.HeartbeatTracker` at the observation's timestamp, oldest
+    first, so the tracker knows when each heartbeat was last seen to change, as the sensor did.
+
+    Args:
+        history: ``(timestamp, metadata values)`` of past observations (any order, any stage).
+        topology_id: Observations of other submissions are ignored.
+
+    Returns:
+        The tracker; pass it to :func:`~stream_ops.nimbus.status.describe_topology` with the
+        same clock (unix time).
+
+    Example:
+        >>> t = tracker_from_observations([(100.0, {"topology_id": "t", "heartbeat_mzxid": {"0": 5}}),
+        ...                                (90.0, {"topology_id": "t", "heartbeat_mzxid": {"0": 5}})], topology_id="t")
+        >>> t.heartbeat_age("t", 0, now=95.0)
+        5.0
+    """
+    tracker = HeartbeatTracker()
+    for ts, meta in sorted(history, key=lambda item: item[0]):
+        fingerprints = meta.get("heartbeat_mzxid")
+        if meta.get("topology_id") != topology_id or not isinstance(fingerprints, Mapping):
+            continue
+        for task, fingerprint in fingerprints.items():
+            tracker.observe(topology_id, int(task), fingerprint, ts)
+    return tracker
+
+
 def _history(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> list[tuple[float, dict[str, Any]]]:
     records = instance.fetch_observations(asset_key, limit=_HISTORY_LIMIT).records
     history = []
@@ -298,6 +346,20 @@ def _history(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> list[tuple
         if observation is not None:
             history.append((record.timestamp, {k: v.value for k, v in observation.metadata.items()}))
     return history
+
+
+def _histories(
+    context: dg.AssetCheckExecutionContext, keys: Mapping[str, dg.AssetKey]
+) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+    """Stage name -> its stream asset's recent observations (empty where they cannot be read)."""
+    histories: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for stage_name, asset_key in keys.items():
+        try:
+            histories[stage_name] = _history(context.instance, asset_key)
+        except StreamOpsError as e:  # pragma: no cover - defensive
+            context.log.warning(f"cannot read observation history of {asset_key.to_user_string()}: {e}")
+            histories[stage_name] = []
+    return histories
 
 
 def build_stream_checks(
@@ -338,10 +400,16 @@ def build_stream_checks(
     )
     def _stream_checks(context: dg.AssetCheckExecutionContext, zookeeper: ZooKeeperResource) -> Iterator[dg.AssetCheckResult]:
         wanted = set(context.selected_asset_check_keys)
+        histories = _histories(context, keys)
         now = time.time()
         with zookeeper.store() as store:
             topology_id = find_topology_id(store, topology_name, missing_ok=True)
-            status = describe_topology(store, topology_id) if topology_id else None
+            status = None
+            if topology_id:
+                tracker = tracker_from_observations(
+                    [item for history in histories.values() for item in history], topology_id=topology_id
+                )
+                status = describe_topology(store, topology_id, clock=lambda: now, tracker=tracker)
         if status is None:
             for key in sorted(wanted, key=lambda k: (k.asset_key.to_user_string(), k.name)):
                 yield dg.AssetCheckResult(
@@ -360,13 +428,7 @@ def build_stream_checks(
             if asset_key is None:
                 context.log.warning(f"stage {stage_name!r} of {status.topology_id} is not in this code location's plan")
                 continue
-            try:
-                stalled = stalled_from_observations(
-                    tasks, _history(context.instance, asset_key), topology_id=status.topology_id, now=now
-                )
-            except StreamOpsError as e:  # pragma: no cover - defensive
-                context.log.warning(f"cannot read observation history of {asset_key.to_user_string()}: {e}")
-                stalled = {}
+            stalled = stalled_from_observations(tasks, histories.get(stage_name, []), topology_id=status.topology_id, now=now)
             for outcome in evaluate_stage_checks(
                 asset_key,
                 status=status.status,
@@ -374,6 +436,7 @@ def build_stream_checks(
                 heartbeat_timeout_s=heartbeat_timeout_s,
                 progress_timeout_s=progress_timeout_s,
                 stalled_for=stalled,
+                age_basis=status.heartbeat_age_basis,
             ):
                 if dg.AssetCheckKey(asset_key, outcome.check_name) in wanted:
                     yield outcome.to_result()

@@ -8,6 +8,13 @@ the time the sensor first saw it. A rebalance is requested for tasks lost once t
 been in place for the launch grace, with a run key naming the tasks and the epoch, so the same
 loss is never requested twice and a fresh assignment gets time to start.
 
+It also carries the sensor's liveness and spreading state, measured by the sensor's own
+clock (the nimbus monitor's rule, :mod:`stream_ops.nimbus.monitor`): per topology each task's
+heartbeat fingerprint with the time the sensor saw it change (``heartbeats``, a
+:class:`~stream_ops.nimbus.monitor.HeartbeatTracker` exported) and the time of the last spread
+request (``spread_at``); cluster-wide, since when each worker slot has been live (``slots``, a
+:class:`~stream_ops.nimbus.monitor.SlotTracker`). About 30 bytes per task and per slot.
+
 An unreadable cursor (garbage, another version, a schema change) parses as an empty cursor,
 which is always safe: the next tick just observes everything afresh.
 
@@ -46,6 +53,9 @@ class TopologyCursor(BaseModel):
         epoch_seen_at: Wall-clock time the sensor first saw that epoch of this submission.
         health: Topology health at the last observation.
         observed_at: Wall-clock time (unix seconds) of the last observation.
+        heartbeats: Task id -> (heartbeat fingerprint, sensor time it last changed); the
+            fingerprint is the heartbeat znode's mzxid, None when there is no heartbeat.
+        spread_at: Sensor time of the last spread requested for this submission (None: never).
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -59,15 +69,21 @@ class TopologyCursor(BaseModel):
     epoch_seen_at: float = 0.0
     health: str = "unknown"
     observed_at: float = 0.0
+    heartbeats: dict[int, tuple[int | None, float]] = Field(default_factory=dict)
+    spread_at: float | None = None
 
 
 class HeartbeatCursor(BaseModel):
-    """The heartbeat sensor's cursor: one :class:`TopologyCursor` per topology name."""
+    """The heartbeat sensor's cursor: one :class:`TopologyCursor` per topology name.
+
+    ``slots``: live worker slot -> (registration czxid, sensor time since when it is live).
+    """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     version: Literal[1] = 1
     topologies: dict[str, TopologyCursor] = Field(default_factory=dict)
+    slots: dict[str, tuple[int | None, float]] = Field(default_factory=dict)
 
     def to_json(self) -> str:
         """Compact JSON, as stored by Dagster."""

@@ -9,7 +9,9 @@ job                            library call
                                the SparkSession of dagster-pyspark's ``PySparkResource``
 ``stream_ops_rebalance``       :func:`~stream_ops.nimbus.rebalance.rebalance`, or
                                :func:`~stream_ops.nimbus.assignment.reassign` (with the slots
-                               of lost tasks excluded) when the heartbeat sensor asks
+                               of lost tasks excluded) when the heartbeat sensor asks, or
+                               :func:`~stream_ops.nimbus.assignment.spread_topology` when it
+                               asks for a spread (as the nimbus monitor does)
 ``stream_ops_activate``        :func:`~stream_ops.nimbus.submission.activate`
 ``stream_ops_deactivate``      :func:`~stream_ops.nimbus.submission.deactivate`
 ``stream_ops_kill``            :func:`~stream_ops.nimbus.submission.kill`
@@ -47,9 +49,9 @@ from dagster_pyspark import PySparkResource
 
 from stream_ops.coordination.acl import require_auth
 from stream_ops.coordination.embedded import free_port
-from stream_ops.nimbus.assignment import read_assignment, reassign
+from stream_ops.nimbus.assignment import read_assignment, reassign, spread_topology
 from stream_ops.nimbus.rebalance import rebalance
-from stream_ops.nimbus.status import describe_topology
+from stream_ops.nimbus.status import describe_topology, lost_tasks_now
 from stream_ops.nimbus.submission import activate, deactivate, find_topology_id, kill
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.run_config import (
@@ -148,18 +150,21 @@ def _kill_op(context: dg.OpExecutionContext, config: KillConfig, zookeeper: ZooK
 
 @dg.op(name=REBALANCE_OP, tags={ROLE_TAG: "rebalance"})
 def _rebalance_op(context: dg.OpExecutionContext, config: RebalanceConfig, zookeeper: ZooKeeperResource) -> dict[str, Any]:
-    """Rebalance a topology (see :class:`RebalanceConfig` for the three ways)."""
+    """Rebalance a topology (see :class:`RebalanceConfig` for the four ways)."""
     with zookeeper.store() as store:
         topology_id = find_topology_id(store, config.topology)
         assert topology_id is not None
         before = read_assignment(store, topology_id)
         before_tasks = dict(before[0].tasks) if before else {}
         excluded: list[str] = []
-        if config.lost_tasks:
-            status = describe_topology(store, topology_id)
-            live = set(status.workers_live)
-            wanted = set(config.lost_tasks)
-            lost_now = [t for t in status.tasks if t.task_id in wanted and not t.alive(config.heartbeat_timeout_s)]
+        if config.spread_slots:
+            spread = spread_topology(store, topology_id, slots=config.spread_slots)
+            how = "spread" if spread is not None else "nothing (already spread)"
+            record, epoch = spread if spread is not None else ((before[0], before[1]) if before else (None, -1))
+        elif config.lost_tasks:
+            live = set(describe_topology(store, topology_id).workers_live)
+            seen = {int(t): (None if fp < 0 else fp) for t, fp in config.lost_heartbeats.items()}
+            lost_now = lost_tasks_now(store, topology_id, config.lost_tasks, seen=seen, timeout_s=config.heartbeat_timeout_s)
             if not lost_now:
                 context.log.info(f"{topology_id}: tasks {config.lost_tasks} are alive again; nothing to rebalance")
                 how = "nothing (recovered)"
@@ -184,7 +189,7 @@ def _rebalance_op(context: dg.OpExecutionContext, config: RebalanceConfig, zooke
     moved = {t: f"{before_tasks.get(t) or '-'} -> {w}" for t, w in sorted(after_tasks.items()) if before_tasks.get(t) != w}
     if moved:
         context.log.info(f"{topology_id}: epoch {epoch}, moved {moved}")
-    elif how != "nothing (recovered)":
+    elif not how.startswith("nothing"):
         context.log.info(f"{topology_id}: nothing had to move (epoch {epoch})")
     context.add_output_metadata(
         {

@@ -4,6 +4,10 @@ One :class:`dagster.AssetObservation` per stage, on that stage's stream asset. T
 keys are listed with their meaning in :data:`OBSERVATION_FIELDS`; the stream assets carry
 that list so the UI explains what the sensor reports.
 
+Heartbeat ages are reported as the status measured them, and ``heartbeat_age_basis`` says
+how: from the heartbeat sensor they are ``observed`` (seconds since the sensor saw the
+heartbeat change, the nimbus monitor's rule; see :mod:`stream_ops.nimbus.status`).
+
 Example:
     >>> status = describe_topology(store, "wordcount-1-1700000000")  # doctest: +SKIP
     >>> observe_topology(status, translator=StreamOpsTranslator(), heartbeat_timeout_s=10.0)  # doctest: +SKIP
@@ -41,7 +45,21 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     "tasks_alive": ("int", "Tasks of this stage owned by a worker with a heartbeat younger than the timeout."),
     "tasks_total": ("int", "Tasks of this stage (one per queue)."),
     "lost_tasks": ("json", "Ids of this stage's tasks that are not alive (list)."),
-    "heartbeat_age_s": ("json", "Seconds since each task's last heartbeat, null if none (task id -> age)."),
+    "heartbeat_age_s": (
+        "json",
+        "Age of each task's heartbeat in seconds, null if none (task id -> age); measured as heartbeat_age_basis says.",
+    ),
+    "heartbeat_age_basis": (
+        "text",
+        "How heartbeat ages are measured: 'observed' = seconds since the observer (the heartbeat sensor) saw the "
+        "heartbeat change, by its own clock, the nimbus monitor's rule; 'worker_clock' = the reader's clock minus the "
+        "time the worker wrote (needs synchronised clocks).",
+    ),
+    "heartbeat_mzxid": (
+        "json",
+        "Fingerprint of each task's heartbeat (its znode's mzxid, null if none; task id -> mzxid): what the on-demand "
+        "checks rebuild heartbeat ages from.",
+    ),
     "committed_txid": ("json", "Last committed transaction id of each task, -1 before the first (task id -> txid)."),
     "min_committed_txid": ("int", "Smallest committed txid over this stage's tasks: every batch up to it is done."),
     "txids_committed_since_last_tick": (
@@ -182,6 +200,8 @@ def observe_topology(
             "tasks_total": dg.MetadataValue.int(len(tasks)),
             "lost_tasks": dg.MetadataValue.json(lost),
             "heartbeat_age_s": dg.MetadataValue.json({str(t.task_id): t.heartbeat_age_s for t in tasks}),
+            "heartbeat_age_basis": dg.MetadataValue.text(status.heartbeat_age_basis),
+            "heartbeat_mzxid": dg.MetadataValue.json({str(t.task_id): t.heartbeat_fingerprint for t in tasks}),
             "committed_txid": dg.MetadataValue.json({str(t.task_id): t.committed_txid for t in tasks}),
             "min_committed_txid": dg.MetadataValue.int(min(t.committed_txid for t in tasks)),
             "rows_per_s_in": dg.MetadataValue.float(float(sum(t.rows_per_s for t in tasks))),

@@ -7,7 +7,7 @@ Note: this module does not use ``from __future__ import annotations`` because Da
 the config classes' annotations at definition time.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -53,11 +53,16 @@ class KillConfig(ActivateConfig):
 class RebalanceConfig(ActivateConfig):
     """Rebalance a topology.
 
-    Three ways, chosen from the fields:
+    Four ways, chosen from the fields:
 
+    * ``spread_slots`` given (what the heartbeat sensor sets when a crowded topology has free
+      stable slots): :func:`spread_topology` over them, moving the fewest tasks. Nothing stops.
     * ``lost_tasks`` given (what the heartbeat sensor sets): the tasks still lost now are
       reassigned with :func:`reassign`, their slots excluded when the worker is still registered
-      (a stale heartbeat marks a bad slot, as Nimbus's monitor does). Nothing stops.
+      (a stale heartbeat marks a bad slot, as Nimbus's monitor does). Nothing stops. "Still
+      lost" is the tracker's rule (:func:`~stream_ops.nimbus.status.lost_tasks_now`): a task
+      whose heartbeat changed since the sensor saw it (``lost_heartbeats``) is alive again; a
+      task the sensor gave no fingerprint for is watched for ``heartbeat_timeout_s``.
     * otherwise ``quiesce`` (default): Storm's rebalance, :func:`rebalance`: REBALANCING for
       ``wait_s``, sticky reassignment over at most ``workers`` slots, then resume.
     * ``quiesce: false``: :func:`reassign` only: the fewest moves an even split over the live
@@ -71,7 +76,18 @@ class RebalanceConfig(ActivateConfig):
     )
     lost_tasks: list[int] = Field(default_factory=list, description="Tasks the heartbeat sensor saw lost; set by the sensor.")
     heartbeat_timeout_s: float = Field(
-        default=10.0, gt=0, description="With lost_tasks: a task is still lost if its heartbeat is older than this."
+        default=10.0,
+        gt=0,
+        description="With lost_tasks but no lost_heartbeats entry for a task: how long to watch its heartbeat for a change.",
+    )
+    lost_heartbeats: dict[str, int] = Field(
+        default_factory=dict,
+        description="Task id -> the heartbeat fingerprint (znode mzxid, -1: none) the sensor saw when it judged the "
+        "task lost; set by the sensor. A task whose heartbeat changed since is alive again.",
+    )
+    spread_slots: list[str] = Field(
+        default_factory=list,
+        description="Spread the topology over these free slots (host:port) if it uses fewer than it wants; set by the sensor.",
     )
 
 
@@ -102,11 +118,21 @@ def rebalance_run_config(
     quiesce: bool = True,
     workers: int | None = None,
     wait_s: float = 0.0,
+    lost_heartbeats: Mapping[int, int | None] | None = None,
+    spread_slots: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run config of ``stream_ops_rebalance`` (what sensors and schedules request)."""
+    """Run config of ``stream_ops_rebalance`` (what sensors and schedules request).
+
+    ``lost_heartbeats``: task -> heartbeat fingerprint seen when it was judged lost (None: no
+    heartbeat, stored as -1).
+    """
     config: dict[str, Any] = {"topology": topology, "quiesce": quiesce, "wait_s": wait_s}
     if lost_tasks:
         config.update(lost_tasks=sorted(lost_tasks), heartbeat_timeout_s=heartbeat_timeout_s)
+    if lost_heartbeats:
+        config["lost_heartbeats"] = {str(t): (-1 if fp is None else fp) for t, fp in sorted(lost_heartbeats.items())}
+    if spread_slots:
+        config["spread_slots"] = sorted(spread_slots)
     if workers is not None:
         config["workers"] = workers
     return {"ops": {REBALANCE_OP: {"config": config}}}

@@ -19,9 +19,23 @@ It also requests runs:
   Dagster requests each loss once, and again only when the assignment or the slots changed.
 * **worker** runs when fewer workers are live than the ACTIVE topologies want (the largest
   ``workers`` wanted), minus worker runs already queued or starting.
+* a **spread** (a rebalance run with ``spread_slots``) when an ACTIVE topology with nothing
+  lost uses fewer slots than it wants while free slots have been live for the stability
+  period, at most once per interval (:class:`~stream_ops.config.SpreadPolicy`, the nimbus
+  monitor's rule: :func:`~stream_ops.scheduler.decide_spread`; the op calls
+  :func:`~stream_ops.nimbus.assignment.spread_topology` as the monitor does). Run key
+  ``spread-<id>-epoch-<n>-slots-<k>``.
+
+Liveness is the nimbus monitor's rule: a heartbeat's age is the time since *this sensor* saw
+its znode change, by the sensor's own clock, never the time the worker wrote into it (so a
+worker with a skewed clock is judged as the nimbus judges it). The
+:class:`~stream_ops.nimbus.monitor.HeartbeatTracker` doing that lives in the cursor between
+ticks; on the first tick after a (re)submission or a cursor reset every heartbeat seen is
+fresh (as after a nimbus restart).
 
 The cursor (:class:`HeartbeatCursor`) remembers per topology the committed txids (progress
-between ticks), when each txid last advanced, lost tasks and the assignment epoch.
+between ticks), when each txid last advanced, lost tasks, the assignment epoch, the heartbeat
+tracker's state and the last spread; and since when each worker slot has been live.
 
 A tick is bounded in wall-clock time: once ``tick_budget_s`` has passed, the remaining
 topologies are left for the next tick, which starts with the least recently observed ones.
@@ -41,12 +55,14 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from stream_ops.config import SpreadPolicy
 from stream_ops.coordination.records import WorkerRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import CoordinationError, StreamOpsError, TopologyNotFoundError
-from stream_ops.nimbus.assignment import live_workers
-from stream_ops.nimbus.status import describe_topology
-from stream_ops.nimbus.submission import find_topology_id, list_topologies
+from stream_ops.errors import ConfigError, CoordinationError, StreamOpsError, TopologyNotFoundError
+from stream_ops.nimbus.assignment import live_slot_registrations, live_workers
+from stream_ops.nimbus.monitor import HeartbeatTracker, SlotTracker
+from stream_ops.nimbus.status import TopologyStatus, describe_topology
+from stream_ops.nimbus.submission import find_topology_id, list_topologies, read_storm
 from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
@@ -54,16 +70,19 @@ from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
 from stream_ops.orchestration.sinks import ParquetSinkWatch, latest_sink_txids, observe_parquet_sinks
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.scheduler import Slot, decide_spread, needs_spread
 
 __all__ = [
     "DEFAULT_HEARTBEAT_SENSOR_NAME",
     "DEFAULT_RELAUNCH_SENSOR_NAME",
     "HeartbeatTick",
     "RebalanceNeed",
+    "SpreadNeed",
     "build_heartbeat_sensor",
     "build_worker_relaunch_sensor",
     "observe_tick",
     "rebalance_run_key",
+    "spread_run_key",
     "workers_to_launch",
 ]
 
@@ -96,6 +115,8 @@ class RebalanceNeed:
         lost_tasks: Ids of the tasks without a fresh heartbeat (or unassigned), sorted.
         epoch: The assignment epoch they are lost under (-1 if there is no assignment).
         live_slots: Number of live worker slots when the loss was seen.
+        heartbeats: (task, heartbeat fingerprint seen, None for none) of each lost task, so
+            the rebalance op can tell which beat again since, without reading any clock.
     """
 
     topology_name: str
@@ -103,6 +124,7 @@ class RebalanceNeed:
     lost_tasks: tuple[int, ...]
     epoch: int
     live_slots: int
+    heartbeats: tuple[tuple[int, int | None], ...] = ()
 
     @property
     def run_key(self) -> str:
@@ -122,6 +144,40 @@ def rebalance_run_key(topology_id: str, lost_tasks: Sequence[int], epoch: int, l
 
 
 @dataclass(frozen=True)
+class SpreadNeed:
+    """A topology crowded on fewer slots than it wants while free stable slots exist.
+
+    Attributes:
+        topology_name: The topology's name.
+        topology_id: Its live submission.
+        slots: The slots to spread over (those it uses plus the free stable ones).
+        epoch: The assignment epoch seen.
+        reason: Why it is due, for logs.
+    """
+
+    topology_name: str
+    topology_id: str
+    slots: tuple[str, ...]
+    epoch: int
+    reason: str
+
+    @property
+    def run_key(self) -> str:
+        """``spread-<topology_id>-epoch-<n>-slots-<k>``."""
+        return spread_run_key(self.topology_id, self.epoch, len(self.slots))
+
+
+def spread_run_key(topology_id: str, epoch: int, slots: int) -> str:
+    """The run key of a spread of ``topology_id`` at assignment ``epoch`` over ``slots`` slots.
+
+    Example:
+        >>> spread_run_key("wordcount-1-1700000000", 2, 3)
+        'spread-wordcount-1-1700000000-epoch-2-slots-3'
+    """
+    return f"spread-{topology_id}-epoch-{epoch}-slots-{slots}"
+
+
+@dataclass(frozen=True)
 class HeartbeatTick:
     """The outcome of one heartbeat tick.
 
@@ -134,6 +190,7 @@ class HeartbeatTick:
         failed: Topology name -> error message for topologies that could not be read.
         rebalances: Topologies whose lost tasks call for a rebalance run.
         workers_wanted: Most workers any observed ACTIVE topology wants (0 if none).
+        spreads: Topologies to spread onto free slots.
     """
 
     asset_events: list[dg.AssetObservation | dg.AssetCheckEvaluation]
@@ -144,6 +201,7 @@ class HeartbeatTick:
     failed: dict[str, str] = field(default_factory=dict)
     rebalances: list[RebalanceNeed] = field(default_factory=list)
     workers_wanted: int = 0
+    spreads: list[SpreadNeed] = field(default_factory=list)
 
     @property
     def observations(self) -> list[dg.AssetObservation]:
@@ -166,6 +224,7 @@ def observe_tick(
     tick_budget_s: float,
     progress_timeout_s: float = 60.0,
     launch_grace_s: float = 30.0,
+    spread: SpreadPolicy | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     log: logging.Logger | logging.LoggerAdapter = logger,
@@ -177,18 +236,21 @@ def observe_tick(
         cursor: The previous tick's cursor.
         topology_names: Topologies to observe, by name.
         translator: Maps (topology, stage) to asset keys.
-        heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
+        heartbeat_timeout_s: A task is alive if owned and the sensor saw its heartbeat change
+            at most this long ago.
         tick_budget_s: Stop starting new topologies once this much time has passed.
         progress_timeout_s: The txid-progress check fails for a task with unprocessed input
             that committed nothing for longer than this.
         launch_grace_s: Lost tasks call for a rebalance only once the assignment epoch has
             been in place (as seen by the sensor) for this long.
+        spread: When to spread crowded topologies onto free slots; None: never.
         clock: Monotonic clock for the budget (injectable for tests).
-        wall_clock: Unix time, for heartbeat ages and the cursor's timestamps.
+        wall_clock: The sensor's own clock (unix time): heartbeat ages, slot liveness and the
+            cursor's timestamps. Never compared with a time a worker wrote.
         log: Where to log state changes (the sensor passes ``context.log``).
 
     Returns:
-        The observations, check evaluations, rebalance needs and the new cursor.
+        The observations, check evaluations, rebalance and spread needs and the new cursor.
     """
     started = clock()
     # Least recently observed first, so a topology deferred by the budget goes first next time.
@@ -199,12 +261,16 @@ def observe_tick(
     events: list[dg.AssetObservation] = []
     checks: list[dg.AssetCheckEvaluation] = []
     rebalances: list[RebalanceNeed] = []
+    spreads: list[SpreadNeed] = []
     workers_wanted = 0
     observed: list[str] = []
     absent: list[str] = []
     deferred: list[str] = []
     failed: dict[str, str] = {}
     new_cursor = cursor
+    slots = _observe_slots(store, cursor, wall_clock()) if spread is not None else None
+    if slots is not None:
+        new_cursor = new_cursor.model_copy(update={"slots": slots.export()})
     live_ids = _live_submissions(store, log)
     for index, name in enumerate(order):
         if clock() - started >= tick_budget_s:
@@ -215,9 +281,12 @@ def observe_tick(
             )
             break
         previous = new_cursor.topologies.get(name)
+        tracker = HeartbeatTracker()
         try:
             topology_id = live_ids.get(name) if live_ids is not None else find_topology_id(store, name, missing_ok=True)
-            status = describe_topology(store, topology_id, clock=wall_clock) if topology_id else None
+            if topology_id and previous is not None and previous.topology_id == topology_id:
+                tracker.import_beats(topology_id, previous.heartbeats)
+            status = describe_topology(store, topology_id, clock=wall_clock, tracker=tracker) if topology_id else None
         except TopologyNotFoundError:
             status = None  # killed between the lookup and the read
         except (StreamOpsError, ValueError) as e:  # ValueError: a znode with an unexpected record
@@ -258,6 +327,12 @@ def observe_tick(
             for t in status.tasks
         }
         lost_since = {t.task_id: old_lost.get(t.task_id, now) for t in status.tasks if not t.alive(heartbeat_timeout_s)}
+        spread_need = None
+        if slots is not None and spread is not None and status.status == "ACTIVE" and not lost_since:
+            spread_need = _spread_need(store, name, status, slots.live_for(now), now, old.spread_at if old else None, spread, log)
+        if spread_need is not None:
+            spreads.append(spread_need)
+        task_ids = {t.task_id for t in status.tasks}
         entry = TopologyCursor(
             topology_id=status.topology_id,
             stages=tuple(dict.fromkeys(t.stage_name for t in sorted(status.tasks, key=lambda t: t.stage))),
@@ -268,6 +343,10 @@ def observe_tick(
             epoch_seen_at=epoch_seen_at,
             health=health,
             observed_at=now,
+            heartbeats={
+                t: (fp, round(at, 3)) for t, (fp, at) in tracker.export_beats(status.topology_id).items() if t in task_ids
+            },
+            spread_at=now if spread_need is not None else (old.spread_at if old else None),
         )
         checks.extend(
             outcome.to_evaluation()
@@ -283,12 +362,14 @@ def observe_tick(
             workers_wanted = max(workers_wanted, status.workers_wanted)
             if lost_since:
                 if now - epoch_seen_at >= launch_grace_s:
+                    fingerprints = {t.task_id: t.heartbeat_fingerprint for t in status.tasks}
                     need = RebalanceNeed(
                         topology_name=name,
                         topology_id=status.topology_id,
                         lost_tasks=tuple(sorted(lost_since)),
                         epoch=epoch,
                         live_slots=len(status.workers_live),
+                        heartbeats=tuple((t, fingerprints.get(t)) for t in sorted(lost_since)),
                     )
                     rebalances.append(need)
                 else:
@@ -313,6 +394,59 @@ def observe_tick(
         failed=failed,
         rebalances=rebalances,
         workers_wanted=workers_wanted,
+        spreads=spreads,
+    )
+
+
+def _observe_slots(store: ZkStore, cursor: HeartbeatCursor, now: float) -> SlotTracker:
+    """The cursor's slot tracker, fed the live slots read now (by the sensor's clock)."""
+    slots = SlotTracker.restore(cursor.slots)
+    slots.observe(live_slot_registrations(store), now)
+    return slots
+
+
+def _spread_need(
+    store: ZkStore,
+    name: str,
+    status: TopologyStatus,
+    slot_live_for: Mapping[str, float],
+    now: float,
+    spread_at: float | None,
+    policy: SpreadPolicy,
+    log: logging.Logger | logging.LoggerAdapter,
+) -> SpreadNeed | None:
+    """Whether a healthy ACTIVE topology is due a spread (the nimbus monitor's rule)."""
+    assignment = {t.task_id: t.assigned_to for t in status.tasks if t.assigned_to is not None}
+    task_ids = [t.task_id for t in status.tasks]
+    if not needs_spread(task_ids, assignment, [Slot.parse(s) for s in slot_live_for], status.workers_wanted):
+        return None
+    try:
+        conf = read_storm(store, status.topology_id).conf
+    except (StreamOpsError, ValueError) as e:  # killed meanwhile, or an unreadable record: next tick
+        log.warning(f"topology {name!r}: cannot read its conf for a spread ({e}); not spreading this tick")
+        return None
+    try:
+        policy = policy.for_conf(conf)
+    except ConfigError as e:
+        log.warning(f"topology {name!r}: {e}; spreading with the sensor's defaults")
+    decision = decide_spread(
+        task_ids,
+        assignment,
+        slot_live_for,
+        status.workers_wanted,
+        since_last_spread=None if spread_at is None else now - spread_at,
+        interval_s=policy.interval_s,
+        stability_s=policy.stability_s,
+    )
+    if not decision.due:
+        log.debug(f"topology {name!r}: not spread now: {decision.reason}")
+        return None
+    return SpreadNeed(
+        topology_name=name,
+        topology_id=status.topology_id,
+        slots=tuple(str(s) for s in decision.slots),
+        epoch=status.assignment_epoch if status.assignment_epoch is not None else -1,
+        reason=decision.reason,
     )
 
 
@@ -387,6 +521,7 @@ def build_heartbeat_sensor(
     name: str = DEFAULT_HEARTBEAT_SENSOR_NAME,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
     parquet_sinks: Sequence[ParquetSinkWatch] = (),
+    spread: SpreadPolicy | None = None,
 ) -> dg.SensorDefinition:
     """A sensor observing each topology's stream assets on every tick, and repairing them.
 
@@ -410,6 +545,8 @@ def build_heartbeat_sensor(
         name: The sensor's name (deterministic; change it only with the definitions).
         default_status: Whether the sensor runs as soon as the code location loads.
         parquet_sinks: Parquet sinks to materialize when their tasks committed new files.
+        spread: When to request a spread of a crowded topology onto free slots (with
+            ``rebalance_job`` only); default :class:`~stream_ops.config.SpreadPolicy`'s.
 
     Returns:
         The sensor definition.
@@ -438,10 +575,11 @@ def build_heartbeat_sensor(
         raise ValueError(f"build_heartbeat_sensor: launch_grace_s must not be negative, got {launch_grace_s}")
     translator = translator or StreamOpsTranslator()
     jobs = [job for job in (rebalance_job, worker_job) if job is not None]
+    spread_policy = (spread or SpreadPolicy()) if rebalance_job is not None else None
 
     repairs = []
     if rebalance_job is not None:
-        repairs.append("requests a rebalance when heartbeats are lost")
+        repairs.append("requests a rebalance when heartbeats are lost or a crowded topology can spread")
     if worker_job is not None:
         repairs.append("launches worker runs when workers are missing")
 
@@ -471,6 +609,7 @@ def build_heartbeat_sensor(
                     tick_budget_s=tick_budget_s,
                     progress_timeout_s=progress_timeout_s,
                     launch_grace_s=launch_grace_s,
+                    spread=spread_policy,
                     log=context.log,
                 )
                 if worker_job is not None and tick.workers_wanted > 0:
@@ -491,7 +630,10 @@ def build_heartbeat_sensor(
                         run_key=need.run_key,
                         job_name=rebalance_job.name,
                         run_config=rebalance_run_config(
-                            need.topology_id, lost_tasks=need.lost_tasks, heartbeat_timeout_s=heartbeat_timeout_s
+                            need.topology_id,
+                            lost_tasks=need.lost_tasks,
+                            heartbeat_timeout_s=heartbeat_timeout_s,
+                            lost_heartbeats=dict(need.heartbeats),
                         ),
                         tags={
                             TOPOLOGY_TAG: need.topology_name,
@@ -501,6 +643,7 @@ def build_heartbeat_sensor(
                         },
                     )
                 )
+            run_requests.extend(_spread_request(need, rebalance_job.name, context.log) for need in tick.spreads)
         if worker_job is not None and tick.workers_wanted > 0:
             active = _active_worker_runs(context, worker_job.name) or []
             missing = workers_to_launch(tick.workers_wanted, live, active)
@@ -527,6 +670,22 @@ def build_heartbeat_sensor(
         return dg.SensorResult(asset_events=asset_events, run_requests=run_requests or None, cursor=tick.cursor.to_json())
 
     return _heartbeat_sensor
+
+
+def _spread_request(need: SpreadNeed, job_name: str, log: logging.Logger | logging.LoggerAdapter) -> dg.RunRequest:
+    """The rebalance run that spreads ``need``'s topology (the op calls ``spread_topology``)."""
+    log.info(f"topology {need.topology_name!r} ({need.topology_id}): {need.reason}; requesting a spread over {list(need.slots)}")
+    return dg.RunRequest(
+        run_key=need.run_key,
+        job_name=job_name,
+        run_config=rebalance_run_config(need.topology_id, quiesce=False, spread_slots=need.slots),
+        tags={
+            TOPOLOGY_TAG: need.topology_name,
+            ROLE_TAG: "rebalance",
+            "stream_ops/spread_slots": ",".join(need.slots),
+            "stream_ops/assignment_epoch": str(need.epoch),
+        },
+    )
 
 
 def build_worker_relaunch_sensor(

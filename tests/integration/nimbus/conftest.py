@@ -54,12 +54,13 @@ class FakeWorker:
             return []
         return sorted(t for t, w in found[0].tasks.items() if w == self.worker_id)
 
-    def beat(self, topology_id: str, tasks: list[int] | None = None) -> None:
-        """Rewrite the heartbeat of ``tasks`` (default: every task assigned here)."""
+    def beat(self, topology_id: str, tasks: list[int] | None = None, *, skew_s: float = 0.0) -> None:
+        """Rewrite the heartbeat of ``tasks`` (default: every task assigned here), stamped by a
+        clock ``skew_s`` seconds off."""
         for task_id in self.assigned(topology_id) if tasks is None else tasks:
             self._beats += 1
             path = ZkPaths.heartbeat(topology_id, task_id)
-            data = HeartbeatRecord(worker_id=self.worker_id, time=time.time(), epoch=1, batches=self._beats)
+            data = HeartbeatRecord(worker_id=self.worker_id, time=time.time() + skew_s, epoch=1, batches=self._beats)
             if self.store.exists(path):
                 self.store.set_json(path, data.to_json_obj())
             else:

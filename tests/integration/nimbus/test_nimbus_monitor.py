@@ -6,15 +6,17 @@ by the monitor's clock, here a hand-moved fake clock, so no test sleeps to age a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from stream_ops.config import SpreadPolicy
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import HeartbeatRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.nimbus.assignment import read_assignment, reassign
+from stream_ops.nimbus.assignment import read_assignment, reassign, spread_topology
 from stream_ops.nimbus.monitor import REASON_HEARTBEAT_MISSING, REASON_WORKER_GONE, Monitor
 from stream_ops.nimbus.submission import activate, deactivate, kill
 
@@ -257,3 +259,112 @@ def test_monitor_rejects_bad_settings(zk_store: ZkStore) -> None:
         Monitor(zk_store, task_timeout_s=0)
     with pytest.raises(ValueError):
         Monitor(zk_store, launch_grace_s=-1)
+
+
+# --- one liveness rule: the worker's clock does not matter ------------------------------------------
+
+
+@pytest.mark.parametrize("skew_s", [60.0, -60.0])
+def test_a_skewed_worker_clock_changes_nothing_for_the_monitor(
+    zk_store: ZkStore, fake_worker: Callable[[int], Any], submit_wordcount: Callable[..., str], fake_clock: Any, skew_s: float
+) -> None:
+    w1, w2 = fake_worker(7001), fake_worker(7002)
+    topology_id = submit_wordcount(workers=2)
+    skewed = w2.assigned(topology_id)
+    monitor = Monitor(zk_store, task_timeout_s=1.0, launch_grace_s=0.5, clock=fake_clock)
+    for _ in range(6):  # 3 s of beats, far past the grace: alive although its stamps are 60 s off
+        w1.beat(topology_id)
+        w2.beat(topology_id, skew_s=skew_s)
+        assert monitor.tick() == []
+        fake_clock.advance(0.5)
+    for _ in range(2):  # w2 hangs; within the timeout it is still alive
+        w1.beat(topology_id)
+        assert monitor.tick() == []
+        fake_clock.advance(0.5)
+    w1.beat(topology_id)
+    [action] = monitor.tick()
+    assert set(action.dead) == set(skewed)
+    assert all(reason.startswith("heartbeat stale") for reason in action.dead.values())
+
+
+# --- spreading onto workers that join later ---------------------------------------------------------
+
+
+def test_a_crowded_topology_is_spread_as_workers_join_within_the_rate_limit(
+    zk_store: ZkStore, fake_worker: Callable[[int], Any], submit_wordcount: Callable[..., str], fake_clock: Any
+) -> None:
+    w1 = fake_worker(7001)
+    topology_id = submit_wordcount(workers=3)
+    before, epoch = assignment(zk_store, topology_id)
+    assert before == dict.fromkeys(ALL_TASKS, w1.worker_id)
+    monitor = Monitor(
+        zk_store, task_timeout_s=1.0, launch_grace_s=60.0, clock=fake_clock, spread=SpreadPolicy(interval_s=10, stability_s=5)
+    )
+    assert monitor.tick() == []  # t=0: one worker, it uses all it can
+    w2 = fake_worker(7002)
+    assert monitor.tick() == []  # t=0: w2 just seen
+    fake_clock.advance(4.9)
+    assert monitor.tick() == []  # t=4.9: not stable yet
+    fake_clock.advance(0.1)
+    [action] = monitor.tick()  # t=5: spread
+    assert action.spread and action.dead == {} and action.unassigned == ()
+    assert action.epoch == epoch + 1
+    assert len(action.moved) == 2 and {to for _, to in action.moved.values()} == {w2.worker_id}
+    halves, _ = assignment(zk_store, topology_id)
+    assert sorted(Counter(halves.values()).values()) == [2, 2]
+
+    fake_clock.advance(1.0)
+    w3 = fake_worker(7003)
+    assert monitor.tick() == []  # t=6: w3 seen
+    fake_clock.advance(5.0)
+    assert monitor.tick() == []  # t=11: w3 stable, but the last spread was at t=5
+    fake_clock.advance(3.9)
+    assert monitor.tick() == []  # t=14.9
+    fake_clock.advance(0.1)
+    [action] = monitor.tick()  # t=15
+    assert action.spread and len(action.moved) == 1  # 4 tasks over 3: 2/1/1, one task moves
+    assert {to for _, to in action.moved.values()} == {w3.worker_id}
+    after, _ = assignment(zk_store, topology_id)
+    assert sorted(Counter(after.values()).values()) == [1, 1, 2]
+    assert sum(after[t] != halves[t] for t in ALL_TASKS) == 1
+    fake_clock.advance(30.0)
+    assert monitor.tick() == []  # spread as wanted: nothing more
+
+
+def test_a_flapping_worker_gets_no_tasks_until_it_stays(
+    zk_store: ZkStore, fake_worker: Callable[[int], Any], submit_wordcount: Callable[..., str], fake_clock: Any
+) -> None:
+    w1 = fake_worker(7001)
+    topology_id = submit_wordcount(workers=2)
+    monitor = Monitor(
+        zk_store, task_timeout_s=1.0, launch_grace_s=60.0, clock=fake_clock, spread=SpreadPolicy(interval_s=0, stability_s=5)
+    )
+    flapper = fake_worker(7002)
+    assert monitor.tick() == []  # t=0
+    fake_clock.advance(3.0)
+    flapper.die(zk_store)
+    flapper = fake_worker(7002)  # back between two ticks: a new registration
+    assert monitor.tick() == []  # t=3
+    fake_clock.advance(4.0)
+    assert monitor.tick() == []  # t=7: 7 s since it first came, but only 4 s since it came back
+    assert set(assignment(zk_store, topology_id)[0].values()) == {w1.worker_id}
+    fake_clock.advance(1.0)
+    [action] = monitor.tick()  # t=8: 5 s without a break
+    assert action.spread and {to for _, to in action.moved.values()} == {flapper.worker_id}
+
+
+def test_spread_topology_refuses_what_the_rule_does_not_allow(
+    zk_store: ZkStore, fake_worker: Callable[[int], Any], submit_wordcount: Callable[..., str]
+) -> None:
+    w1 = fake_worker(7001)
+    topology_id = submit_wordcount(workers=2)
+    w2 = fake_worker(7002)
+    before = assignment(zk_store, topology_id)
+    assert spread_topology(zk_store, topology_id, slots=[]) is None  # no free slot offered
+    deactivate(zk_store, topology_id)
+    assert spread_topology(zk_store, topology_id, slots=[w2.worker_id]) is None  # only ACTIVE topologies
+    activate(zk_store, topology_id)
+    record, epoch = spread_topology(zk_store, topology_id, slots=[w2.worker_id, "127.0.0.1:7999"])  # type: ignore[misc]
+    assert epoch == before[1] + 1
+    assert sorted(Counter(record.tasks.values()).items()) == [(w1.worker_id, 2), (w2.worker_id, 2)]
+    assert spread_topology(zk_store, topology_id, slots=[w2.worker_id]) is None  # already spread

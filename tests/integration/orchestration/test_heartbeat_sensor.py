@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Any
 
 import dagster as dg
@@ -11,6 +12,7 @@ import pytest
 from stream_ops.coordination.embedded import free_port
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.submission import deactivate, kill, submit
 from stream_ops.orchestration import (
     HeartbeatCursor,
@@ -69,6 +71,14 @@ def _beat_all(sim_workers: Any, topology_id: str, committed: int = 5, **kwargs: 
         sim_workers.beat(topology_id, task_id, committed_txid=committed + task_id, **kwargs)
 
 
+def _unchanged_for(cursor: str | None, seconds: float, tasks: tuple[int, ...] = (*SOURCE_TASKS, *KEYED_TASKS)) -> str:
+    """The cursor as if the sensor had seen ``tasks``' current heartbeats ``seconds`` earlier
+    (what ticks over that time would have left in it, without sleeping)."""
+    entry = HeartbeatCursor.parse(cursor).topologies["wordcount"]
+    beats = {t: (fp, at - seconds if t in tasks else at) for t, (fp, at) in entry.heartbeats.items()}
+    return HeartbeatCursor().with_topology("wordcount", entry.model_copy(update={"heartbeats": beats})).to_json()
+
+
 def test_all_tasks_beating_is_healthy(
     sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str, sim_workers: Any
 ) -> None:
@@ -100,10 +110,10 @@ def test_lost_heartbeats_degrade_then_down(
     sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str, sim_workers: Any
 ) -> None:
     _beat_all(sim_workers, topology_id)
+    seen = _tick(sensor, resources)
     sim_workers.kill_task(topology_id, 0)
-    sim_workers.beat(topology_id, 3, age_s=60.0)  # a stale heartbeat counts as lost
-
-    first = _tick(sensor, resources)
+    # Task 3's heartbeat stays as the sensor saw it 60 s ago: stale by the sensor's clock.
+    first = _tick(sensor, resources, cursor=_unchanged_for(seen.cursor, 60.0, tasks=(3,)))
     obs = _by_key(first)
 
     assert obs[SOURCE]["health"] == "degraded"
@@ -400,9 +410,9 @@ def test_lost_tasks_request_a_rebalance_naming_them(
     _beat_all(sim_workers, topology_id)
     assert not _requests(sensor, resources).run_requests
 
+    first = _requests(sensor, resources)
     sim_workers.kill_task(topology_id, 0)
-    sim_workers.beat(topology_id, 3, age_s=60.0)
-    result = _requests(sensor, resources)
+    result = _requests(sensor, resources, cursor=_unchanged_for(first.cursor, 60.0, tasks=(3,)))
 
     [request] = result.run_requests
     assert request.job_name == "stream_ops_rebalance"
@@ -410,6 +420,8 @@ def test_lost_tasks_request_a_rebalance_naming_them(
     config = request.run_config["ops"]["rebalance_topology"]["config"]
     assert config["topology"] == topology_id
     assert config["lost_tasks"] == [0, 3]
+    heartbeat_3 = HeartbeatCursor.parse(first.cursor).topologies["wordcount"].heartbeats[3][0]
+    assert config["lost_heartbeats"] == {"0": -1, "3": heartbeat_3}  # what the sensor saw: none, and the stale one
     assert request.tags["stream_ops/topology"] == "wordcount"
     assert rebalance_run_key(topology_id, [3, 0], 0, 2) == request.run_key
 
@@ -455,3 +467,79 @@ def test_workers_to_launch_counts_registered_runs_once() -> None:
     assert workers_to_launch(4, live, ["run-a"]) == 2  # run-a is already one of the live workers
     assert workers_to_launch(4, live, ["run-a", "run-b"]) == 1
     assert workers_to_launch(1, live, []) == 0
+
+
+# --- one liveness rule: the sensor's own clock, never the worker's --------------------------------
+
+
+@pytest.mark.parametrize("skew_s", [60.0, -60.0])
+def test_a_skewed_worker_clock_changes_nothing_for_the_sensor(
+    sensor: dg.SensorDefinition, resources: dict[str, Any], topology_id: str, sim_workers: Any, skew_s: float
+) -> None:
+    # age_s is how far behind the worker's clock stamps the beat: +60 behind, -60 ahead.
+    _beat_all(sim_workers, topology_id, age_s=skew_s)
+    first = _tick(sensor, resources)
+    assert {m["health"] for m in _by_key(first).values()} == {"healthy"}
+    assert {m["heartbeat_age_basis"] for m in _by_key(first).values()} == {"observed"}
+
+    _beat_all(sim_workers, topology_id, age_s=skew_s)  # it keeps beating (9 s after the sensor's last look)
+    again = _tick(sensor, resources, cursor=_unchanged_for(first.cursor, 9.0))
+    beating = _by_key(again)
+    assert {m["health"] for m in beating.values()} == {"healthy"}
+    assert all(age == 0.0 for m in beating.values() for age in m["heartbeat_age_s"].values())
+
+    # It stops: the heartbeats the sensor saw last are now 11 s unchanged by the sensor's clock.
+    second = _tick(sensor, resources, cursor=_unchanged_for(again.cursor, 11.0))
+    stopped = _by_key(second)
+    assert {m["health"] for m in stopped.values()} == {"down"}
+    assert all(age >= 11.0 for m in stopped.values() for age in m["heartbeat_age_s"].values())
+    assert not _checks(second)[(SOURCE, "heartbeat_freshness")].passed
+
+
+# --- spreading -------------------------------------------------------------------------------------
+
+
+def _slots_seen_earlier(cursor: str | None, seconds: float) -> str:
+    """The cursor as if the sensor had seen the current slots ``seconds`` earlier."""
+    parsed = HeartbeatCursor.parse(cursor)
+    slots = {slot: (identity, at - seconds) for slot, (identity, at) in parsed.slots.items()}
+    return parsed.model_copy(update={"slots": slots}).to_json()
+
+
+def test_a_crowded_topology_is_spread_once_a_joined_slot_is_stable(
+    jobs: Any,
+    resources: dict[str, Any],
+    wordcount: Topology,
+    zk_store: ZkStore,
+    cluster_resource: StreamClusterResource,
+    sim_workers: Any,
+) -> None:
+    sim_workers.register(("127.0.0.1:6700",))
+    topology_id = submit(zk_store, cluster_resource.config(), wordcount, workers=2)
+    assert set(read_assignment(zk_store, topology_id)[0].tasks.values()) == {"127.0.0.1:6700"}  # type: ignore[index]
+    _beat_all(sim_workers, topology_id)
+    sensor = _repair_sensor(jobs)
+    sim_workers.register(("127.0.0.1:6701",))  # a second worker joins
+
+    first = _requests(sensor, resources)
+    assert not first.run_requests  # 6701 was just seen: not stable yet
+    assert set(HeartbeatCursor.parse(first.cursor).slots) == {"127.0.0.1:6700", "127.0.0.1:6701"}
+
+    second = _requests(sensor, resources, cursor=_slots_seen_earlier(first.cursor, 6.0))
+    [request] = second.run_requests
+    assert request.job_name == "stream_ops_rebalance"
+    assert request.run_key == f"spread-{topology_id}-epoch-0-slots-2"
+    config = request.run_config["ops"]["rebalance_topology"]["config"]
+    assert config["spread_slots"] == ["127.0.0.1:6700", "127.0.0.1:6701"]
+    assert "lost_tasks" not in config
+
+    # Rate limit: until the run changed anything, the next ticks within the interval ask nothing.
+    assert not _requests(sensor, resources, cursor=second.cursor).run_requests
+
+    # What the daemon would launch: the op spreads with the library function the nimbus uses.
+    result = jobs.rebalance.execute_in_process(run_config=request.run_config, resources=resources)
+    assert result.success
+    assert result.output_for_node("rebalance_topology")["how"] == "spread"
+    tasks = read_assignment(zk_store, topology_id)[0].tasks  # type: ignore[index]
+    assert sorted(Counter(tasks.values()).values()) == [2, 2]
+    assert not _requests(sensor, resources, cursor=_slots_seen_earlier(second.cursor, 60.0)).run_requests

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import dagster as dg
@@ -10,6 +11,7 @@ import pytest
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.nimbus.assignment import read_assignment
+from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
 from stream_ops.orchestration import (
     StreamClusterResource,
@@ -39,6 +41,11 @@ def _run(job: dg.JobDefinition, resources: dict[str, Any], run_config: dict[str,
     assert result.success
     [node] = job.graph.node_names()
     return result, result.output_for_node(node)
+
+
+def _fingerprints(store: ZkStore, topology_id: str) -> dict[int, int | None]:
+    """Task -> heartbeat fingerprint, as the heartbeat sensor records it."""
+    return {t.task_id: t.heartbeat_fingerprint for t in describe_topology(store, topology_id).tasks}
 
 
 def _output_metadata(result: Any) -> dict[str, Any]:
@@ -78,8 +85,12 @@ def test_rebalance_moves_lost_tasks_off_a_stale_slot(
     for task_id, worker in before.tasks.items():
         sim_workers.beat(topology_id, task_id, worker_id=worker, age_s=60.0 if worker == stale_slot else 0.0)
 
+    # What the sensor saw when it judged them lost: these very heartbeats, unchanged since.
+    seen = _fingerprints(zk_store, topology_id)
     result, out = _run(
-        jobs.rebalance, resources, rebalance_run_config(topology_id, lost_tasks=on_stale, heartbeat_timeout_s=10.0)
+        jobs.rebalance,
+        resources,
+        rebalance_run_config(topology_id, lost_tasks=on_stale, lost_heartbeats={t: seen[t] for t in on_stale}),
     )
 
     after, new_epoch = read_assignment(zk_store, topology_id)  # type: ignore[misc]
@@ -97,11 +108,46 @@ def test_rebalance_of_recovered_tasks_does_nothing(
     before, epoch = read_assignment(zk_store, topology_id)  # type: ignore[misc]
     for task_id, worker in before.tasks.items():
         sim_workers.beat(topology_id, task_id, worker_id=worker)
+    seen = _fingerprints(zk_store, topology_id)  # the sensor judged them lost with these beats...
+    for task_id, worker in before.tasks.items():
+        sim_workers.beat(topology_id, task_id, worker_id=worker)  # ...and they beat again since
 
-    _, out = _run(jobs.rebalance, resources, rebalance_run_config(topology_id, lost_tasks=[0, 1]))
+    run_config = rebalance_run_config(topology_id, lost_tasks=[0, 1], lost_heartbeats={0: seen[0], 1: seen[1]})
+    _, out = _run(jobs.rebalance, resources, run_config)
 
     assert out["how"] == "nothing (recovered)"
     assert read_assignment(zk_store, topology_id) == (before, epoch)
+
+
+def test_rebalance_without_fingerprints_watches_the_heartbeats_itself(
+    jobs: Any, resources: dict[str, Any], topology_id: str, zk_store: ZkStore, sim_workers: Any
+) -> None:
+    """A rebalance started by hand with lost_tasks only: the op judges by the tracker's rule on its
+    own clock, watching for heartbeat_timeout_s; a task that beats meanwhile is alive, whatever
+    time its worker writes into the heartbeat."""
+    before, epoch = read_assignment(zk_store, topology_id)  # type: ignore[misc]
+    for task_id, worker in before.tasks.items():
+        sim_workers.beat(topology_id, task_id, worker_id=worker, age_s=3600.0)  # a clock an hour behind
+    stop = threading.Event()
+
+    def keep_beating() -> None:
+        while not stop.wait(0.2):
+            for task_id, worker in before.tasks.items():
+                sim_workers.beat(topology_id, task_id, worker_id=worker, age_s=3600.0)
+
+    beating = threading.Thread(target=keep_beating, daemon=True)
+    beating.start()
+    try:
+        _, out = _run(jobs.rebalance, resources, rebalance_run_config(topology_id, lost_tasks=[0, 1], heartbeat_timeout_s=1.5))
+    finally:
+        stop.set()
+        beating.join()
+    assert out["how"] == "nothing (recovered)"
+    assert read_assignment(zk_store, topology_id) == (before, epoch)
+
+    # Nothing beats now: after the watch the tasks are still lost and move.
+    _, out = _run(jobs.rebalance, resources, rebalance_run_config(topology_id, lost_tasks=[0], heartbeat_timeout_s=1.0))
+    assert out["how"] == "reassign (lost tasks)"
 
 
 def test_storm_rebalance_stores_the_new_worker_count(

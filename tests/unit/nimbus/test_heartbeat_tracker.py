@@ -338,4 +338,5 @@ def test_monitor_action_json() -> None:
         "unassigned": [3],
         "moved": {"1": {"from": W1, "to": W2}, "3": {"from": None, "to": W2}},
         "excluded_slots": [],
+        "spread": False,
     }
