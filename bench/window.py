@@ -67,7 +67,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -87,15 +86,15 @@ from pyspark.sql import functions as F
 from stream_ops import Count, FileTopic, Topology, Tumbling
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
-from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import TaskStoppingError
 from stream_ops.hashing import partition_for
-from stream_ops.local_stack import free_port
 from stream_ops.nimbus import kill, submit
-from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.sinks.parquet_sink import COMMITTED, committed_markers
 from stream_ops.spark.session import create_spark_session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wordcount import WorkerThread, _wait  # the same worker-on-a-thread and polling as the word count
 
 QUEUES = 2
 SPARK_MASTER = "local[2]"
@@ -439,44 +438,6 @@ def run_plain(
 
 
 # --- stream_ops --------------------------------------------------------------------------
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
-
-
-class WorkerThread:
-    """A stream_ops Worker running on a thread with the shared SparkSession (as in wordcount.py)."""
-
-    def __init__(
-        self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int
-    ) -> None:
-        settings = WorkerSettings(
-            host="127.0.0.1",
-            port=free_port(),
-            trigger_seconds=trigger_s,
-            max_files_per_trigger=max_files,
-            heartbeat_interval_s=1.0,
-            spark_master=SPARK_MASTER,
-            launched_by="bench",
-        )
-        self.worker = Worker(zk, cluster, settings, spark_factory=lambda: spark)
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.worker.run, args=(self.stop_event,), name="stream-ops-worker", daemon=True)
-
-    def start(self, store: ZkStore) -> None:
-        self.thread.start()
-        if not _wait(lambda: bool(store.children(ZkPaths.WORKERS)), 60):
-            raise SystemExit("the worker did not register in ZooKeeper within 60 s")
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(120)
 
 
 def build_window_count(name: str, input_root: Path, out: Path, *, window_s: float, lag_s: float) -> Topology:

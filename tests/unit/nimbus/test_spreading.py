@@ -125,13 +125,14 @@ def _fewest_moves(tasks: list[int], slots: list[Slot], workers: int, previous: M
 @pytest.mark.parametrize("seed", range(25))
 def test_a_spread_moves_the_fewest_tasks_an_even_split_allows(seed: int) -> None:
     rng = random.Random(seed)
-    slots = [A, B, C, D][: rng.randint(2, 4)]
-    tasks = list(range(rng.randint(2, 6)))
-    crowd = rng.sample(slots, rng.randint(1, len(slots) - 1))
-    previous = {t: rng.choice(crowd) for t in tasks}
-    workers = rng.randint(len(set(previous.values())) + 1, 5)
-    if not needs_spread(tasks, previous, slots, workers):
-        pytest.skip("this draw is already spread")
+    while True:  # draw until the case needs a spread (a draw that is spread already proves nothing here)
+        slots = [A, B, C, D][: rng.randint(2, 4)]
+        tasks = list(range(rng.randint(2, 6)))
+        crowd = rng.sample(slots, rng.randint(1, len(slots) - 1))
+        previous = {t: rng.choice(crowd) for t in tasks}
+        workers = rng.randint(len(set(previous.values())) + 1, 5)
+        if needs_spread(tasks, previous, slots, workers):
+            break
     after = spread(tasks, slots, workers, previous)
     target = min(workers, len(slots), len(tasks))
     assert len(set(after.values())) == target
