@@ -16,8 +16,9 @@ them. Files hold ``--records-per-file`` events per queue and are keyed by user
 in event-time order: queue 0's file then queue 1's file of each chunk, so Spark's file
 source (oldest file first) reads them in that order. Keyed input gives each stream_ops window
 task exactly one upstream source task; with ``--partitioning round-robin`` each window task
-reads both source tasks, and its watermark (the largest event time it has seen, minus the lag)
-follows whichever is ahead, so the other one's records can arrive late.
+reads both source tasks, which run their batches independently, and its watermark is the
+smallest event time both reported (minus the lag), so neither one's records count as late
+because the other ran ahead.
 
 * plain Spark: one query over both queue directories:
   ``withWatermark("ts_timestamp", "<lag> seconds")`` + ``groupBy(window("ts_timestamp",

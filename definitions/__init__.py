@@ -2,8 +2,10 @@
 
 The examples: Trident's word count, Storm's uuid/word/timestamp JoinBolt, S4's counter
 processing element, Trident's WordCountDB (partition_persist + state_query), the dataflow
-graph (two sources merged, a count and a JoinBolt, Parquet and print sinks) and event-time
-windows (a windowed count per user with a late stream, a sliding JoinBolt).
+graph (two sources merged, a count and a JoinBolt, Parquet and print sinks), event-time
+windows (a windowed count per user with a late stream, a sliding JoinBolt) and S4's
+processing elements (a prototype over two streams with broadcast, on_time, a named output
+stream and a singleton).
 
 Wiring only. Environment:
 
@@ -33,7 +35,7 @@ from pathlib import Path
 import dagster as dg
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
-from stream_ops.examples import counter_pe, dataflow, uuid_join, windows, wordcount, wordcount_db
+from stream_ops.examples import counter_pe, dataflow, s4_parity, uuid_join, windows, wordcount, wordcount_db
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource, build_definitions
 
 defs = build_definitions(
@@ -44,6 +46,7 @@ defs = build_definitions(
         wordcount_db.topology(),
         dataflow.topology(),
         windows.topology(),
+        s4_parity.topology(),
     ],
     zookeeper=ZooKeeperResource(
         hosts=os.environ.get("STREAM_OPS_ZOOKEEPER", DEFAULT_ZOOKEEPER),

@@ -8,7 +8,7 @@ sliding JoinBolt of page views with clicks.
     views (FileTopic) ──┴─ JoinBolt on page, sliding 10 s every 5 s, event time ─ to_parquet(view_clicks)
 
 Records carry their event time ``ts`` in seconds since the epoch. A window closes once the
-watermark (the largest ``ts`` a task has seen, minus the lag) passes its end, and each closed
+watermark (the ``ts`` every source task has reached, minus the lag) passes its end, and each closed
 window is written once, as ``user, clicks, window_start, window_end``; clicks that arrive
 after their window closed go to ``late_clicks`` instead of being counted. The join pairs
 every view with the clicks on the same page in the same sliding window.

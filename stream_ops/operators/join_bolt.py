@@ -421,8 +421,9 @@ class JoinBolt:
         """The parsed ``select`` fields."""
         return self._require_selectors("selectors")
 
-    def window_buffer(self, now: float) -> WindowBuffer:
-        """A new, empty window buffer for this bolt's window.
+    def window_buffer(self, now: float, *, channels: Sequence[str] = ()) -> WindowBuffer:
+        """A new, empty window buffer for this bolt's window (its watermark waiting for the
+        upstream ``channels``, see :class:`~stream_ops.operators.windows.Watermark`).
 
         Raises:
             TopologyDefinitionError: no window was configured.
@@ -432,7 +433,7 @@ class JoinBolt:
             raise TopologyDefinitionError(
                 f"JoinBolt on {list(self.streams)} has no window; call with_window(...) or with_tumbling_window(...)"
             )
-        return WindowBuffer(window, now)
+        return WindowBuffer(window, now, channels=channels)
 
     def _require_selectors(self, what: str) -> tuple[FieldSelector, ...]:
         if self._selectors is None:

@@ -76,12 +76,14 @@ class WindowedAggregation:
         aggregator: CombinerAggregator,
         value_field: str,
         now: float,
+        *,
+        channels: Sequence[str] = (),
     ) -> None:
         self.window = window
         self.key_fields = tuple(key_fields)
         self.aggregator = aggregator
         self.value_field = value_field
-        self.watermark = Watermark(window.lag, window.idle_timeout, now) if window.time == "event" else None
+        self.watermark = Watermark(window.lag, window.idle_timeout, now, channels=channels) if window.time == "event" else None
         self._time: dict[tuple[float, float], dict[str, Any]] = {}
         self._counts: dict[str, dict[str, Any]] = {}
         self._sessions: dict[str, list[list[Any]]] = {}
@@ -90,11 +92,14 @@ class WindowedAggregation:
 
     # --- batches -----------------------------------------------------------------------------
 
-    def process(self, records: Iterable[Mapping[str, Any]], now: float) -> WindowBatch:
+    def process(
+        self, records: Iterable[Mapping[str, Any]], now: float, *, progress: Iterable[tuple[str, float]] = ()
+    ) -> WindowBatch:
         """Add a batch of records seen at ``now``, then close the windows that are complete.
 
         Lateness is judged against the watermark as it was when the batch started, so records
-        of one batch are never late relative to each other.
+        of one batch are never late relative to each other. ``progress`` holds the upstream
+        tasks' reports (channel, largest event time) that came with the batch.
         """
         out = WindowBatch()
         mark = self.watermark.value(now) if self.watermark is not None else None
@@ -118,6 +123,9 @@ class WindowedAggregation:
                 out.dead.append({"record": dict(record), "error": f"aggregator combine: {type(e).__name__}: {e}"})
             if self.watermark is not None:
                 self.watermark.observe(t, now)
+        if self.watermark is not None:
+            for channel, event_time in progress:
+                self.watermark.report(channel, event_time, now)
         out.results.extend(self.close(now))
         if self.watermark is not None:
             self._puts[META] = {"watermark": self.watermark.state(now)}

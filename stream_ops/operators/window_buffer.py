@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +54,14 @@ class WindowBuffer:
     Args:
         window: the window definition (not a session window).
         now: processing time at creation (starts the watermark's idle clock).
+        channels: the upstream tasks the watermark waits for (see :class:`Watermark`).
     """
 
-    def __init__(self, window: WindowDef, now: float) -> None:
+    def __init__(self, window: WindowDef, now: float, *, channels: Sequence[str] = ()) -> None:
         if window.kind == "session":
             raise ValueError("a WindowBuffer holds tumbling or sliding windows")
         self.window = window
-        self.watermark = Watermark(window.lag, window.idle_timeout, now) if window.time == "event" else None
+        self.watermark = Watermark(window.lag, window.idle_timeout, now, channels=channels) if window.time == "event" else None
         self._items: list[tuple[float, str, Mapping[str, Any]]] = []
         self._since_emit = 0
         self._next_end: float | None = None
@@ -70,10 +71,11 @@ class WindowBuffer:
         """Records buffered."""
         return len(self._items)
 
-    def add(self, items: Iterable[WindowItem], now: float) -> BufferBatch:
+    def add(self, items: Iterable[WindowItem], now: float, *, progress: Iterable[tuple[str, float]] = ()) -> BufferBatch:
         """Buffer a batch seen at ``now``; returns the windows it completes, late and unusable records.
 
-        Lateness is judged against the watermark as it was when the batch started.
+        Lateness is judged against the watermark as it was when the batch started; ``progress``
+        holds the upstream tasks' reports (channel, largest event time) that came with the batch.
         """
         out = BufferBatch()
         mark = self.watermark.value(now) if self.watermark is not None else None
@@ -90,6 +92,9 @@ class WindowBuffer:
             self._items.append((t, stream, record))
             if self.window.counted:
                 out.windows.extend(self._count_window())
+        if self.watermark is not None:
+            for channel, event_time in progress:
+                self.watermark.report(channel, event_time, now)
         out.windows.extend(self.flush(now))
         return out
 

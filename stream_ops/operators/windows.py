@@ -19,8 +19,9 @@ sliding one every ``slide`` records over the last ``length``. A session window o
 covers its records closer than ``gap`` to each other, from the first record's time to the
 last one's plus ``gap`` (Spark's ``session_window``).
 
-Event time (:class:`Watermark`): the watermark is the maximum event time the task has seen
-minus ``lag`` (Storm's ``withLag``, Spark's ``withWatermark``). A window closes once the
+Event time (:class:`Watermark`): the watermark is the event time every upstream task has
+reached (the smallest of their largest event times) minus ``lag`` (Storm's ``withLag``,
+Spark's ``withWatermark``; per input channel as in Flink). A window closes once the
 watermark reaches its end; a record whose time is before the watermark is *late*, and goes
 to the late stream (or the dead letters). By default the watermark waits for data, as in
 Spark and Storm: the last windows close when newer records arrive. With ``idle_timeout=s``,
@@ -35,7 +36,7 @@ Nothing here reads a clock: callers pass processing time ``now`` in seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -312,13 +313,15 @@ class WindowDef:
 
     def event_time(self, record: Mapping[str, Any]) -> float | None:
         """The record's event time in seconds, or None when it has no usable timestamp."""
-        from stream_ops.topology.field_paths import value_or_none
-
         assert self.timestamp_field is not None
-        value = value_or_none(record, self.timestamp_field)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return event_time_of(record, self.timestamp_field, self.timestamp_unit)
+
+    def progress_spec(self) -> dict[str, str] | None:
+        """What an upstream task needs to report its event-time progress to this window
+        (``{"timestamp_field", "timestamp_unit"}``), or None for processing time."""
+        if self.time != "event" or self.timestamp_field is None:
             return None
-        return value / 1000.0 if self.timestamp_unit == "ms" else float(value)
+        return {"timestamp_field": self.timestamp_field, "timestamp_unit": self.timestamp_unit}
 
     # --- plan form ------------------------------------------------------------------------------
 
@@ -375,6 +378,17 @@ class WindowDef:
         return f"{self.kind} {size} {self.time}-time windows"
 
 
+def event_time_of(record: Mapping[str, Any], timestamp_field: str, unit: str) -> float | None:
+    """``record``'s event time in seconds from ``timestamp_field`` (in ``unit``: ``s`` or
+    ``ms``), or None when it has no usable (finite, numeric) timestamp."""
+    from stream_ops.topology.field_paths import value_or_none
+
+    value = value_or_none(record, timestamp_field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value / 1000.0 if unit == "ms" else float(value)
+
+
 def _seconds(value: Any, what: str, *, allow_zero: bool) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
@@ -391,27 +405,47 @@ def _seconds(value: Any, what: str, *, allow_zero: bool) -> float:
 
 
 class Watermark:
-    """Event-time progress of one task: the largest event time seen minus ``lag``.
+    """Event-time progress of one task: the event time seen minus ``lag``.
 
-    The largest event time is task state (:meth:`state` / :meth:`restore`); the processing
-    time of the last arrival is not: after a restore it starts again at the restore time, so a
-    task move never makes in-flight records late.
+    A task reads records from several upstream tasks (*channels*), which run their batches
+    independently: one may be several batches ahead of another. So the upstream tasks report
+    their progress (the largest event time each sent, see :meth:`report`) and the watermark is
+    the *smallest* of those minus ``lag``, as in Flink: a record of the slowest upstream task
+    is not late because a faster one ran ahead. With ``idle_timeout=s``, a channel that
+    reported nothing for ``s`` seconds stops holding the watermark back (Flink's idleness);
+    when every channel is idle the watermark moves on with processing time. Given the expected
+    ``channels``, the watermark starts only once each reported (or went idle): an upstream task
+    that never receives data holds it back unless ``idle_timeout`` is set. Without channel
+    reports (plans built before them) the watermark is the largest event time the task itself
+    observed (:meth:`observe`) minus ``lag``.
+
+    Channel progress is task state (:meth:`state` / :meth:`restore`); the processing time of
+    the last arrival is not: after a restore it starts again at the restore time, so a task
+    move never makes in-flight records late. The watermark never goes back.
 
     Example:
         >>> mark = Watermark(lag=5, idle_timeout=10, now=0.0)
-        >>> mark.observe(100.0, now=0.0)
-        >>> mark.value(now=1.0)
-        95.0
-        >>> mark.value(now=13.0)  # idle for 13 s > 10 s: moves on by 3 s
-        98.0
+        >>> mark.report("words/0", 100.0, now=0.0)
+        >>> mark.report("words/1", 40.0, now=0.0)
+        >>> mark.value(now=1.0)  # the slower upstream task decides
+        35.0
+        >>> mark.report("words/0", 130.0, now=12.0)
+        >>> mark.value(now=12.0)  # words/1 idle for 12 s > 10 s: no longer waited for
+        125.0
     """
 
-    def __init__(self, lag: float, idle_timeout: float | None, now: float) -> None:
+    def __init__(self, lag: float, idle_timeout: float | None, now: float, *, channels: Iterable[str] = ()) -> None:
         self.lag = lag
         self.idle_timeout = idle_timeout
+        self.expected = frozenset(channels)
+        """The upstream channels to wait for before the watermark starts (all of them report)."""
         self.max_event: float | None = None
+        self.channels: dict[str, float] = {}
+        """Largest event time reported per upstream channel."""
         self._floor: float | None = None
         self._last_arrival = now
+        self._started = now
+        self._channel_arrival: dict[str, float] = {}
 
     def observe(self, event_time: float, now: float) -> None:
         """A record with ``event_time`` arrived at processing time ``now``."""
@@ -419,21 +453,52 @@ class Watermark:
         self.max_event = event_time if self.max_event is None else max(self.max_event, event_time)
         self._last_arrival = now
 
+    def report(self, channel: str, event_time: float, now: float) -> None:
+        """Upstream ``channel`` has sent every record up to ``event_time`` (its largest)."""
+        self._floor = self.value(now)
+        seen = self.channels.get(channel)
+        self.channels[channel] = event_time if seen is None else max(seen, event_time)
+        self._channel_arrival[channel] = now
+        self._last_arrival = now
+
     def value(self, now: float) -> float | None:
         """The watermark at ``now`` (None before any record); it never goes back."""
+        mark = self._channel_mark(now) if self.channels or self.expected else self._data_mark(now)
+        if mark is None:
+            return self._floor
+        return mark if self._floor is None else max(mark, self._floor)
+
+    def _data_mark(self, now: float) -> float | None:
         if self.max_event is None:
             return None
-        mark = self.max_event - self.lag
-        if self.idle_timeout is not None:
-            mark += max(0.0, now - self._last_arrival - self.idle_timeout)
-        return mark if self._floor is None else max(mark, self._floor)
+        return self.max_event - self.lag + self._idle_for(now, self._last_arrival)
+
+    def _channel_mark(self, now: float) -> float | None:
+        active = []
+        for channel in self.expected | self.channels.keys():
+            if self._idle_for(now, self._channel_arrival.get(channel, self._started)) > 0.0:
+                continue
+            if channel not in self.channels:
+                return None  # an upstream task not heard from yet holds the watermark
+            active.append(self.channels[channel])
+        if active:
+            return min(active) - self.lag
+        if not self.channels:
+            return None
+        return max(self.channels.values()) - self.lag + self._idle_for(now, self._last_arrival)
+
+    def _idle_for(self, now: float, last: float) -> float:
+        """Seconds past the idle timeout since ``last`` (0 without a timeout)."""
+        return 0.0 if self.idle_timeout is None else max(0.0, now - last - self.idle_timeout)
 
     def state(self, now: float) -> dict[str, Any]:
         """JSON-able progress to checkpoint with the task."""
-        return {"max_event": self.max_event, "floor": self.value(now)}
+        return {"max_event": self.max_event, "floor": self.value(now), "channels": dict(self.channels)}
 
     def restore(self, state: Mapping[str, Any], now: float) -> None:
-        """Continue from :meth:`state`; the idle clock restarts at ``now``."""
+        """Continue from :meth:`state`; the idle clocks restart at ``now``."""
         self.max_event = state.get("max_event")
         self._floor = state.get("floor")
-        self._last_arrival = now
+        self.channels = {str(k): float(v) for k, v in (state.get("channels") or {}).items()}
+        self._channel_arrival = dict.fromkeys(self.channels, now)
+        self._last_arrival = self._started = now

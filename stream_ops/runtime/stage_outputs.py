@@ -22,6 +22,8 @@ from typing import Any
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
+from stream_ops.operators.windows import event_time_of
+from stream_ops.runtime.stage_processors import progress_row
 from stream_ops.sinks import ParquetSink
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
@@ -119,10 +121,29 @@ class StageOutputs:
         the same number as this task's, modulo the queues, so partitions stay apart)."""
         for record in records:
             key_values = [value_or_none(record, f) for f in spec.key_fields]
+            line = {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
+            if spec.broadcast_unkeyed and all(v is None for v in key_values):
+                for queue in range(spec.queues):
+                    by_queue[queue].append(line)
+                continue
             queue = partition_for(key_values, spec.queues) if spec.key_fields else self.task.queue % spec.queues
-            by_queue[queue].append(
-                {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
-            )
+            by_queue[queue].append(line)
+        if spec.progress is not None:
+            self._report_progress(spec, records, by_queue)
+
+    def _report_progress(self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]]) -> None:
+        """Tell every queue of an event-time window stage the largest event time this batch
+        sent to the stage, so each window task's watermark waits for the slowest upstream task
+        (see :class:`~stream_ops.operators.windows.Watermark`). Written in the same files as the
+        records, so a report is never published before the records it covers."""
+        assert spec.progress is not None
+        field, unit = spec.progress["timestamp_field"], spec.progress["timestamp_unit"]
+        times = [t for t in (event_time_of(r, field, unit) for r in records) if t is not None]
+        if not times:
+            return
+        report = progress_row(self.stage.index, self.task.queue, max(times))
+        for queue in range(spec.queues):
+            by_queue[queue].append(report)
 
     def _stage_sink(self, name: str, txid: int, epoch: int, batch: list[Record]) -> int:
         if not batch:

@@ -31,8 +31,29 @@ TICK_STREAM = "__tick__"
 """Stream tag of the tick records a task writes into its own input so time-based windows and
 triggers fire when no data arrives (a micro-batch only runs when a file arrives)."""
 
+PROGRESS_STREAM = "__progress__"
+"""Stream tag of the rows in which an upstream task reports the largest event time it sent to
+an event-time window stage (see :class:`~stream_ops.operators.windows.Watermark`)."""
+
 Row = tuple[str, str | None, dict[str, Any]]
 """One shuffled row: (input stream tag, encoded key, record)."""
+
+
+def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
+    """The shuffle line reporting that the task of ``queue`` of upstream ``stage`` sent
+    records up to event time ``max_event``."""
+    return {"stream": PROGRESS_STREAM, "key": None, "record": json.dumps({"channel": f"{stage}/{queue}", "max_event": max_event})}
+
+
+def data_rows(rows: Sequence[Row]) -> list[tuple[str, dict[str, Any]]]:
+    """The (stream tag, record) of the rows that carry records (not ticks or progress reports)."""
+    return [(stream, record) for stream, _, record in rows if stream not in (TICK_STREAM, PROGRESS_STREAM)]
+
+
+def progress_reports(rows: Sequence[Row]) -> list[tuple[str, float]]:
+    """The (channel, largest event time) progress reports among ``rows``; a channel is an
+    upstream task, ``"<stage>/<queue>"``."""
+    return [(str(record["channel"]), float(record["max_event"])) for stream, _, record in rows if stream == PROGRESS_STREAM]
 
 
 @dataclass
@@ -81,7 +102,7 @@ class PartitionProcessor:
         pass
 
     def process(self, rows: list[Row], now: float) -> ProcessorOutput:
-        return ProcessorOutput([record for stream, _, record in rows if stream != TICK_STREAM])
+        return ProcessorOutput([record for _, record in data_rows(rows)])
 
 
 class BatchAggregateProcessor:
@@ -114,14 +135,14 @@ class JoinProcessor:
         assert stage.join is not None and store is not None
         self.bolt = JoinBolt.from_spec(stage.join.bolt_spec())
         self.store = store
-        self.buffer = self.bolt.window_buffer(now)
+        self.buffer = self.bolt.window_buffer(now, channels=stage.progress_channels)
         saved = store.multi_get([self.STATE_KEY])[0]
         if saved:
             self.buffer.restore(saved, now)
         self.tick_interval_s = self.bolt.tick_interval_s
 
     def process(self, rows: list[Row], now: float) -> ProcessorOutput:
-        batch = self.buffer.add([(stream, record) for stream, _, record in rows if stream != TICK_STREAM], now)
+        batch = self.buffer.add(data_rows(rows), now, progress=progress_reports(rows))
         fields = self.bolt.output_fields
         out = [dict(zip(fields, row, strict=True)) for window in batch.windows for row in self.bolt.execute(window)]
         self.store.multi_put([self.STATE_KEY], [self.buffer.state(now)])

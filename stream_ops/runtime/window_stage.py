@@ -12,7 +12,7 @@ import logging
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.window_aggregation import WindowedAggregation
 from stream_ops.operators.windows import WindowDef
-from stream_ops.runtime.stage_processors import TICK_STREAM, ProcessorOutput, Row, late_letters
+from stream_ops.runtime.stage_processors import ProcessorOutput, Row, data_rows, late_letters, progress_reports
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
 
@@ -28,7 +28,12 @@ class WindowAggregateProcessor:
         self.window = WindowDef.from_spec(spec.window)
         self.store = store
         self.aggregation = WindowedAggregation(
-            self.window, spec.key_fields, aggregator_from_spec(spec.aggregator), spec.value_field, now
+            self.window,
+            spec.key_fields,
+            aggregator_from_spec(spec.aggregator),
+            spec.value_field,
+            now,
+            channels=stage.progress_channels,
         )
         restored = self.aggregation.restore(store.items(), now)
         if restored:
@@ -36,7 +41,7 @@ class WindowAggregateProcessor:
         self.tick_interval_s = self.window.tick_interval_s
 
     def process(self, rows: list[Row], now: float) -> ProcessorOutput:
-        batch = self.aggregation.process([record for stream, _, record in rows if stream != TICK_STREAM], now)
+        batch = self.aggregation.process([record for _, record in data_rows(rows)], now, progress=progress_reports(rows))
         puts, deletes = self.aggregation.changes()
         if puts:
             self.store.multi_put([key for key, _ in puts], [value for _, value in puts])

@@ -143,12 +143,17 @@ class AggregateNode:
 
 @dataclass(frozen=True)
 class ProcessNode:
-    """``process``: an S4 processing element per key."""
+    """``process``: an S4 processing element per key (see :class:`stream_ops.topology.plan.ProcessSpec`)."""
 
     pe_class: str
-    key_field: str
+    key_field: str | dict[str, str | None] | None
     trigger: dict[str, Any] | None
     ttl_seconds: float | None
+    timer_interval: float | None = None
+    max_instances: int | None = None
+    singleton: bool = False
+    prototype: dict[str, Any] | None = None
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -315,11 +320,147 @@ class Topology:
             self._declare_side(window.late_stream, segment, dict(LATE_JOIN_FIELDS), what)
         return joined
 
+    def process(
+        self,
+        pe: Any,
+        *,
+        streams: Mapping[str, tuple[Stream, str | None]],
+        out: str | Sequence[str] | Mapping[str, str],
+        trigger: Any = None,
+        ttl_seconds: float | None = None,
+        timer_interval: float | None = None,
+        max_instances: int | None = None,
+        outputs: Mapping[str, str | Sequence[str] | Mapping[str, str]] | None = None,
+        queues: int | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Run an S4 processing element over several input streams (S4's PEs subscribed to
+        several streams).
+
+        ``streams`` maps each input stream's name to ``(stream, key_field)``; records of all of
+        them reach the instance of their key, and the PE tells them apart by the stream name:
+        a method ``on_<name>(event)`` if it has one, else ``on_event(event, stream)``. A
+        ``key_field`` of None makes the stream key-less: each of its records reaches every
+        live instance (S4's broadcast, e.g. a control stream). The other arguments are those
+        of :meth:`Stream.process`.
+
+        Example:
+            >>> topology.process(FraudPE(limit=3), streams={"payments": (payments, "card"),
+            ...     "rules": (rules, None)}, out={"card": "string", "alert": "string"})
+        """
+        what = f"process() in topology {self.name!r}"
+        if not isinstance(streams, Mapping) or not streams:
+            raise TopologyDefinitionError(f"{what}: streams must map names to (stream, key_field)")
+        inputs: dict[str, tuple[Stream, str | None]] = {}
+        for stream_name, entry in streams.items():
+            _check_name("stream", stream_name)
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], Stream)):
+                raise TopologyDefinitionError(f"{what}: stream {stream_name!r} must be (stream, key_field), got {entry!r}")
+            stream, key = entry
+            if stream._topology is not self:
+                raise TopologyDefinitionError(f"{what}: stream {stream_name!r} is not a stream of this topology")
+            if key is not None:
+                stream._check_fields([key], f"{what} stream {stream_name!r}")
+            inputs[stream_name] = (stream, key)
+        if all(key is None for _, key in inputs.values()):
+            raise TopologyDefinitionError(f"{what}: at least one stream needs a key field (the others are broadcast)")
+        n = queues if queues is not None else max(s._segment.queues for s, _ in inputs.values())
+        _check_queues(n, what)
+        options = dict(trigger=trigger, ttl_seconds=ttl_seconds, timer_interval=timer_interval, max_instances=max_instances)
+        return self._process_stage(pe, inputs, out=out, options=options, outputs=outputs, queues=n, name=name, what=what)
+
+    def _process_stage(
+        self,
+        pe: Any,
+        inputs: Mapping[str, tuple[Stream, str | None]],
+        *,
+        out: str | Sequence[str] | Mapping[str, str],
+        options: dict[str, Any],
+        outputs: Mapping[str, str | Sequence[str] | Mapping[str, str]] | None,
+        queues: int,
+        name: str | None,
+        what: str,
+        single: bool = False,
+    ) -> Stream:
+        """Add a processing-element stage reading ``inputs`` (name -> (stream, key field))."""
+        from stream_ops.operators.processing_element import ProcessingElement, Trigger, prototype_spec
+
+        pe_class = pe if isinstance(pe, type) else type(pe)
+        if not issubclass(pe_class, ProcessingElement):
+            raise TopologyDefinitionError(f"{what}: {pe!r} is not a ProcessingElement subclass (or an instance of one)")
+        prototype = None
+        if not isinstance(pe, type):
+            try:
+                prototype = prototype_spec(pe)
+            except TopologyDefinitionError as e:
+                raise TopologyDefinitionError(f"{what}: {e}") from None
+        ref = function_ref(pe_class, what=what)
+        for stream_name in inputs:
+            if not pe_class.handles(None if single else stream_name):
+                handler = "on_event" if single else f"on_event or on_{stream_name}"
+                raise TopologyDefinitionError(f"{what}: {pe_class.__name__} has no {handler} for the events of {stream_name!r}")
+        trigger = options["trigger"]
+        if trigger is not None and not isinstance(trigger, Trigger):
+            raise TopologyDefinitionError(
+                f"{what}: trigger must be Trigger.count(n), Trigger.every(s), Trigger.time(s, on_event=True) or a '|' of them"
+            )
+        for option in ("ttl_seconds", "timer_interval"):
+            value = options[option]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise TopologyDefinitionError(f"{what}: {option} must be a positive number of seconds, got {value!r}")
+        max_instances = options["max_instances"]
+        if max_instances is not None and (
+            isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances <= 0
+        ):
+            raise TopologyDefinitionError(f"{what}: max_instances must be a positive integer, got {max_instances!r}")
+        out_fields = _field_types(out, what)
+        side_fields = {n: _field_types(f, f"{what} output {n!r}") for n, f in (outputs or {}).items()}
+        for side_name in side_fields:
+            _check_name("stream", side_name)
+        stage_name = _check_name("stage", name or pe_class.__name__.lower())
+        key_field: str | dict[str, str | None] | None
+        key_field = next(iter(inputs.values()))[1] if single else {n: k for n, (_, k) in inputs.items()}
+        segment = self._segment(
+            name=stage_name,
+            kind="process",
+            queues=queues,
+            fields=out_fields,
+            process=ProcessNode(
+                ref,
+                key_field,
+                trigger.to_spec() if trigger else None,
+                options["ttl_seconds"],
+                timer_interval=options["timer_interval"],
+                max_instances=max_instances,
+                singleton=bool(options.get("singleton")),
+                prototype=prototype,
+                outputs=tuple(side_fields),
+            ),
+        )
+        for stream_name, (stream, key) in inputs.items():
+            stream._connect(
+                {
+                    "kind": "records",
+                    "to_stage": segment.index,
+                    "queues": queues,
+                    "key_fields": () if key is None else (key,),
+                    "stream": stream_name,
+                    "broadcast_unkeyed": not options.get("singleton"),
+                },
+                what,
+                stream_tag=stream_name,
+            )
+        for side_name, fields in side_fields.items():
+            self._declare_side(side_name, segment, fields, what)
+        return Stream(self, segment, out_fields)
+
     def _declare_side(self, name: str, segment: Segment, fields: dict[str, str], what: str) -> None:
         """Register the side stream ``name`` of ``segment``; :meth:`stream` reads it."""
         _check_name("stream", name)
         if name in self._named or name in self._side:
-            raise TopologyDefinitionError(f"{what}: a stream named {name!r} exists already; choose another late stream name")
+            raise TopologyDefinitionError(
+                f"{what}: a stream named {name!r} exists already; choose another name for this side stream"
+            )
         self._side[name] = (segment, fields, what)
 
     def unread_side_streams(self) -> dict[str, str]:
@@ -712,12 +853,16 @@ class Stream:
 
     def process(
         self,
-        pe_class: type,
+        pe: Any,
         *,
-        key: str,
+        key: str | None = None,
         out: str | Sequence[str] | Mapping[str, str],
         trigger: Any = None,
         ttl_seconds: float | None = None,
+        timer_interval: float | None = None,
+        max_instances: int | None = None,
+        singleton: bool = False,
+        outputs: Mapping[str, str | Sequence[str] | Mapping[str, str]] | None = None,
         queues: int | None = None,
         name: str | None = None,
     ) -> Stream:
@@ -726,35 +871,52 @@ class Stream:
         Records are shuffled by ``key`` into a new stage; each key's instance is created on
         its first record, checkpointed with the task and recovered after a move; idle ones are
         removed after ``ttl_seconds``. The stream continues with what the instances emit,
-        which must carry the ``out`` fields.
-        """
-        from stream_ops.operators.processing_element import ProcessingElement, Trigger
+        which must carry the ``out`` fields. A record whose key is null reaches every live
+        instance of every task (S4's broadcast). For several input streams use
+        :meth:`Topology.process`.
 
+        Args:
+            pe: the PE class, or a configured instance: a *prototype* every key's instance is
+                copied from (S4's prototype PEs), e.g. ``WordCounterPE(threshold=5)``.
+            key: the field selecting the instance (not with ``singleton``).
+            trigger: ``Trigger.count(n)``, ``Trigger.every(s)`` (on ticks),
+                ``Trigger.time(s, on_event=True)`` (S4's: on the first event after ``s``), or a
+                ``|`` of them.
+            timer_interval: seconds between ``on_time()`` calls of each instance (S4's
+                ``setTimerInterval``).
+            max_instances: S4's PE cache size: beyond it the least recently used instance is
+                removed (``on_remove`` runs first).
+            singleton: one instance for every record (S4's singleton PE, one task).
+            outputs: named output streams and their fields; instances
+                ``emit(record, stream=name)`` to them and :meth:`Topology.stream` reads them.
+        """
         what = self._what("process")
-        if not (isinstance(pe_class, type) and issubclass(pe_class, ProcessingElement)):
-            raise TopologyDefinitionError(f"{what}: {pe_class!r} is not a ProcessingElement subclass")
-        ref = function_ref(pe_class, what=what)
-        self._check_fields([key], what)
-        if trigger is not None and not isinstance(trigger, Trigger):
-            raise TopologyDefinitionError(f"{what}: trigger must be Trigger.count(n), Trigger.every(s) or a '|' of them")
-        if ttl_seconds is not None and (not isinstance(ttl_seconds, (int, float)) or ttl_seconds <= 0):
-            raise TopologyDefinitionError(f"{what}: ttl_seconds must be a positive number, got {ttl_seconds!r}")
-        out_fields = _field_types(out, what)
-        n = _check_queues(self._segment.queues if queues is None else queues, what)
-        stage_name = _check_name("stage", name or pe_class.__name__.lower())
-        segment = self._topology._segment(
-            name=stage_name,
-            kind="process",
+        if singleton and key is not None:
+            raise TopologyDefinitionError(f"{what}: a singleton PE has one instance for all records; drop key=")
+        if not singleton and key is None:
+            raise TopologyDefinitionError(f"{what}: name the key field (key='user'), or pass singleton=True")
+        if key is not None:
+            self._check_fields([key], what)
+        n = 1 if singleton else _check_queues(self._segment.queues if queues is None else queues, what)
+        if singleton and queues not in (None, 1):
+            raise TopologyDefinitionError(f"{what}: a singleton PE runs in one task; drop queues=")
+        return self._topology._process_stage(
+            pe,
+            {self._segment.name: (self, key)},
+            out=out,
+            options=dict(
+                trigger=trigger,
+                ttl_seconds=ttl_seconds,
+                timer_interval=timer_interval,
+                max_instances=max_instances,
+                singleton=singleton,
+            ),
+            outputs=outputs,
             queues=n,
-            fields=out_fields,
-            process=ProcessNode(ref, key, trigger.to_spec() if trigger else None, ttl_seconds),
+            name=name,
+            what=what,
+            single=True,
         )
-        self._connect(
-            {"kind": "records", "to_stage": segment.index, "queues": n, "key_fields": (key,), "stream": self._segment.name},
-            what,
-            stream_tag=self._segment.name,
-        )
-        return Stream(self._topology, segment, out_fields)
 
     def partition_persist(
         self,

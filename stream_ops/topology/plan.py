@@ -78,6 +78,13 @@ class RecordsSpec(_Frozen):
     queues: int
     key_fields: tuple[str, ...]
     stream: str
+    broadcast_unkeyed: bool = False
+    """A record whose key fields are all null goes to every queue (S4's broadcast of key-less
+    events to a processing element's instances)."""
+    progress: dict[str, str] | None = None
+    """For an event-time window stage: ``{"timestamp_field", "timestamp_unit"}``; each batch
+    then also tells every queue the largest event time it sent (a progress row), from which
+    the window tasks take their watermark."""
 
 
 class PersistSpec(_Frozen):
@@ -129,9 +136,20 @@ class ProcessSpec(_Frozen):
     """An S4 processing element stage."""
 
     pe_class: str
-    key_field: str
+    key_field: str | dict[str, str | None] | None
+    """The key field of the one input stream, or per input stream (None: key-less, broadcast)."""
     trigger: dict[str, Any] | None
     ttl_seconds: float | None
+    timer_interval: float | None = None
+    """Seconds between ``on_time()`` calls of each instance (S4's ``setTimerInterval``)."""
+    max_instances: int | None = None
+    """S4's PE cache size: the least recently used instance is removed beyond it."""
+    singleton: bool = False
+    """One instance for every record (S4's singleton PE)."""
+    prototype: dict[str, Any] | None = None
+    """The configured instance new keys' instances are copied from (its public fields)."""
+    outputs: tuple[str, ...] = ()
+    """Named output streams the instances may ``emit(..., stream=name)`` to."""
     code: CodeScope | None = Field(None, exclude=True)
     """The verified archive ``pe_class`` resolves in (set by a worker, never in plan.json)."""
 
@@ -217,6 +235,9 @@ class StageSpec(_Frozen):
     join: JoinSpec | None = None
     process: ProcessSpec | None = None
     window_aggregate: WindowAggregateSpec | None = None
+    progress_channels: tuple[str, ...] = ()
+    """An event-time window stage's upstream tasks (``"<stage>/<queue>"``): its watermark is
+    the least event time they all reported (see :class:`~stream_ops.operators.windows.Watermark`)."""
 
     @field_validator("kind")
     @classmethod
@@ -383,11 +404,33 @@ def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
         spec.update(aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
         return ShuffleSpec.model_validate(spec)
     if spec["kind"] == "records":
-        return RecordsSpec.model_validate(spec)
+        return _records_spec(spec, topology)
     if spec["kind"] == "persist":
         emits = spec.get("emits")
-        return PersistSpec.model_validate({**spec, "emits": RecordsSpec.model_validate(emits) if emits else None})
+        return PersistSpec.model_validate({**spec, "emits": _records_spec(emits, topology) if emits else None})
     return SinkSpec.model_validate(spec)
+
+
+def _records_spec(spec: dict[str, Any], topology: Topology) -> RecordsSpec:
+    return RecordsSpec.model_validate({**spec, "progress": _progress_of(topology.segments[spec["to_stage"]])})
+
+
+def _progress_channels(segment: Segment, topology: Topology) -> tuple[str, ...]:
+    """The upstream tasks an event-time window stage waits for: ``"<stage>/<queue>"`` each."""
+    if _progress_of(segment) is None:
+        return ()
+    upstream = dict.fromkeys(index for index, _ in segment.inputs)
+    return tuple(f"{index}/{queue}" for index in upstream for queue in range(topology.segments[index].queues))
+
+
+def _progress_of(segment: Segment) -> dict[str, str] | None:
+    """What upstream tasks report to ``segment`` for its event-time watermark (None if it has none)."""
+    if segment.window is not None:
+        return segment.window.window.progress_spec()
+    window = (segment.join or {}).get("window") or {}
+    if window.get("timestamp_field") is not None:  # a JoinBolt with_timestamp_field
+        return {"timestamp_field": window["timestamp_field"], "timestamp_unit": window.get("timestamp_unit", "s")}
+    return None
 
 
 def _stage(segment: Segment, topology: Topology) -> StageSpec:
@@ -438,7 +481,17 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
     process = None
     if segment.process is not None:
         p = segment.process
-        process = ProcessSpec(pe_class=p.pe_class, key_field=p.key_field, trigger=p.trigger, ttl_seconds=p.ttl_seconds)
+        process = ProcessSpec(
+            pe_class=p.pe_class,
+            key_field=p.key_field,
+            trigger=p.trigger,
+            ttl_seconds=p.ttl_seconds,
+            timer_interval=p.timer_interval,
+            max_instances=p.max_instances,
+            singleton=p.singleton,
+            prototype=p.prototype,
+            outputs=p.outputs,
+        )
     return StageSpec(
         index=segment.index,
         name=segment.name,
@@ -455,6 +508,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
         window_aggregate=window_aggregate,
+        progress_channels=_progress_channels(segment, topology),
     )
 
 

@@ -18,12 +18,21 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.operators import JoinBolt
+from stream_ops.runtime.stage_processors import progress_row
 
 RECORDS = "stream string, key string, record string"
 
 
-def _records(spark, stream: str, key_field: str | None, records: list[dict]):
+def _progress(stage: int, records: list[dict]) -> list[tuple]:
+    """The progress report an upstream source task (queue 0 of ``stage``) sends with its records."""
+    row = progress_row(stage, 0, max(r["ts"] for r in records))
+    return [(row["stream"], row["key"], row["record"])]
+
+
+def _records(spark, stream: str, key_field: str | None, records: list[dict], *, upstream: int | None = None):
     rows = [(stream, encode_key([r[key_field]] if key_field else []), json.dumps(r)) for r in records]
+    if upstream is not None:
+        rows += _progress(upstream, records)
     return spark.createDataFrame(rows, RECORDS)
 
 
@@ -53,14 +62,14 @@ def test_a_window_spanning_a_zombie_and_a_replay_is_emitted_once_with_exact_coun
         stage = "clicks-n-by-user"
         a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage=stage)
         a.prepare()
-        a.process_batch(_records(spark, "clicks", "user", batch0), 0)
+        a.process_batch(_records(spark, "clicks", "user", batch0, upstream=0), 0)
         assert _parquet(tmp_path / "counts", "*") == []  # nothing closed yet
         paused, resume = pause_commits(monkeypatch, "host-a:1")
         errors: list[BaseException] = []
 
         def run_a():
             try:
-                a.process_batch(_records(spark, "clicks", "user", batch1), 1)
+                a.process_batch(_records(spark, "clicks", "user", batch1, upstream=0), 1)
             except BaseException as e:  # noqa: BLE001 - the test inspects it
                 errors.append(e)
 
@@ -70,12 +79,12 @@ def test_a_window_spanning_a_zombie_and_a_replay_is_emitted_once_with_exact_coun
         admin.delete(ZkPaths.owner(topology_id, a.task.task_id))  # A's session "expires"
         b = make_runner(admin, spark, cluster, topology_id, "host-b:2", stage=stage)
         b.prepare()  # rebuilds the open windows and the watermark at txid 0 from the state topic
-        b.process_batch(_records(spark, "clicks", "user", batch1), 1)
-        b.process_batch(_records(spark, "clicks", "user", batch1), 1)  # Spark re-delivers the committed batch
+        b.process_batch(_records(spark, "clicks", "user", batch1, upstream=0), 1)
+        b.process_batch(_records(spark, "clicks", "user", batch1, upstream=0), 1)  # Spark re-delivers the committed batch
         resume.set()
         thread.join(30)
         assert len(errors) == 1 and isinstance(errors[0], OwnershipLostError)
-        b.process_batch(_records(spark, "clicks", "user", batch2), 2)
+        b.process_batch(_records(spark, "clicks", "user", batch2, upstream=0), 2)
         b.stop()
         a._close_state()
     counts = _parquet(tmp_path / "counts", "user, n, window_start, window_end")
@@ -98,10 +107,17 @@ def test_a_sliding_event_time_join_emits_each_window_once_through_a_replay(spark
     )
     t.join(bolt, views=views, buys=buys).to_parquet(tmp_path / "joined", name="joined")
     first = [("views", {"page": "p", "ts": 6.0}), ("buys", {"page": "p", "ts": 8.0, "amount": 3})]
-    second = [("buys", {"page": "p", "ts": 12.0, "amount": 4}), ("views", {"page": "q", "ts": 21.0})]
+    second = [
+        ("buys", {"page": "p", "ts": 12.0, "amount": 4}),
+        ("views", {"page": "q", "ts": 21.0}),
+        ("buys", {"page": "q", "ts": 23.0, "amount": 5}),
+    ]
+    upstream = {"views": 0, "buys": 1}  # the source stages' indices
 
     def batch(items):
         rows = [(s, encode_key([r["page"]]), json.dumps(r)) for s, r in items]
+        for stream, stage in upstream.items():
+            rows += _progress(stage, [r for s, r in items if s == stream])
         return spark.createDataFrame(rows, RECORDS)
 
     with ZkStore.connect(zk_config) as admin:
@@ -113,7 +129,7 @@ def test_a_sliding_event_time_join_emits_each_window_once_through_a_replay(spark
         b = make_runner(admin, spark, cluster, topology_id, "host-b:2", stage="join-views-buys")
         b.prepare()
         b.process_batch(batch(first), 0)  # replay of a committed batch: nothing twice
-        b.process_batch(batch(second), 1)  # watermark 20: [0, 10), [5, 15), [10, 20) close
+        b.process_batch(batch(second), 1)  # watermark min(21, 23) - 1 = 20: [0, 10), [5, 15), [10, 20) close
         b.stop()
     rows = _parquet(tmp_path / "joined", '"views:ts", "buys:amount"')
     # [0, 10): view 6 x buy 8; [5, 15): view 6 x buys 8 and 12; [10, 20): no view of p

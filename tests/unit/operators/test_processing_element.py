@@ -184,8 +184,11 @@ def test_checkpoint_holds_public_fields_and_trigger_bookkeeping():
             "events_since_trigger": 2,
             "last_trigger": 5.0,
             "last_event": 5.0,
+            "last_time": 5.0,
+            "last_use": 0,
         }
     ]
+    assert checkpoint["version"] == 2 and checkpoint["singleton"] is False
     # the checkpoint is a copy: later changes do not leak into it
     runtime.instance("ann").seen.append(99)
     assert checkpoint["instances"][0]["fields"]["seen"] == [0, 1]
@@ -246,20 +249,38 @@ class FussyPE(ProcessingElement):
 def test_bad_records_become_dead_letters_and_processing_continues():
     runtime = PERuntime(FussyPE, key_field="k", trigger=Trigger.count(2))
     out = runtime.process(
-        [{"k": "a", "v": 1}, {"v": 5}, {"k": ["x"], "v": 5}, {"k": "a", "v": -1}, {"k": "a", "v": 2}],
+        # {"v": 5} has no key and no instance is alive yet: broadcast to nobody, dropped
+        [{"v": 5}, {"k": "a", "v": 1}, {"k": ["x"], "v": 5}, {"k": "a", "v": -1}, {"k": "a", "v": 2}, "junk"],
         now=0.0,
     )
     # the failing event's emits are discarded and it does not count towards the trigger
     assert out == [{"seen": 1}, {"seen": 2}, {"key": "a", "total": 3}]
     letters = runtime.take_dead_letters()
     assert [(d["key"], d["record"]) for d in letters] == [
-        (None, {"v": 5}),
         (["x"], {"k": ["x"], "v": 5}),
         ("a", {"k": "a", "v": -1}),
+        (None, "junk"),
     ]
-    assert "no usable key field 'k'" in letters[0]["error"]
-    assert letters[2]["error"] == "FussyPE.on_event: ValueError: negative value"
+    assert "no usable key field 'k' (got ['x']" in letters[0]["error"]
+    assert letters[1]["error"] == "FussyPE.on_event: ValueError: negative value"
+    assert "not a mapping" in letters[2]["error"]
     assert runtime.take_dead_letters() == []
+
+
+def test_a_record_without_a_key_is_broadcast_to_live_instances_not_a_dead_letter():
+    runtime = PERuntime(FussyPE, key_field="k", trigger=Trigger.count(2))
+    runtime.process([{"k": "a", "v": 1}, {"k": "b", "v": 10}], now=0.0)
+    # reaches a then b (creation order); it is each one's second event, so count(2) fires for both
+    out = runtime.process([{"v": 5}, {"k": None, "v": 1}], now=1.0)
+    assert out == [
+        {"seen": 5},
+        {"key": "a", "total": 6},
+        {"seen": 5},
+        {"key": "b", "total": 15},
+        {"seen": 1},
+        {"seen": 1},
+    ]
+    assert runtime.keys == ("a", "b") and runtime.take_dead_letters() == []
 
 
 def test_emit_accepts_a_mapping_and_keywords():

@@ -155,3 +155,25 @@ def test_restoring_from_the_changes_continues_exactly(window):
 
     assert run(split=2) == run(split=None)
     assert run(split=3) == run(split=None)
+
+
+def test_a_task_running_ahead_does_not_make_the_slower_ones_records_late():
+    """Two upstream tasks (channels 0/0 and 0/1); task 0 is several batches ahead."""
+    agg = WindowedAggregation(_event(Tumbling(10)), ("user",), Count(), "n", now=0.0, channels=["0/0", "0/1"])
+    batch = agg.process([{"user": "a", "ts": 35}], now=0.0, progress=[("0/0", 35.0)])
+    assert batch.results == []  # 0/1 not heard from: no watermark yet
+    batch = agg.process([{"user": "a", "ts": 3}, {"user": "a", "ts": 8}], now=1.0, progress=[("0/1", 8.0)])
+    assert batch.late == []  # data alone would have put the watermark at 35
+    assert batch.results == []  # watermark min(35, 8) = 8: [0, 10) stays open
+    batch = agg.process([{"user": "a", "ts": 21}, {"user": "a", "ts": 2}], now=2.0, progress=[("0/1", 21.0)])
+    assert batch.late == [{"user": "a", "ts": 2}]  # before the watermark 8
+    assert _rows(batch.results) == [("a", 2, 0.0, 10.0)]  # watermark min(35, 21) = 21
+    batch = agg.process([], now=3.0, progress=[("0/0", 50.0), ("0/1", 40.0)])
+    assert _rows(batch.results) == [("a", 1, 20.0, 30.0), ("a", 1, 30.0, 40.0)]
+
+
+def test_an_upstream_task_without_data_holds_windows_until_its_idle_timeout():
+    agg = WindowedAggregation(_event(Tumbling(10), idle_timeout=5), ("user",), Count(), "n", now=0.0, channels=["0/0", "0/1"])
+    batch = agg.process([{"user": "a", "ts": 3}], now=1.0, progress=[("0/0", 30.0)])
+    assert batch.results == []  # 0/1 silent for 1 s
+    assert _rows(agg.close(now=6.0)) == [("a", 1, 0.0, 10.0)]  # 0/1 idle past 5 s: 0/0 alone decides

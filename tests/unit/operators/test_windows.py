@@ -117,3 +117,45 @@ def test_watermark_restore_keeps_progress_and_restarts_the_idle_clock():
     moved.restore(state, now=500.0)
     assert moved.value(500.0) == 48.0  # the move's downtime does not count as idle time
     assert moved.value(505.0) == 50.0
+
+
+def test_channel_watermark_waits_for_the_slowest_upstream_task():
+    mark = Watermark(lag=1, idle_timeout=None, now=0.0, channels=["words/0", "words/1"])
+    mark.observe(100.0, now=0.0)  # data alone would say 99
+    mark.report("words/0", 100.0, now=0.0)
+    assert mark.value(0.0) is None  # words/1 not heard from yet
+    mark.report("words/1", 20.0, now=0.0)
+    assert mark.value(0.0) == 19.0  # channel reports decide, the slowest one wins
+    mark.report("words/1", 60.0, now=1.0)
+    assert mark.value(1.0) == 59.0
+    mark.report("words/1", 30.0, now=2.0)  # a report never lowers its channel
+    assert mark.channels["words/1"] == 60.0
+    assert mark.value(1000.0) == 59.0  # no idle timeout: it waits for data
+
+
+def test_channel_watermark_never_goes_back_when_a_new_channel_reports():
+    mark = Watermark(lag=0, idle_timeout=None, now=0.0)
+    mark.report("a/0", 50.0, now=0.0)
+    assert mark.value(0.0) == 50.0
+    mark.report("a/1", 10.0, now=1.0)  # a channel first heard of late
+    assert mark.value(1.0) == 50.0
+
+
+def test_an_idle_channel_stops_holding_the_watermark_back():
+    mark = Watermark(lag=0, idle_timeout=5, now=0.0)
+    mark.report("a/0", 10.0, now=0.0)
+    mark.report("a/1", 100.0, now=0.0)
+    assert mark.value(4.0) == 10.0
+    mark.report("a/1", 110.0, now=6.0)  # a/0 silent for 6 s > 5 s
+    assert mark.value(6.0) == 110.0
+    assert mark.value(20.0) == 110.0 + 20.0 - 6.0 - 5.0  # all idle: moves with processing time
+
+
+def test_channel_progress_survives_a_restore():
+    mark = Watermark(lag=0, idle_timeout=None, now=0.0)
+    mark.report("a/0", 10.0, now=0.0)
+    mark.report("a/1", 30.0, now=0.0)
+    moved = Watermark(lag=0, idle_timeout=None, now=50.0)
+    moved.restore(json.loads(json.dumps(mark.state(now=1.0))), now=50.0)
+    moved.report("a/0", 40.0, now=51.0)
+    assert moved.value(51.0) == 30.0

@@ -1,0 +1,63 @@
+"""Where a stage's whole records go: by key, broadcast to every queue when key-less (S4), and
+the progress rows an event-time window stage's watermark is built from."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from stream_ops.config import ClusterConfig
+from stream_ops.examples.s4_parity import build_s4_parity
+from stream_ops.examples.windows import build_windows
+from stream_ops.hashing import partition_for
+from stream_ops.layout import TopologyLayout
+from stream_ops.runtime.stage_outputs import StageOutputs
+from stream_ops.runtime.stage_processors import PROGRESS_STREAM, progress_reports
+from stream_ops.topology import build_plan
+
+
+def _route(plan, stage_index, queue, records, tmp_path):
+    stage = plan.stage(stage_index)
+    outputs = StageOutputs(
+        plan=plan,
+        stage=stage,
+        task=plan.task_for(stage_index, queue),
+        layout=TopologyLayout(ClusterConfig(root=tmp_path), "t-1-1"),
+    )
+    by_queue: dict[int, list[dict]] = defaultdict(list)
+    outputs._shuffle_records(stage.outputs[0], records, by_queue)
+    return {q: [(line["stream"], json.loads(line["record"])) for line in lines] for q, lines in by_queue.items()}
+
+
+def test_keyed_records_go_to_their_queue_and_key_less_ones_to_every_queue(tmp_path):
+    plan = build_plan(build_s4_parity(tmp_path / "in", queues=2))
+    payments = [{"card": f"c{i}", "amount": i} for i in range(6)]
+    routed = _route(plan, 0, 1, payments, tmp_path)
+    for queue, lines in routed.items():
+        assert all(partition_for([r["card"]], 2) == queue for _, r in lines)
+    assert sum(len(lines) for lines in routed.values()) == 6
+    assert _route(plan, 1, 0, [{"limit": 5}], tmp_path) == {0: [("limits", {"limit": 5})], 1: [("limits", {"limit": 5})]}
+
+
+def test_a_null_key_is_broadcast_to_every_instance_task(tmp_path):
+    plan = build_plan(build_s4_parity(tmp_path / "in", queues=3))
+    routed = _route(plan, 0, 0, [{"card": None, "amount": 1}], tmp_path)
+    assert sorted(routed) == [0, 1, 2]
+
+
+def test_an_event_time_window_stage_gets_the_largest_event_time_on_every_queue(tmp_path):
+    plan = build_plan(build_windows(tmp_path / "in", queues=2))
+    clicks = [
+        {"user": "u1", "page": "p", "ts": 12.5},
+        {"user": "u2", "page": "p", "ts": 30.0},
+        {"user": "u3", "page": "p", "ts": None},
+    ]
+    stage = plan.stage(0)
+    window_stage = plan.stage(stage.outputs[0].to_stage)
+    assert window_stage.progress_channels == ("0/0", "0/1")
+    routed = _route(plan, 0, 1, clicks, tmp_path)
+    for queue in (0, 1):
+        reports = [r for s, r in routed[queue] if s == PROGRESS_STREAM]
+        assert reports == [{"channel": "0/1", "max_event": 30.0}]
+        rows = [(s, None, r) for s, r in routed[queue]]
+        assert progress_reports(rows) == [("0/1", 30.0)]
