@@ -35,7 +35,7 @@ from stream_ops.operators import ProcessingElement, Trigger
 
 PAYMENTS = {"card": "string", "amount": "long"}
 LIMITS = {"limit": "long"}
-SUMMARY = {"card": "string", "payments": "long", "total": "long", "reason": "string"}
+SUMMARY = {"card": "string", "payments": "long", "total": "long", "limit": "long", "reason": "string"}
 ALERT = {"card": "string", "payments": "long", "limit": "long"}
 
 
@@ -69,7 +69,7 @@ class CardPE(ProcessingElement):
         self._summary("removed")
 
     def _summary(self, reason: str) -> None:
-        self.emit(card=self.key, payments=self.payments, total=self.total, reason=reason)
+        self.emit(card=self.key, payments=self.payments, total=self.total, limit=self.limit, reason=reason)
 
 
 class AlertTotalPE(ProcessingElement):

@@ -101,4 +101,4 @@ def test_a_prototype_pe_with_broadcast_named_outputs_and_eviction_emits_once_thr
     # c1: alert at its 2nd payment (limit 1); after the broadcast limit 5 at its 6th (batch 2)
     # c3: alert at its 2nd payment (a fresh copy of the prototype: limit 1)
     assert _parquet(tmp_path / "alerts", 'card, payments, "limit"') == [("c1", 2, 1), ("c1", 6, 5), ("c3", 2, 1)]
-    assert _parquet(tmp_path / "summaries", "card, payments, total, reason") == [("c2", 1, 7, "removed")]
+    assert _parquet(tmp_path / "summaries", 'card, payments, total, "limit", reason') == [("c2", 1, 7, 5, "removed")]
