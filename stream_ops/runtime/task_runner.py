@@ -285,6 +285,14 @@ class TaskRunner:
                     self.state.restored_keys,
                     time.monotonic() - started,
                 )
+            elif self.state.tail_keys is not None:
+                logger.info(
+                    "task %s/%d: local state caught up by the state-topic tail only, %d changed keys in %.3f s",
+                    self.topology_id,
+                    self.task.task_id,
+                    self.state.tail_keys,
+                    time.monotonic() - started,
+                )
         self.processor = make_processor(stage, self.state.store if self.state else None, self.clock())
         if stage.persist is not None:
             factory = resolve_object(stage.persist.factory)

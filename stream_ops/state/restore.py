@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.snapshot import RestoreSource, open_restore_source
-from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc
+from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc, replay_encoded_changes
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,60 @@ def rebuild_store(
         count / seconds if seconds > 0 else float("inf"),
     )
     return count
+
+
+def tail_start(store: RocksDBBackingMap, queue: StateTopicQueue, committed_txid: int) -> int | None:
+    """The txid a store that is behind can catch up from by applying the state-topic tail, or
+    None when it cannot and must be rebuilt.
+
+    A store whose marker is (t, e) holds exactly the committed state at txid t when t is at
+    most the committed txid and e is the epoch the replay rule counts for t (the highest with
+    a file: the committing one). Otherwise it applied a batch that was never committed (a
+    lost owner's, or one above the committed txid), or t's file was compacted away so this
+    cannot be checked, and only a rebuild is safe.
+    """
+    marker = store.applied_marker()
+    if marker is None or marker[0] > committed_txid:
+        return None
+    txid, epoch = marker
+    return txid if queue.top_epoch(txid) == epoch else None
+
+
+def catch_up_store(store: RocksDBBackingMap, queue: StateTopicQueue, committed_txid: int, committed_epoch: int) -> int | None:
+    """Bring a store that is behind up to (``committed_txid``, ``committed_epoch``) by applying
+    only the state-topic tail above its marker (see :func:`tail_start`), in one atomic write.
+
+    Used by a standby replica on every poll and by a task taking over a store its worker kept
+    warm, so a failover replays only the txids the store had not applied yet.
+
+    Returns:
+        The number of changed keys applied (0 when the store is current already), or None when
+        the store cannot catch up by a tail (not at a committed state, or the tail's files were
+        compacted): the caller rebuilds it.
+
+    Raises:
+        ReplayError: a tail file is corrupt.
+    """
+    if store.applied_marker() == (committed_txid, committed_epoch):
+        return 0
+    start = tail_start(store, queue, committed_txid)
+    if start is None:
+        return None
+    present = {file_id.txid for file_id, _ in queue.batch_files()}
+    if any(txid not in present for txid in range(start + 1, committed_txid + 1)):
+        logger.info("state store %s: the state-topic tail above txid %d was compacted; rebuilding instead", store.path, start)
+        return None
+    changes = replay_encoded_changes(queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch)
+    applied = store.apply_encoded(changes.encoded_items(queue.path), committed_txid, committed_epoch)
+    logger.info(
+        "state store %s: applied the state-topic tail txid %d..%d (%d files, %d changed keys) instead of a rebuild",
+        store.path,
+        start + 1,
+        committed_txid,
+        changes.files,
+        applied,
+    )
+    return applied
 
 
 def _restore(

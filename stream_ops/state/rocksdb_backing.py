@@ -282,6 +282,47 @@ class RocksDBBackingMap:
         logger.info("state store %s: restored %d encoded keys at txid %d epoch %d", self._path, count, txid, epoch)
         return count
 
+    def apply_encoded(self, pairs: Iterable[tuple[bytes, bytes | None]], txid: int, epoch: int) -> int:
+        """Apply encoded changes (a value of None deletes the key) on top of the store's state and
+        move its marker to (txid, epoch), all in one atomic write batch.
+
+        This is how a store that is behind catches up with a state-topic tail (a standby
+        replica, or a task's own store after a move back): either every change and the new
+        marker are written, or none is. Keys are ``encode_key`` bytes and values
+        :func:`~stream_ops.state.values.encode_stored` bytes, as for :meth:`restore_encoded`.
+
+        Returns:
+            The number of changes written (puts and deletes).
+
+        Raises:
+            StateError: the store has pending writes, or a pair is not encoded.
+            TxidOrderError: the store has applied ``txid`` or a later one already.
+        """
+        meta = _encode_marker(txid, epoch)
+        with self._lock:
+            if self._pending:
+                raise StateError(f"state store {self._path} has pending writes; flush or discard them before applying a tail")
+            marker = self.applied_marker()
+            if marker is not None and txid <= marker[0]:
+                raise TxidOrderError(f"state store {self._path} is at txid {marker[0]}; a tail up to txid {txid} does not move it")
+            batch = WriteBatch(raw_mode=True)
+            count = 0
+            for key, value in pairs:
+                try:
+                    if key[:1] != b"[":
+                        raise ValueError("not an encoded key")
+                    if value is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, value)
+                except (ValueError, KeyError, TypeError) as e:
+                    raise StateError(_bad_encoded_pair(self._path, key, value)) from e
+                count += 1
+            batch.put(_META_KEY, meta)
+            self._call("apply a tail", lambda db: db.write(batch, self._write_options))
+        logger.debug("state store %s: applied %d changes up to txid %d epoch %d", self._path, count, txid, epoch)
+        return count
+
     # --- inspection -------------------------------------------------------------------------
 
     def items(self) -> Iterator[tuple[Key, Any]]:

@@ -315,6 +315,12 @@ class StateTopicQueue:
         except StateError as e:
             raise ReplayError(f"state topic {self._dir}: {e}") from e
 
+    def top_epoch(self, txid: int) -> int | None:
+        """The highest owner epoch that wrote a file for ``txid`` (the one the replay rule
+        counts), or None when no file of it is left (never written, or compacted away)."""
+        epochs = [file_id.epoch for file_id, _ in self.batch_files() if file_id.txid == txid]
+        return max(epochs) if epochs else None
+
     def batch_files(self) -> list[tuple[BatchFileId, Path]]:
         """The queue's batch files with their (task, txid, epoch), in replay order (txid, epoch, task)."""
         return self._batch_files()
@@ -509,6 +515,21 @@ class EncodedChanges:
                 yield encode_key_text(key).encode("utf-8"), value
             else:
                 yield encode_key_text(key).encode("utf-8"), stored_value_text(value, where).encode("utf-8")
+
+    def encoded_items(self, where: object) -> Iterator[tuple[bytes, bytes | None]]:
+        """(key bytes, value bytes, or None for a deleted key) of every changed key: what
+        applying the changes to a store writes and deletes.
+
+        Raises:
+            ReplayError: a value is not a stored state value (``where`` names the queue).
+        """
+        encode_key_text = _encode_key_text
+        for key, value in self.changes.items():
+            key_bytes = encode_key_text(key).encode("utf-8")
+            if value is None or value.__class__ is bytes:
+                yield key_bytes, value
+            else:
+                yield key_bytes, stored_value_text(value, where).encode("utf-8")
 
     def live_items(self, where: object) -> Iterator[tuple[Key, Any]]:
         """(key, wrapped value) of every changed key that is not deleted.
