@@ -380,15 +380,24 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, Any]:
 @click.argument("topology_ref")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--conf", multiple=True, help="key=value stored with the topology (repeatable).")
+@click.option(
+    "--standby-replicas",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Other workers keeping a warm copy of each stateful task's state, taking over with a tail replay only.",
+)
 @pass_ctx
-def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...]) -> None:
+def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...], standby_replicas: int) -> None:
     """Submit a topology given as pkg.module:attribute."""
     from stream_ops.nimbus.submission import submit as submit_topology
     from stream_ops.topology.loading import load_topology
 
     topology = load_topology(topology_ref)
     with obj.store() as store:
-        topology_id = submit_topology(store, obj.cluster(), topology, workers=workers, conf=_parse_conf(conf))
+        topology_id = submit_topology(
+            store, obj.cluster(), topology, workers=workers, conf=_parse_conf(conf), standby_replicas=standby_replicas
+        )
     click.echo(topology_id)
 
 

@@ -48,7 +48,7 @@ per interval.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stream_ops.errors import SchedulingError
@@ -60,6 +60,7 @@ __all__ = [
     "decide_spread",
     "moved_tasks",
     "needs_spread",
+    "place_standbys",
     "sort_slots",
     "spread",
 ]
@@ -134,6 +135,7 @@ def assign(
     slots: Iterable[Slot],
     num_workers: int,
     previous: Mapping[int, Slot | str] | None = None,
+    preferred: Mapping[int, Sequence[Slot | str]] | None = None,
 ) -> dict[int, Slot]:
     """Place ``tasks`` on ``slots`` evenly, over at most ``num_workers`` slots, moving few tasks.
 
@@ -145,8 +147,10 @@ def assign(
        holding the most tasks first), then the other slots in :func:`sort_slots` order.
     3. The larger capacities go to the target slots that already hold the most tasks.
     4. Each target slot keeps its previous tasks up to its capacity (lowest task ids first).
-    5. All other tasks (surplus, tasks of dead or dropped slots, new tasks) are dealt in
-       ascending order, round-robin over the target slots with spare capacity in
+    5. All other tasks (surplus, tasks of dead or dropped slots, new tasks) go, in ascending
+       order, to the first of their ``preferred`` slots that is a target with spare capacity
+       (a slot keeping a standby replica of the task's state, so the move replays only a
+       tail); the rest are dealt round-robin over the target slots with spare capacity in
        :func:`sort_slots` order.
 
     Without ``previous`` this is Storm's placement: sorted task ``i`` goes to sorted slot
@@ -161,6 +165,8 @@ def assign(
         num_workers: Most slots to use (Storm's ``topology.workers``); >= 1.
         previous: Current assignment task -> slot (``Slot`` or ``"host:port"``); tasks no
             longer in ``tasks`` and slots no longer in ``slots`` are ignored.
+        preferred: Task -> slots to place it on if it has to move, best first (its standby
+            replicas); does not change how many tasks move or the even split.
 
     Returns:
         Task -> slot for every task.
@@ -200,11 +206,17 @@ def assign(
                 if slot in rank:
                     kept[slot].append(task)
 
-    # 2. Target slots: busiest previously-used slots first, then fresh slots in sort order.
+    # 2. Target slots: busiest previously-used slots first, then fresh slots in sort order
+    #    (those most homeless tasks prefer first: any fresh slot gives the same even split).
     prior = sorted(kept, key=lambda s: (-len(kept[s]), rank[s]))[:used]
     chosen = set(prior)
-    # At most len(prior) of the first used + len(prior) sorted slots are chosen already.
-    targets = prior + [s for s in ordered[: used + len(prior)] if s not in chosen][: used - len(prior)]
+    votes: Counter[Slot] = Counter()
+    if preferred:
+        housed = {t for tasks_of in kept.values() for t in tasks_of}
+        for task in task_set - housed:
+            votes.update({_as_slot(s) for s in preferred.get(task, ())})
+    fresh = sorted((s for s in ordered if s not in chosen), key=lambda s: (-votes[s], rank[s]))
+    targets = prior + fresh[: used - len(prior)]
 
     # 3. Capacities: ceil to the slots holding the most kept tasks (ties by sort order).
     base, extra = divmod(len(task_list), used)
@@ -220,13 +232,17 @@ def assign(
             for task in mine[: capacity[slot]]:
                 result[task] = slot
 
-    # 5. Deal the rest round-robin over slots with spare capacity, in sort order.
+    # 5. Preferred slots first, then deal the rest round-robin over slots with spare capacity.
+    rooms = {slot: capacity[slot] - min(len(kept.get(slot, ())), capacity[slot]) for slot in targets}
+    for task in sorted(t for t in task_list if t not in result):
+        for raw_slot in (preferred or {}).get(task, ()):
+            slot = _as_slot(raw_slot)
+            if rooms.get(slot, 0) > 0:
+                result[task] = slot
+                rooms[slot] -= 1
+                break
     pool = sorted(t for t in task_list if t not in result)
-    spare: list[tuple[Slot, int]] = []
-    for slot in sorted(targets, key=rank.__getitem__):
-        room = capacity[slot] - min(len(kept.get(slot, ())), capacity[slot])
-        if room > 0:
-            spare.append((slot, room))
+    spare: list[tuple[Slot, int]] = [(slot, rooms[slot]) for slot in sorted(targets, key=rank.__getitem__) if rooms[slot] > 0]
     next_task = 0
     while next_task < len(pool):
         still: list[tuple[Slot, int]] = []
@@ -386,3 +402,69 @@ def decide_spread(
         return SpreadDecision(False, f"last spread {since_last_spread:.1f} s ago (interval {interval_s:g} s)")
     target = min(num_workers, len(stable), len(task_list))
     return SpreadDecision(True, f"uses {len(used)} of {target} slots it could use", tuple(sort_slots(stable)))
+
+
+def place_standbys(
+    tasks: Iterable[int],
+    owners: Mapping[int, Slot | str],
+    slots: Iterable[Slot],
+    replicas: int,
+    previous: Mapping[int, Sequence[Slot | str]] | None = None,
+) -> dict[int, list[Slot]]:
+    """Choose the slots that keep a standby replica of each stateful task's store.
+
+    Kafka Streams' rule for ``num.standby.replicas``: a standby is never on the task's owner,
+    and goes to another host than the owner's (and than the task's other standbys) when there
+    is one. Among equal candidates the slot holding the fewest of the topology's tasks plus
+    standbys so far wins (an idle slot first: a failover fills free slots first, so that is
+    where the task will go), then :func:`sort_slots` order, so standbys spread evenly. Placement is sticky: a previous
+    standby that is still live and not the owner stays (its store is warm). With fewer live
+    slots than ``replicas + 1`` a task gets as many standbys as there are other slots.
+
+    Args:
+        tasks: The stateful task ids.
+        owners: Task -> its owner slot (tasks without an owner get no standby).
+        slots: Live slots.
+        replicas: Standbys per task (0: none).
+        previous: Task -> its current standby slots.
+
+    Returns:
+        Task -> its standby slots (possibly empty), for every task with an owner.
+
+    Raises:
+        SchedulingError: ``replicas`` is negative.
+
+    Example:
+        >>> owners = {0: Slot("h1", 1), 1: Slot("h2", 1)}
+        >>> live = [Slot("h1", 1), Slot("h1", 2), Slot("h2", 1)]
+        >>> {t: [str(s) for s in sb] for t, sb in place_standbys([0, 1], owners, live, 1).items()}
+        {0: ['h2:1'], 1: ['h1:2']}
+    """
+    if replicas < 0:
+        raise SchedulingError(f"standby replicas must be 0 or more, got {replicas}")
+    ordered = sort_slots(slots)
+    rank = {slot: i for i, slot in enumerate(ordered)}
+    load: Counter[Slot] = Counter(_as_slot(s) for s in owners.values())
+    placed: dict[int, list[Slot]] = {}
+    task_list = sorted(t for t in set(tasks) if t in owners)
+    for task in task_list:  # sticky part first, so the load counts what stays
+        owner = _as_slot(owners[task])
+        kept: list[Slot] = []
+        for raw in (previous or {}).get(task, ()):
+            slot = _as_slot(raw)
+            if slot in rank and slot != owner and slot not in kept and len(kept) < replicas:
+                kept.append(slot)
+                load[slot] += 1
+        placed[task] = kept
+    for task in task_list:
+        owner = _as_slot(owners[task])
+        chosen = placed[task]
+        while len(chosen) < replicas:
+            hosts = {owner.host, *(s.host for s in chosen)}
+            candidates = [s for s in ordered if s != owner and s not in chosen]
+            if not candidates:
+                break
+            best = min(candidates, key=lambda s: (s.host in hosts, load[s], rank[s]))
+            chosen.append(best)
+            load[best] += 1
+    return placed

@@ -18,6 +18,7 @@ class ZkPaths:
     HEARTBEATS = "/taskheartbeats"
     TRANSACTIONAL = "/transactional"
     ERRORS = "/errors"
+    STANDBYS = "/standbys"
     LOCKS = "/locks"
     NIMBUS = "/nimbus"
     ID_COUNTER = "/nimbus/id-counter"
@@ -80,6 +81,18 @@ class ZkPaths:
         return f"{ZkPaths.ERRORS}/{topology_id}/{task_id}"
 
     @staticmethod
+    def standbys(topology_id: str) -> str:
+        return f"{ZkPaths.STANDBYS}/{topology_id}"
+
+    @staticmethod
+    def task_standbys(topology_id: str, task_id: int) -> str:
+        return f"{ZkPaths.STANDBYS}/{topology_id}/{task_id}"
+
+    @staticmethod
+    def standby(topology_id: str, task_id: int, worker_id: str) -> str:
+        return f"{ZkPaths.STANDBYS}/{topology_id}/{task_id}/{worker_id}"
+
+    @staticmethod
     def compaction_lock(topology_id: str, task_id: int) -> str:
         """Lock held while a task's state-topic queue is compacted (one compaction at a time)."""
         return f"{ZkPaths.LOCKS}/{topology_id}/compaction-{task_id}"
@@ -95,5 +108,6 @@ class ZkPaths:
             ZkPaths.heartbeats(topology_id),
             ZkPaths.transactional(topology_id),
             ZkPaths.errors(topology_id),
+            ZkPaths.standbys(topology_id),
             f"{ZkPaths.LOCKS}/{topology_id}",
         ]

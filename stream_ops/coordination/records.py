@@ -37,6 +37,11 @@ class StormRecord(_Record):
     num_tasks: int
     code_sha256: str | None = None
     submission_sha256: str | None = None
+    standby_replicas: int = 0
+    """Warm copies of each stateful task's store kept by other workers (Kafka Streams'
+    ``num.standby.replicas``)."""
+    stateful_tasks: list[int] = Field(default_factory=list)
+    """The tasks that keep state (those that get standbys)."""
 
 
 class TaskRecord(_Record):
@@ -54,6 +59,8 @@ class AssignmentRecord(_Record):
 
     tasks: dict[int, str] = Field(default_factory=dict)
     start_times: dict[int, float] = Field(default_factory=dict)
+    standbys: dict[int, list[str]] = Field(default_factory=dict)
+    """Stateful task -> the workers keeping a standby replica of its store (never its owner)."""
 
 
 class WorkerRecord(_Record):
@@ -66,6 +73,20 @@ class WorkerRecord(_Record):
     capacity: int
     started_at: float
     launched_by: str = "cli"
+
+
+class StandbyRecord(_Record):
+    """``/standbys/{id}/{task}/{worker}`` (ephemeral): how far a standby replica has caught up.
+
+    Written by the standby's worker for observers (status, Dagster); nothing in the commit
+    protocol reads it.
+    """
+
+    worker_id: str
+    applied_txid: int
+    applied_epoch: int
+    time: float
+    keys: int = 0
 
 
 class OwnerRecord(_Record):

@@ -20,9 +20,9 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import AssignmentRecord, StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import ConcurrentUpdateError, TopologyNotFoundError, ZnodeExistsError
-from stream_ops.scheduler import Slot, assign, needs_spread
+from stream_ops.scheduler import Slot, assign, needs_spread, place_standbys
 
-__all__ = ["live_slot_registrations", "live_workers", "read_assignment", "reassign", "spread_topology"]
+__all__ = ["live_slot_registrations", "live_workers", "read_assignment", "reassign", "spread_topology", "standbys_stale"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,21 +81,26 @@ def reassign(
                 slots = usable
             else:
                 logger.warning("topology %s: every live slot is excluded (%s); using them all", topology_id, sorted(excluded))
+        standbys: dict[int, list[str]] = {}
         if slots:
             placed = assign(
                 task_ids,
                 slots,
                 wanted,
                 previous={t: Slot.parse(w) for t, w in previous.tasks.items()},
+                preferred=previous.standbys,  # a moving task goes to a warm standby where the split allows
             )
             tasks = {t: str(slot) for t, slot in placed.items()}
+            if storm.standby_replicas > 0:
+                chosen = place_standbys(storm.stateful_tasks, placed, slots, storm.standby_replicas, previous.standbys)
+                standbys = {t: [str(s) for s in sb] for t, sb in chosen.items() if sb}
         else:
             logger.warning("topology %s: no live worker; its %d tasks wait unassigned", topology_id, len(task_ids))
             tasks = {}
         now = clock()
         start_times = {t: previous.start_times.get(t, now) if previous.tasks.get(t) == w else now for t, w in tasks.items()}
-        record = AssignmentRecord(tasks=tasks, start_times=start_times)
-        if current is not None and record.tasks == previous.tasks:
+        record = AssignmentRecord(tasks=tasks, start_times=start_times, standbys=standbys)
+        if current is not None and record.tasks == previous.tasks and record.standbys == previous.standbys:
             return previous, current[1]
         try:
             if current is None:
@@ -106,9 +111,31 @@ def reassign(
         except (ConcurrentUpdateError, ZnodeExistsError):  # another writer won the compare-and-set or the create
             continue
         moved = sorted(t for t in tasks if previous.tasks.get(t) != tasks[t])
-        logger.info("topology %s: assignment epoch %d, %d tasks placed, moved %s", topology_id, version, len(tasks), moved)
+        onto_standby = sorted(t for t in moved if tasks[t] in previous.standbys.get(t, ()))
+        logger.info(
+            "topology %s: assignment epoch %d, %d tasks placed, moved %s (onto a standby: %s)",
+            topology_id,
+            version,
+            len(tasks),
+            moved,
+            onto_standby,
+        )
         return record, version
     raise ConcurrentUpdateError(f"assignment of {topology_id} kept changing under us; retry the rebalance")
+
+
+def standbys_stale(storm: StormRecord, record: AssignmentRecord, live: Collection[str]) -> bool:
+    """Whether the standby replicas of ``record`` differ from what placing them again over the
+    ``live`` slots gives (a standby's worker died, or a worker joined where one is missing).
+
+    Placement is sticky, so a healthy placement is never stale.
+    """
+    if storm.standby_replicas <= 0:
+        return False
+    owners = {t: Slot.parse(w) for t, w in record.tasks.items() if w in live}
+    placed = place_standbys(storm.stateful_tasks, owners, [Slot.parse(s) for s in live], storm.standby_replicas, record.standbys)
+    wanted = {t: [str(s) for s in sb] for t, sb in placed.items() if sb}
+    return wanted != {t: sb for t, sb in record.standbys.items() if sb}
 
 
 def live_slot_registrations(store: ZkStore) -> dict[str, int]:

@@ -75,7 +75,7 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import AssignmentRecord, StormRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import ConfigError, StreamOpsError, ZooKeeperUnavailableError
-from stream_ops.nimbus.assignment import live_slot_registrations, read_assignment, reassign, spread_topology
+from stream_ops.nimbus.assignment import live_slot_registrations, read_assignment, reassign, spread_topology, standbys_stale
 from stream_ops.scheduler import decide_spread
 
 __all__ = [
@@ -515,7 +515,9 @@ class Monitor:
         self._log_dead(topology_id, dead)
         if not dead and not unassigned:
             self._reported_stuck.pop(topology_id, None)
-            return self._maybe_spread(storm, task_ids, assigned, record, now) if live else None
+            if not live:
+                return None
+            return self._maybe_spread(storm, task_ids, assigned, record, now) or self._maybe_replace_standbys(storm, record, live)
         if not live:
             if self._reported_waiting.get(topology_id) != len(task_ids):
                 logger.warning("topology %s: no live worker; %d tasks wait for one to join", topology_id, len(task_ids))
@@ -563,6 +565,17 @@ class Monitor:
             {t: f"{f or '-'} -> {to}" for t, (f, to) in moved.items()},
         )
         return action
+
+    def _maybe_replace_standbys(self, storm: StormRecord, record: AssignmentRecord, live: set[str]) -> MonitorAction | None:
+        """Re-place standby replicas that are gone (a dead worker's) or missing (a worker joined
+        since), without moving any task: a new assignment epoch with the same tasks."""
+        if not standbys_stale(storm, record, live):
+            return None
+        new_record, new_epoch = reassign(self.store, storm.topology_id)
+        if new_record.tasks != record.tasks or new_record.standbys == record.standbys:
+            return None
+        logger.info("topology %s: standby replicas re-placed at epoch %d: %s", storm.topology_id, new_epoch, new_record.standbys)
+        return MonitorAction(topology_id=storm.topology_id, dead={}, unassigned=(), moved={}, epoch=new_epoch, excluded_slots=())
 
     def _policy(self, storm: StormRecord) -> SpreadPolicy:
         try:

@@ -46,9 +46,14 @@ def submit(
     *,
     workers: int = 2,
     conf: Mapping[str, Any] | None = None,
+    standby_replicas: int = 0,
     clock: Callable[[], float] = time.time,
 ) -> str:
     """Submit ``topology``: store plan/conf/code, create its znodes, assign its tasks.
+
+    ``standby_replicas``: for each stateful task, this many other workers (on other hosts
+    first) keep a warm copy of its store by tailing the state topic, and a failover prefers
+    them, so the new owner replays only the tail (Kafka Streams' ``num.standby.replicas``).
 
     Returns the topology id ``name-<counter>-<unix ts>``.
 
@@ -58,6 +63,8 @@ def submit(
     """
     if workers < 1:
         raise SubmissionError(f"workers must be at least 1, got {workers}")
+    if standby_replicas < 0:
+        raise SubmissionError(f"standby_replicas must be 0 or more, got {standby_replicas}")
     if find_topology_id(store, topology.name, missing_ok=True) is not None:
         raise SubmissionError(f"a topology named {topology.name!r} is already running; kill it first")
     plan = build_plan(topology)
@@ -84,6 +91,8 @@ def submit(
         num_tasks=len(plan.tasks),
         code_sha256=written.code_sha256,
         submission_sha256=written.submission_sha256,
+        standby_replicas=standby_replicas,
+        stateful_tasks=[t.task_id for t in plan.tasks if plan.stage(t.stage).keeps_state],
     )
     _create_nodes(store, plan, layout, storm)
     reassign(store, topology_id, clock=clock)
@@ -99,6 +108,7 @@ def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: Sto
         ZkPaths.owners(topology_id),
         ZkPaths.heartbeats(topology_id),
         ZkPaths.errors(topology_id),
+        ZkPaths.standbys(topology_id),
         ZkPaths.STORMS,
         ZkPaths.ASSIGNMENTS,
         ZkPaths.WORKERS,

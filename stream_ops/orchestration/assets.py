@@ -183,6 +183,7 @@ def topology_assets(
     *,
     topology: Topology,
     workers: int = 2,
+    standby_replicas: int = 0,
     conf: Mapping[str, Any] | None = None,
     translator: StreamOpsTranslator | None = None,
     heartbeat_timeout_s: float = 10.0,
@@ -195,6 +196,7 @@ def topology_assets(
     Args:
         topology: The topology to submit and observe.
         workers: Worker slots to ask for at submission.
+        standby_replicas: Standby replicas of each stateful task (see :func:`~stream_ops.nimbus.submit`).
         conf: Topology configuration stored with the submission.
         translator: Naming of keys and groups; default :class:`StreamOpsTranslator`.
         heartbeat_timeout_s: The checks' heartbeat timeout when executed on demand (use the
@@ -244,6 +246,7 @@ def topology_assets(
             "stream_ops/stages": dg.MetadataValue.int(len(plan.stages)),
             "stream_ops/tasks": dg.MetadataValue.int(len(plan.tasks)),
             "stream_ops/workers": dg.MetadataValue.int(workers),
+            "stream_ops/standby_replicas": dg.MetadataValue.int(standby_replicas),
         },
         op_tags={"stream_ops/topology": topology.name},
     )
@@ -256,7 +259,7 @@ def topology_assets(
         with zookeeper.store() as store:
             existing = find_topology_id(store, topology.name, missing_ok=True)
             if existing is None:
-                topology_id = submit(store, cluster, topology, workers=workers, conf=conf_dict)
+                topology_id = submit(store, cluster, topology, workers=workers, conf=conf_dict, standby_replicas=standby_replicas)
                 context.log.info(f"submitted {topology_id} ({len(plan.tasks)} tasks, {workers} workers wanted)")
                 storm = read_storm(store, topology_id)
                 return dg.MaterializeResult(

@@ -39,6 +39,7 @@ def build_definitions(
     stream_cluster: StreamClusterResource,
     pyspark: PySparkResource | None = None,
     workers: int = 2,
+    standby_replicas: int = 0,
     conf: Mapping[str, Any] | None = None,
     translator: StreamOpsTranslator | None = None,
     heartbeat_timeout_s: float = 10.0,
@@ -77,6 +78,7 @@ def build_definitions(
         stream_cluster: Where the cluster's files live and how Dagster-launched workers run.
         pyspark: The Spark of worker runs; default built from ``stream_cluster``.
         workers: Worker slots each topology asks for at submission.
+        standby_replicas: Standby replicas of each stateful task (see :func:`~stream_ops.nimbus.submit`).
         conf: Topology configuration stored with each submission.
         translator: Naming of keys and groups; default :class:`StreamOpsTranslator`.
         heartbeat_timeout_s: A task is alive if owned and its heartbeat is at most this old.
@@ -117,6 +119,7 @@ def build_definitions(
         topology_assets(
             topology=t,
             workers=workers,
+            standby_replicas=standby_replicas,
             conf=conf,
             translator=translator,
             heartbeat_timeout_s=heartbeat_timeout_s,

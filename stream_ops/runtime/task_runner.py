@@ -285,12 +285,13 @@ class TaskRunner:
                     self.state.restored_keys,
                     time.monotonic() - started,
                 )
-            elif self.state.tail_keys is not None:
+            else:
                 logger.info(
-                    "task %s/%d: local state caught up by the state-topic tail only, %d changed keys in %.3f s",
+                    "task %s/%d: kept the local state store (no rebuild), applied the state-topic tail only: "
+                    "%d changed keys in %.3f s",
                     self.topology_id,
                     self.task.task_id,
-                    self.state.tail_keys,
+                    self.state.tail_keys or 0,
                     time.monotonic() - started,
                 )
         self.processor = make_processor(stage, self.state.store if self.state else None, self.clock())

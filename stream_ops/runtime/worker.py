@@ -53,6 +53,7 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.process_limits import raise_open_files_limit
 from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
+from stream_ops.runtime.standby import StandbyPool, StandbyTarget
 from stream_ops.runtime.task_failures import (
     FailurePolicy,
     FailureTracker,
@@ -66,6 +67,7 @@ from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
 from stream_ops.spark.session import create_spark_session
 from stream_ops.state.auto_snapshot import SnapshotPolicy
+from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -168,6 +170,8 @@ class Worker:
         self.store: ZkStore | None = None
         self.spark: SparkSession | None = None
         self._server: QueryServer | None = None
+        self._standbys: StandbyPool | None = None
+        self._standby_targets: dict[tuple[str, int], StandbyTarget] = {}
 
     # --- session state machine ---------------------------------------------------------------
 
@@ -209,6 +213,11 @@ class Worker:
             # large state), and the tasks already running must keep beating meanwhile.
             beats = threading.Thread(target=self._heartbeat_loop, args=(stop,), name="stream-ops-heartbeat", daemon=True)
             beats.start()
+            # Standby replicas catch up on their own thread: a first rebuild can take long.
+            self._standbys = StandbyPool(self.store, self.worker_id, interval_s=self.settings.heartbeat_interval_s, clock=self.clock)
+            threading.Thread(
+                target=self._standbys.run, args=(stop, self._connected), name="stream-ops-standbys", daemon=True
+            ).start()
             while not stop.is_set():
                 self._changed.wait(self.settings.poll_interval_s)
                 self._changed.clear()
@@ -342,14 +351,36 @@ class Worker:
         if assignment is None:
             return {}
         record = assignment[0]
+        for task_id, standbys in record.standbys.items():
+            if self.worker_id in standbys and record.tasks.get(task_id) != self.worker_id:
+                self._want_standby((topology_id, int(task_id)), storm)
         return {
             (topology_id, int(task_id)): _Desired(storm, record.start_times.get(int(task_id)))
             for task_id, worker_id in record.tasks.items()
             if worker_id == self.worker_id
         }
 
+    def _want_standby(self, key: tuple[str, int], storm: StormRecord) -> None:
+        """Note that this worker keeps a standby replica of ``key``'s store (see :mod:`.standby`)."""
+        try:
+            plan = self._plan(storm)
+            task = plan.task(key[1])
+            stage = plan.stage(task.stage)
+            layout = TopologyLayout(self.cluster, key[0])
+            self._standby_targets[key] = StandbyTarget(
+                store_dir=layout.local_store_dir(self.worker_id, key[1]),
+                queue=StateTopicQueue(layout.state_topic(stage), task.queue),
+                snapshot_dir=layout.snapshot_dir(stage, task.queue),
+            )
+        except StreamOpsError as e:
+            if self._may_log(("standby", key)):
+                logger.warning("standby of task %s/%d not kept: %s", key[0], key[1], e)
+
     def _reconcile(self) -> None:
+        self._standby_targets = {}
         desired = self._desired()
+        if self._standbys is not None:
+            self._standbys.update(self._standby_targets)
         now = time.monotonic()
         for key, runner in list(self._runners.items()):
             if key not in desired:
@@ -484,6 +515,8 @@ class Worker:
         """Start ``key``; any error of its plan, code or state marks it failed, never the worker."""
         assert self.store is not None and self.spark is not None
         topology_id, task_id = key
+        if self._standbys is not None:
+            self._standbys.release(key)  # its warm store is the task's now
         try:
             plan = self._plan(storm)
             runner = TaskRunner(
@@ -592,6 +625,8 @@ class Worker:
             )
         if self._server is not None:
             self._server.stop()
+        if self._standbys is not None:
+            self._standbys.close(wait_s=max(0.1, deadline - time.monotonic()))
         if self.spark is not None and self._owns_spark and not left:
             self.spark.stop()
         if self.store is not None:
