@@ -1,8 +1,11 @@
 """Failover time of a keyed task after a worker is SIGKILLed (or SIGTERMed), split into phases, per state size.
 
-``--signals kill,term`` runs each size twice: after a SIGKILL detection waits for the dead
-worker's session to expire; after a SIGTERM the worker releases its tasks as it stops, so the
-failover is bounded by the new owner's start.
+``--signals kill,standby,term`` runs each size three times: after a SIGKILL detection waits
+for the dead worker's session to expire and the new owner rebuilds the state (snapshot + tail,
+or the whole state topic); ``standby`` is a SIGKILL of a topology submitted with
+``standby_replicas=1``, so the other worker kept a warm copy of the keyed task's store and the
+new owner applies only the state-topic tail since its last sync; after a SIGTERM the worker
+releases its tasks as it stops, so the failover is bounded by the new owner's start.
 
 For each state size (``--sizes``, default 10k and 1M keys) a fresh local stack runs: an
 embedded ZooKeeper, two ``stream-ops worker`` processes and the leader-elected nimbus monitor
@@ -71,6 +74,9 @@ from stream_ops.topics.producer import produce
 from stream_ops.topology.plan import build_plan
 
 REBUILT_RE = re.compile(r"task (\S+)/(\d+): state rebuilt from the state topic, (\d+) keys in ([\d.]+) s")
+TAIL_RE = re.compile(
+    r"task (\S+)/(\d+): kept the local state store \(no rebuild\), applied the state-topic tail only: (\d+) changed keys in ([\d.]+) s"
+)
 RUNNING_RE = re.compile(r"task (\S+)/(\d+) running on (\S+) \(epoch (\d+)\)")
 OWNS_RE = re.compile(r"owns task (\S+)/(\d+), epoch")
 STORE_RE = re.compile(r"(rebuilding state store|rebuilt state store) \S*/([^/\s]+)/task-(\d+)")
@@ -270,6 +276,12 @@ def parse_worker_log(path: Path, topology_id: str, since: float) -> dict[int, di
         if m and m.group(1) == topology_id:
             found.setdefault(int(m.group(2)), {}).update(rebuilt_keys=int(m.group(3)), rebuilt_s=float(m.group(4)), rebuilt_at=t)
             continue
+        m = TAIL_RE.search(line)
+        if m and m.group(1) == topology_id:
+            found.setdefault(int(m.group(2)), {}).update(
+                rebuilt_keys=int(m.group(3)), rebuilt_s=float(m.group(4)), rebuilt_at=t, tail_only=True
+            )
+            continue
         m = RUNNING_RE.search(line)
         if m and m.group(1) == topology_id:
             found.setdefault(int(m.group(2)), {}).update(running_epoch=int(m.group(4)), running_at=t)
@@ -317,6 +329,7 @@ class TaskFailover:
     committed: float | None = None
     rebuilt_keys: int | None = None
     rebuilt_s: float | None = None
+    tail_only: bool = False  # the new owner kept a standby's store and applied the tail
     read_s: float | None = None  # owner acquired -> state-topic files read and decoded (new owner's log)
     restore_s: float | None = None  # -> keys written to RocksDB
 
@@ -377,8 +390,24 @@ def dir_size(path: Path) -> tuple[int, int]:
     return files, size
 
 
+def wait_standby_current(store: ZkStore, topology_id: str, task_id: int, timeout_s: float) -> str:
+    """Wait until a standby of ``task_id`` has applied the task's committed txid; says how it went."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        tx = store.get_json(ZkPaths.transactional_task(topology_id, task_id))
+        committed = tx[0]["committed_txid"] if tx else -1
+        for worker in store.children(ZkPaths.task_standbys(topology_id, task_id)):
+            found = store.get_json(ZkPaths.standby(topology_id, task_id, worker))
+            if found and found[0]["applied_txid"] >= committed >= 0:
+                return f"standby on {worker} at txid {found[0]['applied_txid']} (committed {committed}, {found[0]['keys']} keys)"
+        time.sleep(0.2)
+    return f"no standby of task {task_id} caught up within {timeout_s:.0f} s"
+
+
 def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_name: str = "kill") -> RunResult:
     result = RunResult(keys=keys, signal=signal_name)
+    standby = signal_name == "standby"
+    signal_name = "kill" if standby else signal_name
     result.load.append(loadavg())
     home = Path(tempfile.mkdtemp(prefix=f"failover-{keys}-", dir=args.tmp))
     worker_args = [
@@ -410,7 +439,7 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
             plan = build_plan(topology)
             keyed_tasks = {t.task_id for t in plan.tasks if plan.stage(t.stage).kind == "keyed"}
             topic: FileTopic = topology.chains[0].source.topic
-            topology_id = submit(store, stack.cluster, topology, workers=2)
+            topology_id = submit(store, stack.cluster, topology, workers=2, standby_replicas=1 if standby else 0)
             task_ids = [t.task_id for t in plan.tasks]
             recorder = Recorder(store)
             recorder.watch_data(ZkPaths.assignment(topology_id))
@@ -484,6 +513,8 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
             survivor = next(w for w in stack.worker_processes if w is not victim)
             result.killed, result.survivor = victim.worker_id, survivor.worker_id
             moved = [t for t in status.tasks if t.assigned_to == victim.worker_id]
+            if standby:
+                result.notes.append(wait_standby_current(store, topology_id, min(keyed_tasks), args.build_timeout))
             trickle = Trickle(topic, args.trickle_interval, args.trickle_words)
             trickle.start()
             time.sleep(args.trickle_lead)
@@ -558,6 +589,7 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
                 if task_id in keyed_tasks:
                     row.rebuilt_keys = info.get("rebuilt_keys")
                     row.rebuilt_s = info.get("rebuilt_s")
+                    row.tail_only = bool(info.get("tail_only"))
                     if "owns_at" in info and "read_done_at" in info:
                         row.read_s = info["read_done_at"] - info["owns_at"]
                         if "restored_at" in info:
@@ -596,7 +628,7 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
             events = [(ts, f"+{ts - t_kill:6.2f}s nimbus: {msg[:220]}") for ts, msg in nimbus_log.records if ts >= t_kill]
             pattern = (
                 r"owns task|opened state store|state-topic files|rebuilding state store|rebuilt state store|"
-                r"state rebuilt|running on|WARNING|ERROR|waiting for its owner"
+                r"state rebuilt|state-topic tail|running on|WARNING|ERROR|waiting for its owner"
             )
             for line in log_lines_after(survivor.log, t_kill, pattern, 20):
                 t = log_time(line)
@@ -695,6 +727,8 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     for r in results:
         if r.signal == "term":
             print(f"{r.keys:>9}  after a SIGTERM (tasks released by the stopping worker, no session expiry):")
+        elif r.signal == "standby":
+            print(f"{r.keys:>9}  after a SIGKILL, with a standby replica of the keyed task ('3 replay' = its tail):")
         for t in r.tasks:
             total = t.committed
             query_up = None if t.running is None or t.acquired is None else t.running - t.acquired
@@ -712,7 +746,8 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
                 )
         worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
         print(
-            f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the SIG{r.signal.upper()} "
+            f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the "
+            f"{'SIGKILL (standby)' if r.signal == 'standby' else 'SIG' + r.signal.upper()} "
             f"(max over tasks); verification: {r.verify}"
         )
     print()
@@ -724,11 +759,19 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     for r in results:
         if r.events or r.notes:
             print()
-            print(f"-- {r.keys} keys, SIG{r.signal.upper()}: events after it ({r.killed} stopped, survivor {r.survivor}) --")
+            print(f"-- {r.keys} keys, {r.signal}: events after it ({r.killed} stopped, survivor {r.survivor}) --")
             for line in r.events:
                 print(line)
             for note in r.notes:
                 print(f"note: {note}")
+    print()
+    print("-- targets (SIGKILL/SIGTERM -> first commit elsewhere, at 1M keys; other sizes shown against the same) --")
+    targets = {"standby": 6.0, "kill": 8.0, "term": 1.0}
+    for r in results:
+        worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
+        target = targets.get(r.signal)
+        verdict = "-" if worst is None or target is None else ("PASS" if worst <= target else "MISS")
+        print(f"{r.keys:>9} keys  {r.signal:<8} {fmt(worst):>6} s  target <= {target} s: {verdict}")
     print()
     print(f"benchmark wall time {total_s:.0f} s")
 
@@ -760,7 +803,11 @@ def main() -> None:
     parser.add_argument("--build-timeout", type=float, default=900.0)
     parser.add_argument("--failover-timeout", type=float, default=300.0)
     parser.add_argument("--tmp", default=None, help="parent of the stack's home directory")
-    parser.add_argument("--signals", default="kill,term", help="kill (SIGKILL) and/or term (SIGTERM), comma-separated")
+    parser.add_argument(
+        "--signals",
+        default="kill,standby,term",
+        help="kill (SIGKILL), standby (SIGKILL with a standby replica) and/or term (SIGTERM), comma-separated",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the home directories (logs, topics)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -607,6 +607,12 @@ class Worker:
         a SIGKILL."""
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         wait_s = max(0.5, self.settings.shutdown_timeout_s - 1.0)
+        if self.store is not None and self._runners:
+            # Leave the slot first: the nimbus reassigns our tasks at once, and their new owners
+            # take each one the moment we release it below, instead of after our exit.
+            leaver = threading.Thread(target=self._unregister, name="stream-ops-unregister", daemon=True)
+            leaver.start()
+            leaver.join(min(1.0, self.settings.shutdown_timeout_s / 4))
         stoppers = [
             threading.Thread(target=self._stop_quietly, args=(key, wait_s), name=f"stop-{key[0]}-{key[1]}", daemon=True)
             for key in list(self._runners)
@@ -642,12 +648,17 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - keep shutting the rest down
             logger.warning("stopping task %s: %s", key, e)
 
-    def _close_store(self) -> None:
-        """Delete our worker node and end the session (bounded by the caller's join)."""
+    def _unregister(self) -> None:
+        """Delete our ``/workers`` node, if we still can (the slot is going away)."""
         assert self.store is not None
         if self.store.connected:
             try:
                 self.store.delete(ZkPaths.worker(self.worker_id))
             except CoordinationError:
                 pass
+
+    def _close_store(self) -> None:
+        """Delete our worker node and end the session (bounded by the caller's join)."""
+        assert self.store is not None
+        self._unregister()
         self.store.close()
