@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import duckdb
+from e2e_helpers import read_parquet, wait_for
 
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.s4_parity import build_s4_parity
@@ -20,27 +20,12 @@ from stream_ops.topics.producer import produce
 CARDS = [f"c{i}" for i in range(8)]
 
 
-def _read(path: Path, columns: str) -> list[tuple]:
-    if not path.exists() or not list(path.rglob("*.parquet")):
-        return []
-    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
-
-
 def _latest_summaries(root: Path) -> dict[str, tuple[int, int]]:
     """Per card: (payments, limit) of its most advanced summary."""
     latest: dict[str, tuple[int, int]] = {}
-    for card, payments, limit in _read(root / "card_summaries", 'card, payments, "limit"'):
+    for card, payments, limit in read_parquet(root / "card_summaries", 'card, payments, "limit"'):
         latest[card] = max(latest.get(card, (0, 0)), (payments, limit), key=lambda p: (p[0], -p[1]))
     return latest
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def test_broadcast_named_outputs_and_a_singleton_survive_a_worker_sigkill(tmp_path):
@@ -57,9 +42,9 @@ def test_broadcast_named_outputs_and_a_singleton_survive_a_worker_sigkill(tmp_pa
         payments_topic, limits_topic = (c.source.topic for c in topology.chains)
 
         produce(payments_topic, [{"card": c, "amount": 1} for c in CARDS for _ in range(2)])
-        _wait(lambda: _latest_summaries(root) == {c: (2, 3) for c in CARDS}, 120, "every card's instance with 2 payments")
+        wait_for(lambda: _latest_summaries(root) == {c: (2, 3) for c in CARDS}, 120, "every card's instance with 2 payments")
         produce(limits_topic, [{"limit": 1}])  # no key: reaches every card's instance, on both tasks
-        _wait(lambda: _latest_summaries(root) == {c: (2, 1) for c in CARDS}, 60, "the new limit on every instance")
+        wait_for(lambda: _latest_summaries(root) == {c: (2, 1) for c in CARDS}, 60, "the new limit on every instance")
 
         for i in range(2):  # payments 3 and 4 of each card: two alerts per card
             produce(payments_topic, [{"card": c, "amount": 10} for c in CARDS])
@@ -71,6 +56,6 @@ def test_broadcast_named_outputs_and_a_singleton_survive_a_worker_sigkill(tmp_pa
             time.sleep(0.5)
         stack.wait_for_workers(2)
         expected = sorted((c, n, 1) for c in CARDS for n in (3, 4))
-        _wait(lambda: len(_read(root / "alert_totals", "*")) >= len(expected), 150, "every alert counted")
+        wait_for(lambda: len(read_parquet(root / "alert_totals", "*")) >= len(expected), 150, "every alert counted")
         time.sleep(2.0)  # nothing more may come: an alert counted twice would show now
-        assert _read(root / "alert_totals", "alerts") == [(n,) for n in range(1, len(expected) + 1)]
+        assert read_parquet(root / "alert_totals", "alerts") == [(n,) for n in range(1, len(expected) + 1)]

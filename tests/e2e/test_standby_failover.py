@@ -5,7 +5,8 @@ apply the state-topic tail only (their logs say so, and none rebuilt), and count
 from __future__ import annotations
 
 import threading
-import time
+
+from e2e_helpers import feed_sentences, wait_for
 
 from stream_ops.coordination.cluster_state import read_assignment
 from stream_ops.coordination.paths import ZkPaths
@@ -14,26 +15,6 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
-from stream_ops.topics.producer import produce
-
-
-def _feed(topic, batches, sent, stop):
-    for batch in batches:
-        if stop.is_set():
-            return
-        produce(topic, ({"sentence": s} for s in batch))
-        sent.extend(batch)
-        time.sleep(0.15)
-
-
-def _wait(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(tmp_path):
@@ -51,7 +32,7 @@ def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(t
         batches = [list(SAMPLE_SENTENCES)[i % 8 :] + [f"unique{i} how"] for i in range(200)]  # ~30 s of input
         sent: list[str] = []
         stop = threading.Event()
-        feeder = threading.Thread(target=_feed, args=(topology.chains[0].source.topic, batches, sent, stop))
+        feeder = threading.Thread(target=feed_sentences, args=(topology.chains[0].source.topic, batches, sent, stop))
         feeder.start()
 
         def warm_standbys():
@@ -64,7 +45,7 @@ def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(t
                         warm[task] = worker
             return (record, warm) if len(warm) == len(keyed) else None
 
-        record, standby_of = _wait(warm_standbys, 90, "a warm standby of every keyed task")
+        record, standby_of = wait_for(warm_standbys, 90, "a warm standby of every keyed task")
         assert all(standby_of[t] != record.tasks[t] for t in keyed)
         victim_id = record.tasks[keyed[0]]
         moving = [t for t in keyed if record.tasks[t] == victim_id]
@@ -75,7 +56,7 @@ def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(t
             now = read_assignment(store, topology_id)[0]
             return now if all(now.tasks[t] != victim_id for t in moving) else None
 
-        after = _wait(moved, 60, "the killed worker's tasks to move")
+        after = wait_for(moved, 60, "the killed worker's tasks to move")
         feeder.join()
         wait_for_counts(store, "wc-standby", "words", expected_word_counts(sent), timeout_s=120)
         for task in moving:

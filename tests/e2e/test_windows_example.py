@@ -8,9 +8,8 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from pathlib import Path
 
-import duckdb
+from e2e_helpers import read_parquet, wait_for
 
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.windows import build_windows
@@ -52,21 +51,6 @@ def _expected_pairs(views: list[dict], clicks: list[dict]) -> list[tuple]:
     return sorted(pairs)
 
 
-def _read(path: Path, columns: str) -> list[tuple]:
-    if not path.exists() or not list(path.rglob("*.parquet")):
-        return []
-    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def test_windows_survive_a_worker_sigkill_and_emit_each_window_once(tmp_path):
     home = tmp_path / "home"
     root = home / "input" / "windows"
@@ -100,22 +84,22 @@ def test_windows_survive_a_worker_sigkill_and_emit_each_window_once(tmp_path):
             tasks = describe_topology(store, topology_id).tasks
             return all(t.committed_txid >= 0 and not t.has_lag for t in tasks if t.stage_name in ("clicks", "views"))
 
-        _wait(sources_caught_up, 150, "the source tasks to read every record")
+        wait_for(sources_caught_up, 150, "the source tasks to read every record")
         time.sleep(2.0)  # a heartbeat later, still caught up: every record is in the shuffle
-        _wait(sources_caught_up, 30, "the source tasks to stay caught up")
+        wait_for(sources_caught_up, 30, "the source tasks to stay caught up")
         produce(clicks_topic, [{"user": u, "page": PAGES[0], "ts": CLOSE} for u in USERS])
         produce(views_topic, [{"page": p, "ts": CLOSE} for p in PAGES])
 
         counts = root / "clicks_per_user"
         expected_counts = _expected_counts(clicks)
-        _wait(lambda: len(_read(counts, "*")) >= len(expected_counts), 120, "every window of the data to close")
+        wait_for(lambda: len(read_parquet(counts, "*")) >= len(expected_counts), 120, "every window of the data to close")
         time.sleep(2.0)  # nothing more may come: a window written twice would show now
-        assert _read(counts, "user, clicks, window_start, window_end") == expected_counts
+        assert read_parquet(counts, "user, clicks, window_start, window_end") == expected_counts
         expected_pairs = _expected_pairs(views, clicks)
-        _wait(lambda: len(_read(root / "view_clicks", "*")) >= len(expected_pairs), 60, "the join's windows")
-        assert _read(root / "view_clicks", 'page, "views:ts", "clicks:user", "clicks:ts"') == expected_pairs
+        wait_for(lambda: len(read_parquet(root / "view_clicks", "*")) >= len(expected_pairs), 60, "the join's windows")
+        assert read_parquet(root / "view_clicks", 'page, "views:ts", "clicks:user", "clicks:ts"') == expected_pairs
 
         produce(clicks_topic, [{"user": USERS[0], "page": PAGES[1], "ts": T0 + 1.0}])  # its window closed long ago
-        _wait(lambda: _read(root / "late_clicks", "user, ts") != [], 60, "the late click in the late stream")
-        assert _read(root / "late_clicks", "user, page, ts") == [(USERS[0], PAGES[1], T0 + 1.0)]
-        assert _read(counts, "user, clicks, window_start, window_end") == expected_counts
+        wait_for(lambda: read_parquet(root / "late_clicks", "user, ts") != [], 60, "the late click in the late stream")
+        assert read_parquet(root / "late_clicks", "user, page, ts") == [(USERS[0], PAGES[1], T0 + 1.0)]
+        assert read_parquet(counts, "user, clicks, window_start, window_end") == expected_counts

@@ -5,21 +5,13 @@ from __future__ import annotations
 import threading
 import time
 
+from e2e_helpers import feed_sentences
+
 from stream_ops import OpaqueMapState, TransactionalMapState
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
-from stream_ops.topics.producer import produce
-
-
-def _feed(topic, batches, sent, stop):
-    for batch in batches:
-        if stop.is_set():
-            return
-        produce(topic, ({"sentence": s} for s in batch))
-        sent.extend(batch)
-        time.sleep(0.15)
 
 
 def test_sigkill_and_restart_on_the_same_slot_loses_and_doubles_nothing(tmp_path):
@@ -39,8 +31,8 @@ def test_sigkill_and_restart_on_the_same_slot_loses_and_doubles_nothing(tmp_path
         sent = {"o": [], "t": []}
         stop = threading.Event()
         feeders = [
-            threading.Thread(target=_feed, args=(opaque.chains[0].source.topic, batches, sent["o"], stop)),
-            threading.Thread(target=_feed, args=(transactional.chains[0].source.topic, batches, sent["t"], stop)),
+            threading.Thread(target=feed_sentences, args=(opaque.chains[0].source.topic, batches, sent["o"], stop)),
+            threading.Thread(target=feed_sentences, args=(transactional.chains[0].source.topic, batches, sent["t"], stop)),
         ]
         for f in feeders:
             f.start()

@@ -1,0 +1,43 @@
+"""Small helpers the end-to-end tests share: feeding sentences, waiting, reading Parquet sinks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+
+from stream_ops.topics.producer import produce
+
+T = TypeVar("T")
+
+
+def feed_sentences(topic: Any, batches: list[list[str]], sent: list[str], stop: threading.Event, pause_s: float = 0.15) -> None:
+    """Produce each batch of sentences to ``topic`` (a FileTopic), recording what was sent."""
+    for batch in batches:
+        if stop.is_set():
+            return
+        produce(topic, ({"sentence": s} for s in batch))
+        sent.extend(batch)
+        time.sleep(pause_s)
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def read_parquet(path: Path, columns: str) -> list[tuple]:
+    """The sorted rows of ``columns`` of every Parquet file under ``path`` (a sink), or []."""
+    if not path.exists() or not list(path.rglob("*.parquet")):
+        return []
+    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
