@@ -202,3 +202,15 @@ class SourceError(StreamOpsError):
 class LockTimeoutError(CoordinationError, TransientError):
     """A ZooKeeper lock was not acquired within its timeout: another process holds it (or the
     connection was lost meanwhile). Nothing was done under it; try again later."""
+
+
+# --- kafka -----------------------------------------------------------------------------
+
+
+class KafkaJarsError(StreamOpsError):
+    """The Kafka jars (the embedded broker's classpath, Spark's Kafka connector) could not be
+    fetched with Maven; the message says why (Maven missing, a repository not reachable)."""
+
+
+class KafkaServerError(StreamOpsError):
+    """The embedded Kafka broker could not be formatted, started or reached."""

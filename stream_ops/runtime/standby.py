@@ -75,7 +75,12 @@ class StandbyReplica:
             RocksDBBackingMap.destroy(self.target.store_dir)
             store = self._open()
             rebuild_store(
-                store, self.target.queue, committed_txid, committed_epoch, snapshot_dir=self.target.snapshot_dir, require_complete=True
+                store,
+                self.target.queue,
+                committed_txid,
+                committed_epoch,
+                snapshot_dir=self.target.snapshot_dir,
+                require_complete=True,
             )
             how = "rebuilt"
         return StandbyProgress(committed_txid, committed_epoch, store.count_keys(), how)

@@ -85,4 +85,6 @@ def open_task_state(
                 store, queue_log, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
             )
     map_state = MAP_STATES[kind](store) if kind is not None else None
-    return TaskState(store=store, map_state=map_state, state_topic=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail)
+    return TaskState(
+        store=store, map_state=map_state, state_topic=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail
+    )

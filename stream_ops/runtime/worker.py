@@ -214,7 +214,9 @@ class Worker:
             beats = threading.Thread(target=self._heartbeat_loop, args=(stop,), name="stream-ops-heartbeat", daemon=True)
             beats.start()
             # Standby replicas catch up on their own thread: a first rebuild can take long.
-            self._standbys = StandbyPool(self.store, self.worker_id, interval_s=self.settings.heartbeat_interval_s, clock=self.clock)
+            self._standbys = StandbyPool(
+                self.store, self.worker_id, interval_s=self.settings.heartbeat_interval_s, clock=self.clock
+            )
             threading.Thread(
                 target=self._standbys.run, args=(stop, self._connected), name="stream-ops-standbys", daemon=True
             ).start()

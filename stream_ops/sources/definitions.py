@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.sources.base import SchemaArg, SourceDefinition, SourceSpec, schema_fields, source_kind
 from stream_ops.sources.file_topic_source import file_topic_spec
+from stream_ops.sources.kafka_source import kafka_spec
 from stream_ops.sources.landed_files import landed_files_spec
 from stream_ops.sources.rate import RATE_FIELDS, rate_spec
 from stream_ops.topics.file_topic import FileTopic
@@ -116,13 +118,65 @@ class RateSource:
         return rate_spec(self.rows_per_second, self.num_partitions)
 
 
+@dataclass(frozen=True)
+class KafkaTopic:
+    """A Kafka topic, one task per partition (see :mod:`stream_ops.sources.kafka_source`).
+
+    Workers need Spark's Kafka connector: give them ``spark.jars`` from
+    :func:`stream_ops.kafka.jars.spark_jars_conf` (``stream-ops worker --spark-conf spark.jars=...``).
+
+    Attributes:
+        bootstrap: ``host:port[,...]`` of the brokers, as the workers reach them.
+        topic: the topic.
+        format: ``"json"``: each value is a JSON object of ``schema``'s fields (a value that
+            does not parse is a dead letter); ``"raw"``: the value as the string field ``value``.
+        starting_offsets: where a new task starts reading: ``"earliest"``, ``"latest"`` or
+            ``{"timestamp": epoch_ms}`` (the first record at or after it).
+        schema: field -> Spark type of the JSON values (or ``schema=`` of ``topology.source``).
+        partitions: the topic's partition count, one task each; None reads it from the brokers
+            at definition time.
+        encoding: how the key, a raw value and header values become strings: ``"utf8"`` or
+            ``"base64"``.
+        fail_on_data_loss: fail the task when unread records are gone (retention, a deleted
+            topic) instead of skipping them (Spark's ``failOnDataLoss``).
+        max_offsets_per_trigger: at most this many records per batch; None: all available.
+
+    Besides its own fields, every record has ``kafka_key``, ``kafka_partition``,
+    ``kafka_offset``, ``kafka_timestamp`` (epoch ms) and ``kafka_headers``.
+    """
+
+    bootstrap: str
+    topic: str
+    format: str = "json"
+    starting_offsets: str | Mapping[str, int] = "earliest"
+    schema: SchemaArg | None = None
+    partitions: int | None = None
+    encoding: str = "utf8"
+    fail_on_data_loss: bool = True
+    max_offsets_per_trigger: int | None = None
+
+    def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
+        """The plan's spec; ``schema`` is ``topology.source``'s ``schema=``."""
+        return kafka_spec(
+            self.bootstrap,
+            self.topic,
+            format=self.format,
+            schema=_one_schema(self.schema, schema, repr(self)),
+            starting_offsets=self.starting_offsets,
+            partitions=self.partitions,
+            encoding=self.encoding,
+            fail_on_data_loss=self.fail_on_data_loss,
+            max_offsets_per_trigger=self.max_offsets_per_trigger,
+        )
+
+
 def source_spec(source: object, schema: SchemaArg | None = None) -> SourceSpec:
     """The plan's spec of what a user passed to ``topology.source``.
 
     Args:
         source: a :class:`~stream_ops.topics.file_topic.FileTopic` (JSON lines, one task per
             queue), :class:`ParquetFiles`, :class:`CsvFiles`, :class:`JsonFiles`,
-            :class:`RateSource`, or any object with a ``to_source_spec(schema)`` method.
+            :class:`RateSource`, :class:`KafkaTopic`, or any object with a ``to_source_spec(schema)`` method.
         schema: field -> Spark type, or a list of string field names. Required for a
             FileTopic; optional for landed files (inferred from them when left out).
 
@@ -142,7 +196,7 @@ def source_spec(source: object, schema: SchemaArg | None = None) -> SourceSpec:
             raise TopologyDefinitionError(f"{source!r}: {e}") from e
     else:
         raise TopologyDefinitionError(
-            "a source must be a FileTopic, ParquetFiles, CsvFiles, JsonFiles or RateSource "
+            "a source must be a FileTopic, ParquetFiles, CsvFiles, JsonFiles, RateSource or KafkaTopic "
             f"(or have a to_source_spec(schema) method), got {type(source).__name__}"
         )
     source_kind(spec.kind)

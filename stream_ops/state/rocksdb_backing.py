@@ -304,7 +304,9 @@ class RocksDBBackingMap:
                 raise StateError(f"state store {self._path} has pending writes; flush or discard them before applying a tail")
             marker = self.applied_marker()
             if marker is not None and txid <= marker[0]:
-                raise TxidOrderError(f"state store {self._path} is at txid {marker[0]}; a tail up to txid {txid} does not move it")
+                raise TxidOrderError(
+                    f"state store {self._path} is at txid {marker[0]}; a tail up to txid {txid} does not move it"
+                )
             batch = WriteBatch(raw_mode=True)
             count = 0
             for key, value in pairs:
