@@ -43,6 +43,7 @@ from stream_ops.coordination.election import LeaderElection, election_contenders
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.session import ConnectionState
 from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.watches import watch_children
 from stream_ops.errors import CoordinationError, StreamOpsError, TransientError
 from stream_ops.nimbus.monitor import Monitor, MonitorAction
 
@@ -108,6 +109,8 @@ class _Nimbus:
         self._lost_count = 0
         self._mu = threading.Lock()
         self._election: LeaderElection | None = None
+        self._workers_changed = threading.Event()
+        self._watching_workers = False
 
     # --- session listener (the ZooKeeper client's thread: flags only) -----------------------
 
@@ -124,6 +127,7 @@ class _Nimbus:
 
     def cancel(self) -> None:
         """Stop contending (``stop`` must be set already)."""
+        self._workers_changed.set()  # end the leader loop's wait now
         with self._mu:
             if self._election is not None:
                 self._election.cancel()
@@ -180,6 +184,12 @@ class _Nimbus:
         logger.info("nimbus %s is the leader", self.identifier)
         self._notify_leadership(True)
         monitor = Monitor(self.store, task_timeout_s=self.task_timeout_s, launch_grace_s=self.launch_grace_s, clock=self.clock)
+        if not self._watching_workers:
+            # A worker leaving (a clean stop deletes its node first) or joining is acted on at
+            # once instead of at the next tick.
+            self.store.ensure_path(ZkPaths.WORKERS)
+            watch_children(self.store, ZkPaths.WORKERS, lambda _children: self._workers_changed.set())
+            self._watching_workers = True
         paused = False
         try:
             while not self.stop.is_set():
@@ -202,7 +212,8 @@ class _Nimbus:
                     return
                 if holds is not None:
                     self._tick(monitor)
-                self.stop.wait(self.interval_s)
+                if self._workers_changed.wait(self.interval_s):
+                    self._workers_changed.clear()
         finally:
             logger.info("nimbus %s stepped down", self.identifier)
             self._notify_leadership(False)

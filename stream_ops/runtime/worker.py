@@ -238,6 +238,7 @@ class Worker:
 
     def _give_up_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
+        self._changed.set()  # wake the main loop now, not at its next poll: the shutdown starts at once
         if self.store is not None:
             self.store.stop_waiting()
 
