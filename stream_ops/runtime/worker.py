@@ -171,6 +171,7 @@ class Worker:
         self.spark: SparkSession | None = None
         self._server: QueryServer | None = None
         self._standbys: StandbyPool | None = None
+        self._owner_watches: set[tuple[str, int]] = set()
         self._standby_targets: dict[tuple[str, int], StandbyTarget] = {}
 
     # --- session state machine ---------------------------------------------------------------
@@ -543,6 +544,7 @@ class Worker:
         except TaskBusyError as e:
             if self._may_log(key):
                 logger.info("%s; waiting for its owner to go", e)
+            self._watch_owner(key)
             return
         except (TransientError, OwnershipLostError) as e:
             # ZooKeeper trouble or a takeover, not the task's fault: tried again on the next loop.
@@ -557,6 +559,21 @@ class Worker:
         self._failures.started(key, now=time.monotonic())
         self._runners[key] = runner
         logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, runner.ownership.epoch)  # type: ignore[union-attr]
+
+    def _watch_owner(self, key: tuple[str, int]) -> None:
+        """Wake the main loop the moment ``key``'s current owner releases it (one watch per task)."""
+        if self.store is None or key in self._owner_watches:
+            return
+        self._owner_watches.add(key)
+
+        def on_owner(data: bytes | None, stat: ZnodeStat | None) -> bool | None:
+            if data is None:
+                self._owner_watches.discard(key)
+                self._changed.set()
+                return False
+            return None
+
+        watch_data(self.store, ZkPaths.owner(*key), on_owner)
 
     def _stop_runner(self, key: tuple[str, int], *, release_ownership: bool = True, wait_s: float | None = None) -> None:
         runner = self._runners.pop(key, None)
