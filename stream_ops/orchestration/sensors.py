@@ -1,8 +1,10 @@
 """The heartbeat sensor, and the run-failure sensor that relaunches worker runs.
 
 Heartbeat sensor. Each tick opens one ZooKeeper session through the ``zookeeper`` resource,
-finds the live submission of each configured topology name, reads
-:func:`~stream_ops.nimbus.status.describe_topology` and records
+finds the live submission of each configured topology name, reads each topology's status
+(:func:`~stream_ops.nimbus.status.describe_topology`'s, read for up to 16 topologies at a time
+with :func:`~stream_ops.nimbus.status.read_topologies`: batched multiRead requests, not one
+read per znode; ~0.1 s per tick at 1,000 tasks, ~1 s at 10,000, ``bench/sensor.py``) and records
 
 * one :class:`dagster.AssetObservation` per stage (:func:`observe_topology`), and
 * the ``heartbeat_freshness`` and ``txid_progress`` check evaluations of every stage
@@ -56,13 +58,14 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from stream_ops.config import SpreadPolicy
-from stream_ops.coordination.records import WorkerRecord
-from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import StormRecord, WorkerRecord
+from stream_ops.coordination.store import ZkStore, decode_json
 from stream_ops.errors import ConfigError, CoordinationError, StreamOpsError, TopologyNotFoundError
 from stream_ops.nimbus.assignment import live_slot_registrations, live_workers
 from stream_ops.nimbus.monitor import HeartbeatTracker, SlotTracker
-from stream_ops.nimbus.status import TopologyStatus, describe_topology
-from stream_ops.nimbus.submission import find_topology_id, list_topologies, read_storm
+from stream_ops.nimbus.status import TopologyReads, TopologyStatus, describe_topology, read_topologies
+from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
@@ -272,6 +275,7 @@ def observe_tick(
     if slots is not None:
         new_cursor = new_cursor.model_copy(update={"slots": slots.export()})
     live_ids = _live_submissions(store, log)
+    reads = _ReadAhead(store, order, live_ids)
     for index, name in enumerate(order):
         if clock() - started >= tick_budget_s:
             deferred.extend(order[index:])
@@ -286,7 +290,7 @@ def observe_tick(
             topology_id = live_ids.get(name) if live_ids is not None else find_topology_id(store, name, missing_ok=True)
             if topology_id and previous is not None and previous.topology_id == topology_id:
                 tracker.import_beats(topology_id, previous.heartbeats)
-            status = describe_topology(store, topology_id, clock=wall_clock, tracker=tracker) if topology_id else None
+            status = reads.describe(index, topology_id, clock=wall_clock, tracker=tracker) if topology_id else None
         except TopologyNotFoundError:
             status = None  # killed between the lookup and the read
         except (StreamOpsError, ValueError) as e:  # ValueError: a znode with an unexpected record
@@ -398,6 +402,46 @@ def observe_tick(
     )
 
 
+#: Topologies a tick reads from ZooKeeper at once (in one :func:`read_topologies` batch).
+_READ_AHEAD = 16
+
+
+class _ReadAhead:
+    """Reads a tick's topologies in batches, in the tick's order, as the tick reaches them.
+
+    When the tick gets to a topology not read yet, it and the next ones (up to
+    :data:`_READ_AHEAD` topologies) are read together (:func:`read_topologies`: two batched
+    rounds of pipelined reads instead of one synchronous read per znode). Reading ahead only a
+    few topologies keeps the tick's time budget meaningful. A batch that fails (ZooKeeper
+    unavailable) fails each of its topologies with that error, as reading each on its own would.
+    """
+
+    def __init__(self, store: ZkStore, order: Sequence[str], live_ids: Mapping[str, str] | None) -> None:
+        self._store = store
+        self._order = order
+        self._live_ids = live_ids
+        self._reads: dict[str, TopologyReads | StreamOpsError] = {}
+
+    def describe(self, index: int, topology_id: str, *, clock: Callable[[], float], tracker: HeartbeatTracker) -> TopologyStatus:
+        """The status of ``topology_id``, the ``index``-th topology of the tick (as
+        :func:`describe_topology` returns it, and raising what it raises)."""
+        if self._live_ids is None:  # ids looked up one by one: read one by one
+            return describe_topology(self._store, topology_id, clock=clock, tracker=tracker)
+        if topology_id not in self._reads:
+            ids = [topology_id]
+            ids += [self._live_ids[n] for n in self._order[index + 1 : index + _READ_AHEAD] if n in self._live_ids]
+            batch: TopologyReads | StreamOpsError
+            try:
+                batch = read_topologies(self._store, ids)
+            except StreamOpsError as e:
+                batch = e
+            self._reads.update(dict.fromkeys(ids, batch))
+        found = self._reads[topology_id]
+        if isinstance(found, StreamOpsError):
+            raise found
+        return found.describe(topology_id, clock=clock, tracker=tracker)
+
+
 def _observe_slots(store: ZkStore, cursor: HeartbeatCursor, now: float) -> SlotTracker:
     """The cursor's slot tracker, fed the live slots read now (by the sensor's clock)."""
     slots = SlotTracker.restore(cursor.slots)
@@ -461,7 +505,7 @@ def _live_submissions(
     tick fall back to per-topology lookups, so only that topology is reported as failed.
     """
     try:
-        records = list_topologies(store)
+        records = _list_topologies(store)
     except (StreamOpsError, ValueError) as e:
         log.warning(f"cannot list topologies at once ({e}); looking them up one by one")
         return None
@@ -470,6 +514,13 @@ def _live_submissions(
         if record.status != "KILLED":
             live.setdefault(record.name, record.topology_id)
     return live
+
+
+def _list_topologies(store: ZkStore) -> list[StormRecord]:
+    """:func:`~stream_ops.nimbus.submission.list_topologies`, with the records read in one batch."""
+    found = store.get_many(ZkPaths.storm(topology_id) for topology_id in store.children(ZkPaths.STORMS))
+    records = [StormRecord.model_validate(decode_json(node[0], path)) for path, node in found.items() if node is not None]
+    return sorted(records, key=lambda r: r.submitted_at)
 
 
 def workers_to_launch(
