@@ -396,7 +396,11 @@ def wait_standby_current(store: ZkStore, topology_id: str, task_id: int, timeout
     while time.monotonic() < deadline:
         tx = store.get_json(ZkPaths.transactional_task(topology_id, task_id))
         committed = tx[0]["committed_txid"] if tx else -1
-        for worker in store.children(ZkPaths.task_standbys(topology_id, task_id)):
+        for name in store.children(ZkPaths.standbys(topology_id)):
+            parsed = ZkPaths.parse_standby(name)
+            if parsed is None or parsed[0] != task_id:
+                continue
+            worker = parsed[1]
             found = store.get_json(ZkPaths.standby(topology_id, task_id, worker))
             if found and found[0]["applied_txid"] >= committed >= 0:
                 return f"standby on {worker} at txid {found[0]['applied_txid']} (committed {committed}, {found[0]['keys']} keys)"

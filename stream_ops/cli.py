@@ -425,7 +425,7 @@ def list_cmd(obj: _Context, as_json: bool) -> None:
 @pass_ctx
 def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) -> None:
     """Tasks, owners, heartbeat ages and committed txids of a topology."""
-    from stream_ops.nimbus.status import describe_topology
+    from stream_ops.nimbus.status import describe_topology, standbys_text
     from stream_ops.nimbus.submission import find_topology_id
 
     with obj.store() as store:
@@ -448,6 +448,9 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
             f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
             f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {lag:>7} {t.state_keys:>7} {t.dead_letters:>5}"
         )
+    for t in result.tasks:
+        if t.standbys:
+            click.echo(f"  task {t.task_id} standbys: {standbys_text(t)}")
     for line in result.problems():
         click.echo(f"  ! {line}")
 

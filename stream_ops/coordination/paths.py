@@ -85,12 +85,15 @@ class ZkPaths:
         return f"{ZkPaths.STANDBYS}/{topology_id}"
 
     @staticmethod
-    def task_standbys(topology_id: str, task_id: int) -> str:
-        return f"{ZkPaths.STANDBYS}/{topology_id}/{task_id}"
+    def standby(topology_id: str, task_id: int, worker_id: str) -> str:
+        """One standby replica's progress; flat (``{task}@{worker}``) so one listing finds all."""
+        return f"{ZkPaths.STANDBYS}/{topology_id}/{task_id}@{worker_id}"
 
     @staticmethod
-    def standby(topology_id: str, task_id: int, worker_id: str) -> str:
-        return f"{ZkPaths.STANDBYS}/{topology_id}/{task_id}/{worker_id}"
+    def parse_standby(name: str) -> tuple[int, str] | None:
+        """(task id, worker id) of a child of :meth:`standbys`, or None for another name."""
+        task, sep, worker = name.partition("@")
+        return (int(task), worker) if sep and task.isdigit() and worker else None
 
     @staticmethod
     def compaction_lock(topology_id: str, task_id: int) -> str:

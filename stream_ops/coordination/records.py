@@ -76,7 +76,7 @@ class WorkerRecord(_Record):
 
 
 class StandbyRecord(_Record):
-    """``/standbys/{id}/{task}/{worker}`` (ephemeral): how far a standby replica has caught up.
+    """``/standbys/{id}/{task}@{worker}`` (ephemeral): how far a standby replica has caught up.
 
     Written by the standby's worker for observers (status, Dagster); nothing in the commit
     protocol reads it.

@@ -39,6 +39,7 @@ from stream_ops.coordination.records import (
     ErrorRecord,
     HeartbeatRecord,
     OwnerRecord,
+    StandbyRecord,
     StormRecord,
     TaskRecord,
     TransactionalRecord,
@@ -64,6 +65,18 @@ AGE_BASIS_TEXT: Mapping[str, str] = {
     AGE_OBSERVED: "seconds since the observer saw the heartbeat change, by its own clock",
     AGE_WORKER_CLOCK: "reader's clock minus the time the worker wrote (assumes synchronised clocks)",
 }
+
+
+@dataclass(frozen=True)
+class StandbyStatus:
+    """One standby replica of a stateful task (see :mod:`stream_ops.runtime.standby`)."""
+
+    worker_id: str
+    applied_txid: int | None
+    """The committed txid its store has applied (None: it has not reported yet)."""
+    lag_txids: int | None
+    """Committed txids it has not applied yet (None: not reported yet)."""
+    keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ class TaskStatus:
     """Its worker stopped trying it; delete ``/errors/{id}/{task}`` (or resubmit) to try again."""
     heartbeat_fingerprint: int | None = None
     """The heartbeat znode's mzxid (changes with every beat); None: no heartbeat that counts."""
+    standbys: tuple[StandbyStatus, ...] = ()
+    """The task's standby replicas, as the assignment names them, with how far each is behind."""
 
     @property
     def has_lag(self) -> bool:
@@ -156,6 +171,11 @@ class TopologyStatus:
         data = asdict(self)
         data["health"] = self.health(timeout_s)
         return data
+
+
+def standbys_text(task: TaskStatus) -> str:
+    """``worker (lag N)`` per standby of ``task``, comma-separated (``?`` before it reported)."""
+    return ", ".join(f"{s.worker_id} (lag {'?' if s.lag_txids is None else s.lag_txids})" for s in task.standbys)
 
 
 def read_heartbeat(data: Any | None, mzxid: int, worker: str | None) -> tuple[HeartbeatRecord | None, int | None]:
@@ -238,6 +258,14 @@ class TopologyReads:
         found = self._json(path)
         return None if found is None else found[0]
 
+    def _standby(self, topology_id: str, task_id: int, worker: str, committed_txid: int) -> StandbyStatus:
+        found = self._value(ZkPaths.standby(topology_id, task_id, worker))
+        if found is None:
+            return StandbyStatus(worker_id=worker, applied_txid=None, lag_txids=None)
+        record = StandbyRecord.model_validate(found)
+        lag = max(0, committed_txid - record.applied_txid)
+        return StandbyStatus(worker_id=worker, applied_txid=record.applied_txid, lag_txids=lag, keys=record.keys)
+
     def describe(
         self,
         topology_id: str,
@@ -291,6 +319,10 @@ class TopologyReads:
             hb, fingerprint = (None, None) if beat is None else read_heartbeat(beat[0], beat[1].mzxid, counts_for)
             error = errors.get(task_id)
             last = error.last if error else None
+            standbys = tuple(
+                self._standby(topology_id, task_id, worker, tx.committed_txid)
+                for worker in (assignment[0].standbys.get(task_id, []) if assignment else [])
+            )
             tasks.append(
                 TaskStatus(
                     task_id=task_id,
@@ -315,6 +347,7 @@ class TopologyReads:
                     last_error_worker=last.worker_id if last else None,
                     quarantined=error.quarantined if error else False,
                     heartbeat_fingerprint=fingerprint,
+                    standbys=standbys,
                 )
             )
         return TopologyStatus(
@@ -359,7 +392,7 @@ def read_topologies(
     ids = list(dict.fromkeys(topology_ids))
     lists = [ZkPaths.WORKERS]
     for topology_id in ids:
-        lists += [ZkPaths.tasks(topology_id), ZkPaths.errors(topology_id)]
+        lists += [ZkPaths.tasks(topology_id), ZkPaths.errors(topology_id), ZkPaths.standbys(topology_id)]
     children = store.children_many(lists, concurrency=concurrency)
     paths = [ZkPaths.worker(w) for w in children[ZkPaths.WORKERS] or []]
     for topology_id in ids:
@@ -374,6 +407,7 @@ def read_topologies(
                     ZkPaths.heartbeat(topology_id, task_id),
                 ]
         paths += [ZkPaths.task_errors(topology_id, int(n)) for n in children[ZkPaths.errors(topology_id)] or [] if n.isdigit()]
+        paths += [f"{ZkPaths.standbys(topology_id)}/{n}" for n in children[ZkPaths.standbys(topology_id)] or []]
     return TopologyReads(ids, children, store.get_many(paths, concurrency=concurrency))
 
 

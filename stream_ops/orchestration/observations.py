@@ -21,7 +21,7 @@ from typing import Any
 
 import dagster as dg
 
-from stream_ops.nimbus.status import Health, TaskStatus, TopologyStatus
+from stream_ops.nimbus.status import Health, TaskStatus, TopologyStatus, standbys_text
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
@@ -81,9 +81,15 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
         "Ids of this stage's tasks their worker stopped trying after repeated failures (list); delete "
         "/errors/<topology id>/<task> in ZooKeeper or resubmit to try again.",
     ),
+    "standbys": (
+        "json",
+        "Standby replicas of this stage's stateful tasks: task id -> [{worker, applied_txid, lag_txids}] (lag: committed "
+        "txids the standby has not applied; null before it reported).",
+    ),
     "tasks": (
         "md",
-        "Per-task table: queue, owner, epoch, heartbeat age, committed and in-flight txid, rows/s, last error.",
+        "Per-task table: queue, owner, standbys with their lag, epoch, heartbeat age, committed and in-flight txid, rows/s, "
+        "last error.",
     ),
 }
 
@@ -145,13 +151,14 @@ def _failing(tasks: Sequence[TaskStatus]) -> dict[str, dict[str, Any]]:
 
 def _tasks_table(tasks: Sequence[TaskStatus], heartbeat_timeout_s: float) -> str:
     lines = [
-        "| task | queue | alive | owner | epoch | heartbeat age (s) | committed txid | in flight | rows/s in | rows/s out "
-        "| error |",
-        "|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| task | queue | alive | owner | standbys (lag) | epoch | heartbeat age (s) | committed txid | in flight "
+        "| rows/s in | rows/s out | error |",
+        "|---:|---:|:---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for t in tasks:
         lines.append(
             f"| {t.task_id} | {t.queue} | {'yes' if t.alive(heartbeat_timeout_s) else '**no**'} | {t.owner or '-'} "
+            f"| {standbys_text(t) or '-'} "
             f"| {_fmt(t.owner_epoch)} | {_fmt(t.heartbeat_age_s)} | {t.committed_txid} | {_fmt(t.txid_in_flight)} "
             f"| {t.rows_per_s:.1f} | {t.rows_out_per_s:.1f} | {_error_cell(t)} |"
         )
@@ -212,6 +219,15 @@ def observe_topology(
             "state_keys": dg.MetadataValue.int(sum(t.state_keys for t in tasks)),
             "failing_tasks": dg.MetadataValue.json(_failing(tasks)),
             "quarantined_tasks": dg.MetadataValue.json([t.task_id for t in tasks if t.quarantined]),
+            "standbys": dg.MetadataValue.json(
+                {
+                    str(t.task_id): [
+                        {"worker": s.worker_id, "applied_txid": s.applied_txid, "lag_txids": s.lag_txids} for s in t.standbys
+                    ]
+                    for t in tasks
+                    if t.standbys
+                }
+            ),
             "tasks": dg.MetadataValue.md(_tasks_table(tasks, heartbeat_timeout_s)),
         }
         if previous_txids is not None:

@@ -8,7 +8,7 @@ would use on that worker. When the task fails over to it (the nimbus prefers a s
 new owner opens that store and applies only the txids committed since the last poll.
 
 A standby only reads the state topic, its snapshots and ``/transactional``; the one thing it
-writes besides its own local store is an ephemeral ``/standbys/{id}/{task}/{worker}`` record of
+writes besides its own local store is an ephemeral ``/standbys/{id}/{task}@{worker}`` record of
 how far it got, for observers. Nothing the commit protocol reads.
 """
 
@@ -213,7 +213,7 @@ class StandbyPool:
                 return
             except ZnodeNotFoundError:  # gone with an expired session: create it again
                 pass
-        self.store.ensure_path(ZkPaths.task_standbys(*key))
+        self.store.ensure_path(ZkPaths.standbys(key[0]))
         try:
             self.store.delete(path)  # a record an earlier session of this worker left
         except ZnodeNotFoundError:
