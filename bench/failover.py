@@ -1,11 +1,14 @@
 """Failover time of a keyed task after a worker is SIGKILLed (or SIGTERMed), split into phases, per state size.
 
-``--signals kill,standby,term`` runs each size three times: after a SIGKILL detection waits
+``--signals kill,standby,term,term-standby`` runs each size four times: after a SIGKILL detection waits
 for the dead worker's session to expire and the new owner rebuilds the state (snapshot + tail,
 or the whole state topic); ``standby`` is a SIGKILL of a topology submitted with
 ``standby_replicas=1``, so the other worker kept a warm copy of the keyed task's store and the
 new owner applies only the state-topic tail since its last sync; after a SIGTERM the worker
-releases its tasks as it stops, so the failover is bounded by the new owner's start.
+releases its tasks as it stops, so the failover is bounded by the new owner's start
+(``term-standby``: the same with a standby replica, so the new owner does not rebuild).
+Note that "first commit" needs new input: right after a SIGTERM the new owner's first batch
+waits for the trickle's next file to pass the source stage (its trigger) and its own trigger.
 
 For each state size (``--sizes``, default 10k and 1M keys) a fresh local stack runs: an
 embedded ZooKeeper, two ``stream-ops worker`` processes and the leader-elected nimbus monitor
@@ -410,8 +413,8 @@ def wait_standby_current(store: ZkStore, topology_id: str, task_id: int, timeout
 
 def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_name: str = "kill") -> RunResult:
     result = RunResult(keys=keys, signal=signal_name)
-    standby = signal_name == "standby"
-    signal_name = "kill" if standby else signal_name
+    standby = signal_name in ("standby", "term-standby")
+    signal_name = "term" if signal_name.startswith("term") else "kill"
     result.load.append(loadavg())
     home = Path(tempfile.mkdtemp(prefix=f"failover-{keys}-", dir=args.tmp))
     worker_args = [
@@ -731,6 +734,8 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
     for r in results:
         if r.signal == "term":
             print(f"{r.keys:>9}  after a SIGTERM (tasks released by the stopping worker, no session expiry):")
+        elif r.signal == "term-standby":
+            print(f"{r.keys:>9}  after a SIGTERM, with a standby replica of the keyed task ('3 replay' = its tail):")
         elif r.signal == "standby":
             print(f"{r.keys:>9}  after a SIGKILL, with a standby replica of the keyed task ('3 replay' = its tail):")
         for t in r.tasks:
@@ -751,7 +756,7 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
         worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
         print(
             f"{r.keys:>9}  all {len(r.tasks)} moved task(s) committing again {fmt(worst)} s after the "
-            f"{'SIGKILL (standby)' if r.signal == 'standby' else 'SIG' + r.signal.upper()} "
+            f"{r.signal} "
             f"(max over tasks); verification: {r.verify}"
         )
     print()
@@ -770,7 +775,7 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
                 print(f"note: {note}")
     print()
     print("-- targets (SIGKILL/SIGTERM -> first commit elsewhere, at 1M keys; other sizes shown against the same) --")
-    targets = {"standby": 6.0, "kill": 8.0, "term": 1.0}
+    targets = {"standby": 6.0, "kill": 8.0, "term": 1.0, "term-standby": 1.0}
     for r in results:
         worst = max((t.committed for t in r.tasks if t.committed is not None), default=None)
         target = targets.get(r.signal)
@@ -809,8 +814,8 @@ def main() -> None:
     parser.add_argument("--tmp", default=None, help="parent of the stack's home directory")
     parser.add_argument(
         "--signals",
-        default="kill,standby,term",
-        help="kill (SIGKILL), standby (SIGKILL with a standby replica) and/or term (SIGTERM), comma-separated",
+        default="kill,standby,term,term-standby",
+        help="kill (SIGKILL), standby (SIGKILL with a standby replica), term (SIGTERM) and/or term-standby, comma-separated",
     )
     parser.add_argument("--keep", action="store_true", help="keep the home directories (logs, topics)")
     args = parser.parse_args()
