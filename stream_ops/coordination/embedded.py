@@ -26,22 +26,20 @@ The CLI (``stream-ops zookeeper start``) runs a server in the foreground with
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import IO
+from types import FrameType
 
 from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError
+from stream_ops.jvm_server import JvmServer
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +51,6 @@ PROBE_TIMEOUT_S = 0.25
 PROBE_INTERVAL_S = 0.05
 #: Largest session timeout the server grants, in milliseconds (clients asking for more get this).
 MAX_SESSION_TIMEOUT_MS = 120_000
-_LOG_TAIL_LINES = 40
 
 #: JVM options: a small heap, serial GC and C1-only JIT. Measured on 2 cores, C1-only plus
 #: the short classpath below make the server ready ~2.5x sooner than ``-cp jars/*`` with the
@@ -212,7 +209,7 @@ def four_letter_word(host: str, port: int, word: str = "srvr", timeout_s: float 
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-class EmbeddedZooKeeper:
+class EmbeddedZooKeeper(JvmServer):
     """One standalone ZooKeeper server in a child JVM.
 
     Args:
@@ -232,6 +229,9 @@ class EmbeddedZooKeeper:
         >>> zk.stop()  # doctest: +SKIP
     """
 
+    kind = "ZooKeeper"
+    log_file_name = LOG_FILE_NAME
+
     def __init__(
         self,
         data_dir: Path,
@@ -244,15 +244,11 @@ class EmbeddedZooKeeper:
             raise ValueError(f"tick_time_ms must be positive, got {tick_time_ms}")
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port must be in 1..65535, got {port}")
-        self.data_dir = Path(data_dir)
-        self.host = host
+        super().__init__(Path(data_dir), host)
         self.tick_time_ms = tick_time_ms
         self.jvm_options: tuple[str, ...] = tuple(DEFAULT_JVM_OPTIONS if jvm_options is None else jvm_options)
         self._requested_port = port
         self._port: int | None = port
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_handle: IO[bytes] | None = None
-        self._lock = threading.RLock()
 
     # --- properties ------------------------------------------------------------------
 
@@ -269,24 +265,13 @@ class EmbeddedZooKeeper:
         return f"{self.host}:{self.port}"
 
     @property
-    def pid(self) -> int | None:
-        """Process id of the JVM, or ``None`` if never started."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        """Whether the JVM process is alive (not proof that it serves; see :meth:`is_serving`)."""
-        return self._proc is not None and self._proc.poll() is None
+    def address(self) -> str:
+        return self.hosts
 
     @property
     def config_path(self) -> Path:
         """Where the generated ``zoo.cfg`` lives."""
         return self.data_dir / CONFIG_FILE_NAME
-
-    @property
-    def log_path(self) -> Path:
-        """The JVM's combined stdout/stderr."""
-        return self.data_dir / LOG_FILE_NAME
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -325,17 +310,8 @@ class EmbeddedZooKeeper:
                 MAIN_CLASS,
                 str(self.config_path),
             ]
-            self._log_handle = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
             logger.info("starting ZooKeeper on %s (data %s)", self.hosts, self.data_dir)
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_handle,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
-            atexit.register(self.stop)
+            self._launch(cmd)
             started = time.monotonic()
             try:
                 self._wait_ready(timeout_s)
@@ -402,78 +378,6 @@ class EmbeddedZooKeeper:
             return "Mode:" in four_letter_word(self.host, self.port, "srvr")
         except OSError:
             return False
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the server: SIGTERM to its process group, SIGKILL after ``timeout_s``.
-
-        Idempotent; does nothing if the server is not running.
-        """
-        with self._lock:
-            if self._proc is None:
-                return
-            was_running = self.running
-            self._terminate(grace_s=timeout_s)
-            if was_running:
-                logger.info("ZooKeeper on %s stopped", self.hosts)
-
-    def kill(self) -> None:
-        """SIGKILL the JVM at once (simulates a crash; for tests)."""
-        with self._lock:
-            if self._proc is None:
-                return
-            self._signal(signal.SIGKILL)
-            self._proc.wait()
-            logger.info("ZooKeeper on %s killed", self.hosts)
-            self._cleanup()
-
-    def _signal(self, sig: signal.Signals) -> None:
-        assert self._proc is not None
-        if self._proc.poll() is not None:
-            return
-        try:
-            os.killpg(self._proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # pragma: no cover - group gone and pid reused
-            self._proc.send_signal(sig)
-
-    def _terminate(self, grace_s: float) -> None:
-        assert self._proc is not None
-        if self._proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("ZooKeeper pid %s ignored SIGTERM for %.1fs; sending SIGKILL", self.pid, grace_s)
-                self._signal(signal.SIGKILL)
-                self._proc.wait()
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
-        atexit.unregister(self.stop)
-
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        """Return the last ``lines`` lines of the server log (empty if there is none)."""
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def __enter__(self) -> EmbeddedZooKeeper:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         port = self._port if self._port is not None else "?"

@@ -22,22 +22,19 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import base64
 import logging
 import os
-import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from stream_ops.coordination.embedded import find_java, free_port
 from stream_ops.errors import JavaNotFoundError, KafkaServerError
+from stream_ops.jvm_server import JvmServer
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.jars import broker_jars
 
@@ -86,7 +83,7 @@ def random_cluster_id() -> str:
             return cluster_id
 
 
-class EmbeddedKafka:
+class EmbeddedKafka(JvmServer):
     """One Kafka broker and controller (KRaft combined mode) in a child JVM.
 
     Args:
@@ -100,6 +97,9 @@ class EmbeddedKafka:
         jars: The classpath; None fetches (once) :func:`stream_ops.kafka.jars.broker_jars`.
     """
 
+    kind = "Kafka"
+    log_file_name = LOG_FILE_NAME
+
     def __init__(
         self,
         data_dir: Path,
@@ -111,17 +111,13 @@ class EmbeddedKafka:
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port must be in 1..65535, got {port}")
-        self.data_dir = Path(data_dir)
-        self.host = host
+        super().__init__(Path(data_dir), host)
         self.jvm_options: tuple[str, ...] = tuple(DEFAULT_JVM_OPTIONS if jvm_options is None else jvm_options)
         self.properties = dict(properties or {})
         self._jars = list(jars) if jars is not None else None
         self._requested_port = port
         self._port: int | None = port
         self._controller_port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_handle: IO[bytes] | None = None
-        self._lock = threading.RLock()
         self.cluster_id: str | None = None
         self.started_in_s: float | None = None
         """Seconds the last :meth:`start` took, from launching the JVM to ready (formatting excluded)."""
@@ -141,23 +137,12 @@ class EmbeddedKafka:
         return f"{self.host}:{self.port}"
 
     @property
-    def pid(self) -> int | None:
-        """Process id of the JVM, None if never started."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        """Whether the JVM is alive (not proof that it serves; see :meth:`is_serving`)."""
-        return self._proc is not None and self._proc.poll() is None
+    def address(self) -> str:
+        return self.bootstrap_servers
 
     @property
     def config_path(self) -> Path:
         return self.data_dir / CONFIG_FILE_NAME
-
-    @property
-    def log_path(self) -> Path:
-        """The JVM's combined stdout/stderr."""
-        return self.data_dir / LOG_FILE_NAME
 
     @property
     def log_dir(self) -> Path:
@@ -190,20 +175,11 @@ class EmbeddedKafka:
             self._write_config()
             base = [java, *self.jvm_options, f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_FILE_NAME}", "-cp", classpath]
             self._format(base)
-            self._log_handle = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
             logger.info(
                 "starting Kafka on %s (controller port %s, data %s)", self.bootstrap_servers, self._controller_port, self.data_dir
             )
             started = time.monotonic()
-            self._proc = subprocess.Popen(
-                [*base, MAIN_CLASS, str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_handle,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
-            atexit.register(self.stop)
+            self._launch([*base, MAIN_CLASS, str(self.config_path)])
             try:
                 self._wait_ready(timeout_s)
             except BaseException:
@@ -308,63 +284,6 @@ class EmbeddedKafka:
         """Whether the broker answers a metadata request right now."""
         return self.running and self._probe()[0]
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the broker: SIGTERM to its process group, SIGKILL after ``timeout_s``. Idempotent."""
-        with self._lock:
-            if self._proc is None:
-                return
-            was_running = self.running
-            self._terminate(grace_s=timeout_s)
-            if was_running:
-                logger.info("Kafka on %s stopped", self.bootstrap_servers)
-
-    def kill(self) -> None:
-        """SIGKILL the broker's process group at once (a crash; for tests)."""
-        with self._lock:
-            if self._proc is None:
-                return
-            self._signal(signal.SIGKILL)
-            self._proc.wait()
-            self._cleanup()
-
-    def _signal(self, sig: signal.Signals) -> None:
-        assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, sig)  # the whole group: the JVM and anything it started
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # pragma: no cover - group gone and pid reused
-            if self._proc.poll() is None:
-                self._proc.send_signal(sig)
-
-    def _terminate(self, grace_s: float) -> None:
-        assert self._proc is not None
-        if self._proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("Kafka pid %s ignored SIGTERM for %.1fs; sending SIGKILL", self.pid, grace_s)
-                self._signal(signal.SIGKILL)
-                self._proc.wait()
-        else:
-            self._signal(signal.SIGKILL)  # leftovers of the group, if any
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
-        atexit.unregister(self.stop)
-
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of the broker log (empty if there is none)."""
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
     # --- topics ----------------------------------------------------------------------
 
     def admin_config(self) -> dict[str, Any]:
@@ -400,18 +319,6 @@ class EmbeddedKafka:
             if time.monotonic() >= deadline:
                 raise KafkaServerError(f"topic {name!r} did not show up on {self.bootstrap_servers} in {timeout_s:.0f} s")
             time.sleep(PROBE_INTERVAL_S)
-
-    def __enter__(self) -> EmbeddedKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         port = self._port if self._port is not None else "?"
