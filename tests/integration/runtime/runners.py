@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
@@ -50,3 +53,10 @@ def pause_commits(monkeypatch: Any, worker_id: str, *, txid: int | None = None) 
 
     monkeypatch.setattr(task_runner_module, "commit", pausing_commit)
     return paused, resume
+
+
+def read_parquet(path: Path, columns: str) -> list[tuple]:
+    """The sorted rows of ``columns`` of every Parquet file under ``path`` (a sink), or []."""
+    if not path.exists() or not list(path.rglob("*.parquet")):
+        return []
+    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())

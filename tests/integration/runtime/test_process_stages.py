@@ -8,8 +8,7 @@ import json
 import threading
 from pathlib import Path
 
-import duckdb
-from runners import make_runner, pause_commits
+from runners import make_runner, pause_commits, read_parquet
 
 from stream_ops import FileTopic, Topology
 from stream_ops.config import ClusterConfig
@@ -21,12 +20,6 @@ from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 
 RECORDS = "stream string, key string, record string"
-
-
-def _parquet(path: Path, columns: str) -> list[tuple]:
-    if not path.exists() or not list(path.rglob("*.parquet")):
-        return []
-    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
 
 
 def _cards(tmp_path: Path) -> Topology:
@@ -100,5 +93,5 @@ def test_a_prototype_pe_with_broadcast_named_outputs_and_eviction_emits_once_thr
         a._close_state()
     # c1: alert at its 2nd payment (limit 1); after the broadcast limit 5 at its 6th (batch 2)
     # c3: alert at its 2nd payment (a fresh copy of the prototype: limit 1)
-    assert _parquet(tmp_path / "alerts", 'card, payments, "limit"') == [("c1", 2, 1), ("c1", 6, 5), ("c3", 2, 1)]
-    assert _parquet(tmp_path / "summaries", 'card, payments, total, "limit", reason') == [("c2", 1, 7, 5, "removed")]
+    assert read_parquet(tmp_path / "alerts", 'card, payments, "limit"') == [("c1", 2, 1), ("c1", 6, 5), ("c3", 2, 1)]
+    assert read_parquet(tmp_path / "summaries", 'card, payments, total, "limit", reason') == [("c2", 1, 7, 5, "removed")]

@@ -7,8 +7,7 @@ import json
 import threading
 from pathlib import Path
 
-import duckdb
-from runners import make_runner, pause_commits
+from runners import make_runner, pause_commits, read_parquet
 
 from stream_ops import Count, FileTopic, Records, Sliding, Topology, Tumbling
 from stream_ops.config import ClusterConfig
@@ -36,12 +35,6 @@ def _records(spark, stream: str, key_field: str | None, records: list[dict], *, 
     return spark.createDataFrame(rows, RECORDS)
 
 
-def _parquet(path: Path, columns: str) -> list[tuple]:
-    if not path.exists() or not list(path.rglob("*.parquet")):
-        return []
-    return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
-
-
 def _windowed_counts(tmp_path: Path) -> Topology:
     t = Topology("windows")
     clicks = t.source("clicks", FileTopic(tmp_path / "in", 1), schema={"user": "string", "ts": "double"})
@@ -63,7 +56,7 @@ def test_a_window_spanning_a_zombie_and_a_replay_is_emitted_once_with_exact_coun
         a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage=stage)
         a.prepare()
         a.process_batch(_records(spark, "clicks", "user", batch0, upstream=0), 0)
-        assert _parquet(tmp_path / "counts", "*") == []  # nothing closed yet
+        assert read_parquet(tmp_path / "counts", "*") == []  # nothing closed yet
         paused, resume = pause_commits(monkeypatch, "host-a:1")
         errors: list[BaseException] = []
 
@@ -87,9 +80,9 @@ def test_a_window_spanning_a_zombie_and_a_replay_is_emitted_once_with_exact_coun
         b.process_batch(_records(spark, "clicks", "user", batch2, upstream=0), 2)
         b.stop()
         a._close_state()
-    counts = _parquet(tmp_path / "counts", "user, n, window_start, window_end")
+    counts = read_parquet(tmp_path / "counts", "user, n, window_start, window_end")
     assert counts == [("ann", 1, 10.0, 20.0), ("ann", 3, 0.0, 10.0), ("bob", 1, 0.0, 10.0)]
-    assert _parquet(tmp_path / "late", "user, ts") == [("bob", 4.0)]
+    assert read_parquet(tmp_path / "late", "user, ts") == [("bob", 4.0)]
 
 
 def test_a_sliding_event_time_join_emits_each_window_once_through_a_replay(spark, zk_config, tmp_path):
@@ -131,7 +124,7 @@ def test_a_sliding_event_time_join_emits_each_window_once_through_a_replay(spark
         b.process_batch(batch(first), 0)  # replay of a committed batch: nothing twice
         b.process_batch(batch(second), 1)  # watermark min(21, 23) - 1 = 20: [0, 10), [5, 15), [10, 20) close
         b.stop()
-    rows = _parquet(tmp_path / "joined", '"views:ts", "buys:amount"')
+    rows = read_parquet(tmp_path / "joined", '"views:ts", "buys:amount"')
     # [0, 10): view 6 x buy 8; [5, 15): view 6 x buys 8 and 12; [10, 20): no view of p
     assert rows == [(6.0, 3), (6.0, 3), (6.0, 4)]
 
@@ -147,4 +140,4 @@ def test_a_global_count_window_counts_records_of_every_key(spark, zk_config, tmp
         runner.prepare()
         runner.process_batch(_records(spark, "events", None, [{"user": u} for u in "abcde"]), 0)
         runner.stop()
-    assert [r[0] for r in _parquet(tmp_path / "n", "n")] == [2, 3]
+    assert [r[0] for r in read_parquet(tmp_path / "n", "n")] == [2, 3]
