@@ -98,12 +98,16 @@ class OwnerRecord(_Record):
 
 
 class BatchInput(_Record):
-    """What Spark read for one committed batch: the files of a file source, as a fingerprint."""
+    """What Spark read for one committed batch, as a fingerprint: the files of a file source, or
+    the offset range of another source (Kafka partitions, the rate source)."""
 
     txid: int
     files: int
     digest: str
-    """sha256 of the sorted input file paths (see :func:`stream_ops.spark.checkpoint.batch_input`)."""
+    """sha256 of the sorted input file paths, or of the batch's (start, end) offsets (see
+    :func:`stream_ops.spark.checkpoint.batch_input`)."""
+    offsets: bool = False
+    """The digest is of an offset range (a source without input files)."""
 
 
 class TransactionalRecord(_Record):

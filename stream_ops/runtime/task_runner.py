@@ -503,15 +503,19 @@ class TaskRunner:
             "deleted or not shared between workers). The task stops rather than skip or re-count input; restore the "
             "checkpoint directory that ran these batches"
         )
-        if planned is None:  # Spark logged no input files for the batch: txids are all there is
+        if planned is None or (planned.offsets and recorded is None):
+            # No input logged (or an offset range committed before offsets were recorded):
+            # txids are all there is.
             if txid < committed.committed_txid:
                 raise InputMismatchError(behind)
         elif recorded is None:
             raise InputMismatchError(behind)
         elif planned.digest != recorded.digest:
+            planned_what = "another offset range" if planned.offsets else f"{planned.files} input file(s)"
+            recorded_what = "its offset range" if recorded.offsets else f"{recorded.files} other file(s)"
             raise InputMismatchError(
-                f"{where} with {planned.files} input file(s), but txid {txid} was committed with {recorded.files} "
-                f"other file(s) (sha256 {recorded.digest[:12]} vs {planned.digest[:12]}): the checkpoint fell behind "
+                f"{where} with {planned_what}, but txid {txid} was committed with {recorded_what} "
+                f"(sha256 {recorded.digest[:12]} vs {planned.digest[:12]}): the checkpoint fell behind "
                 "ZooKeeper and Spark re-planned the batch. The task stops rather than skip or re-count input; restore "
                 "the checkpoint directory that ran these batches"
             )

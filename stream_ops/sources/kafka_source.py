@@ -29,9 +29,11 @@ letter. A record without a value (a tombstone) is a record whose declared fields
 Exactly-once: a micro-batch's offset range is fixed by Spark's offsets log before it runs, so a
 replayed txid re-reads the same records; the commit protocol records the batch's end offset per
 partition with each txid (the transactional record's ``offsets``, ``[{"<topic>": {"<p>": end}}]``;
-the range starts at the previous txid's). The seam's input fingerprint (``batch_input``, the
-files a file source read) is empty for batch 0 and absent after it: a checkpoint that fell behind
-ZooKeeper is caught by its txids only. Starting
+the range starts at the previous txid's). The batch's input fingerprint
+(:func:`stream_ops.spark.checkpoint.batch_input`) is that offset range, recorded with the
+commit, so a replay that Spark re-planned with other offsets (a checkpoint that fell behind
+ZooKeeper) stops the task with an ``InputMismatchError`` instead of reading other records under
+a committed txid. Starting
 offsets (``earliest``, ``latest``, or the first record at or after a timestamp, the end when
 there is none) apply only when the task's checkpoint is new. ``fail_on_data_loss`` (Spark's
 ``failOnDataLoss``, on by default) fails the task when records it has not read are gone

@@ -84,12 +84,23 @@ def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
 
 
 def batch_input(checkpoint_dir: Path, batch_id: int) -> BatchInput | None:
-    """The fingerprint of the input Spark planned for ``batch_id`` (None when Spark logged none)."""
+    """The fingerprint of the input Spark planned for ``batch_id`` (None when Spark logged none).
+
+    For a file source: its files. For any other source (Kafka, rate): the batch's offset range,
+    from the end offsets Spark logged for ``batch_id - 1`` (none for batch 0: the starting
+    offsets of the query) and for ``batch_id``; a replay that re-plans the batch with other
+    offsets has another digest.
+    """
     files = batch_input_files(checkpoint_dir, batch_id)
-    if files is None:
+    if files is not None:
+        digest = hashlib.sha256("\n".join(files).encode("utf-8")).hexdigest()
+        return BatchInput(txid=batch_id, files=len(files), digest=digest)
+    end = batch_offsets(checkpoint_dir, batch_id)
+    if not end:
         return None
-    digest = hashlib.sha256("\n".join(files).encode("utf-8")).hexdigest()
-    return BatchInput(txid=batch_id, files=len(files), digest=digest)
+    start = batch_offsets(checkpoint_dir, batch_id - 1) if batch_id > 0 else []
+    text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
+    return BatchInput(txid=batch_id, files=0, digest=hashlib.sha256(text.encode("utf-8")).hexdigest(), offsets=True)
 
 
 def latest_file_timestamp(checkpoint_dir: Path) -> int:
