@@ -4,7 +4,13 @@ The public API for writing topologies::
 
     from stream_ops import Topology, FileTopic, Count, Sum, OpaqueMapState, TransactionalMapState, MapState
     from stream_ops import Tumbling, Sliding, Session, Duration, Records
+
+``stream_ops.StreamTopologyComponent`` is the Dagster Component of one topology (``dg``'s
+``defs.yaml``; see :mod:`stream_ops.orchestration.component`). It is imported on first use, so
+``import stream_ops`` does not import Dagster.
 """
+
+from typing import TYPE_CHECKING
 
 from stream_ops.errors import StreamOpsError, TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator, Count, Max, Min, Sum
@@ -38,3 +44,18 @@ __all__ = [
     "TransactionalValue",
     "Tumbling",
 ]
+
+if TYPE_CHECKING:
+    from stream_ops.orchestration.component import StreamTopologyComponent as StreamTopologyComponent
+else:
+
+    def __getattr__(name: str) -> object:
+        """``StreamTopologyComponent``, imported with Dagster on first use (``dg`` finds it here)."""
+        if name == "StreamTopologyComponent":
+            from stream_ops.orchestration.component import StreamTopologyComponent
+
+            return StreamTopologyComponent
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted([*globals(), "StreamTopologyComponent"])

@@ -13,7 +13,12 @@ Public API:
 * Sensors: :func:`build_heartbeat_sensor` (cursor :class:`HeartbeatCursor`),
   :func:`build_worker_relaunch_sensor`.
 * Schedules: :func:`build_rebalance_schedule`, :func:`build_compaction_schedule`.
-* Wiring: :func:`build_definitions`.
+* Wiring: :func:`build_definitions`, made of :func:`build_cluster_definitions` (jobs, sensors,
+  resources: once per code location) and, per topology, :func:`topology_assets` and
+  :func:`build_topology_schedules`.
+* Component: :class:`StreamTopologyComponent` (``stream_ops.StreamTopologyComponent`` in a
+  ``dg`` project's ``defs.yaml``), :func:`cluster_resources_from_env`,
+  :class:`TopologyNamingTranslator`.
 
 Example:
     >>> from stream_ops.orchestration import build_definitions, StreamClusterResource, ZooKeeperResource
@@ -38,8 +43,19 @@ from stream_ops.orchestration.checks import (
     evaluate_stage_checks,
     evaluate_topology_checks,
 )
+from stream_ops.orchestration.component import (
+    StreamTopologyComponent,
+    StreamTopologyScaffolder,
+    TopologyNamingTranslator,
+    cluster_resources_from_env,
+)
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
-from stream_ops.orchestration.definitions import build_definitions
+from stream_ops.orchestration.definitions import (
+    StreamClusterDefinitions,
+    build_cluster_definitions,
+    build_definitions,
+    build_topology_schedules,
+)
 from stream_ops.orchestration.jobs import (
     ACTIVATE_JOB_NAME,
     COMPACT_STATE_JOB_NAME,
@@ -100,18 +116,25 @@ __all__ = [
     "HeartbeatCursor",
     "HeartbeatTick",
     "RebalanceNeed",
+    "StreamClusterDefinitions",
     "StreamClusterResource",
     "StreamOpsJobs",
     "StreamOpsTranslator",
+    "StreamTopologyComponent",
+    "StreamTopologyScaffolder",
     "TopologyCursor",
     "TopologyDefinitions",
+    "TopologyNamingTranslator",
     "ZooKeeperResource",
+    "build_cluster_definitions",
     "build_compaction_schedule",
     "build_definitions",
     "build_heartbeat_sensor",
     "build_jobs",
     "build_rebalance_schedule",
     "build_stream_checks",
+    "build_topology_schedules",
+    "cluster_resources_from_env",
     "build_worker_relaunch_sensor",
     "compact_run_config",
     "evaluate_stage_checks",

@@ -1,8 +1,20 @@
-"""Wire topologies, resources, jobs, sensors and schedules into one :class:`dagster.Definitions`."""
+"""Wire topologies, resources, jobs, sensors and schedules into one :class:`dagster.Definitions`.
+
+:func:`build_definitions` builds a whole code location from a list of topologies. It is made of
+three parts that can be used on their own, e.g. by
+:class:`~stream_ops.orchestration.component.StreamTopologyComponent`, where each topology is
+its own component and the parts must merge into one :class:`dagster.Definitions`:
+
+* per topology, :func:`~stream_ops.orchestration.assets.topology_assets` (assets and checks)
+  and :func:`build_topology_schedules` (its rebalance and compaction schedules);
+* once per code location, :func:`build_cluster_definitions`: the jobs, the heartbeat sensor
+  observing every topology, the worker relaunch sensor and the resources.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -11,9 +23,10 @@ from dagster_pyspark import PySparkResource
 from stream_ops.orchestration.assets import (
     STREAM_CLUSTER_RESOURCE_KEY,
     ZOOKEEPER_RESOURCE_KEY,
+    TopologyDefinitions,
     topology_assets,
 )
-from stream_ops.orchestration.jobs import build_jobs
+from stream_ops.orchestration.jobs import StreamOpsJobs, build_jobs
 from stream_ops.orchestration.resources import (
     PYSPARK_RESOURCE_KEY,
     StreamClusterResource,
@@ -29,7 +42,142 @@ from stream_ops.orchestration.sensors import (
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.topology.dsl import Topology
 
-__all__ = ["build_definitions"]
+__all__ = [
+    "StreamClusterDefinitions",
+    "build_cluster_definitions",
+    "build_definitions",
+    "build_topology_schedules",
+    "check_topology_names",
+]
+
+
+def check_topology_names(names: Sequence[str], caller: str) -> list[str]:
+    """``names`` as a list, if there is at least one and no two are equal.
+
+    Raises:
+        ValueError: No names, or duplicates (named in the message, which starts with ``caller``).
+    """
+    names = list(names)
+    if not names:
+        raise ValueError(f"{caller}: give at least one topology")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{caller}: several topologies are named {duplicates}; names must be unique")
+    return names
+
+
+@dataclass(frozen=True)
+class StreamClusterDefinitions:
+    """The cluster-wide definitions of one code location, as built by :func:`build_cluster_definitions`.
+
+    Attributes:
+        jobs: The worker, rebalance, activate, deactivate, kill and compact-state jobs.
+        sensors: The heartbeat sensor over all topologies and the worker relaunch sensor.
+        resources: ``zookeeper``, ``stream_cluster`` and ``pyspark``.
+    """
+
+    jobs: StreamOpsJobs
+    sensors: tuple[dg.SensorDefinition, ...]
+    resources: Mapping[str, Any]
+
+
+def build_cluster_definitions(
+    *,
+    topologies: Sequence[TopologyDefinitions],
+    zookeeper: ZooKeeperResource,
+    stream_cluster: StreamClusterResource,
+    pyspark: PySparkResource | None = None,
+    translator: StreamOpsTranslator | None = None,
+    heartbeat_timeout_s: float = 10.0,
+    heartbeat_interval_s: int = 5,
+    progress_timeout_s: float = 60.0,
+    launch_grace_s: float = 30.0,
+    heartbeat_sensor_name: str = DEFAULT_HEARTBEAT_SENSOR_NAME,
+    heartbeat_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    repair: bool = True,
+    relaunch_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+) -> StreamClusterDefinitions:
+    """The jobs, sensors and resources a code location has once, whatever its topologies.
+
+    The heartbeat sensor observes every topology of ``topologies`` (and materializes their
+    Parquet sinks); the jobs act on any topology named in their run configuration (the first
+    one is the launchpad default). Arguments as in :func:`build_definitions`; ``translator``
+    must name every topology's assets as its :func:`topology_assets` did.
+
+    Raises:
+        ValueError: No topologies, or two share a name.
+    """
+    names = check_topology_names([t.topology_name for t in topologies], "build_cluster_definitions")
+    translator = translator or StreamOpsTranslator()
+    jobs = build_jobs(topology_names=names, translator=translator)
+    sensors = (
+        build_heartbeat_sensor(
+            topology_names=names,
+            translator=translator,
+            minimum_interval_seconds=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            progress_timeout_s=progress_timeout_s,
+            launch_grace_s=launch_grace_s,
+            rebalance_job=jobs.rebalance if repair else None,
+            worker_job=jobs.worker if repair else None,
+            name=heartbeat_sensor_name,
+            default_status=heartbeat_sensor_status,
+            parquet_sinks=[watch for defs in topologies for watch in defs.parquet_sinks],
+        ),
+        build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
+    )
+    return StreamClusterDefinitions(
+        jobs=jobs,
+        sensors=sensors,
+        resources={
+            ZOOKEEPER_RESOURCE_KEY: zookeeper,
+            STREAM_CLUSTER_RESOURCE_KEY: stream_cluster,
+            PYSPARK_RESOURCE_KEY: pyspark if pyspark is not None else pyspark_resource(stream_cluster),
+        },
+    )
+
+
+def build_topology_schedules(
+    topology: TopologyDefinitions,
+    jobs: StreamOpsJobs,
+    *,
+    rebalance_cron: str | None = "*/15 * * * *",
+    compaction_cron: str | None = "0 * * * *",
+    schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+) -> list[dg.ScheduleDefinition]:
+    """One topology's rebalance schedule and, if it keeps state, its compaction schedule.
+
+    Their names carry the topology's name (``stream_ops_rebalance_<topology>``,
+    ``stream_ops_compact_state_<topology>``), so the schedules of several topologies never clash.
+
+    Args:
+        topology: The topology's definitions (:func:`topology_assets`).
+        jobs: The code location's jobs (:func:`build_cluster_definitions`).
+        rebalance_cron: Cron of the rebalance schedule; None: no schedule.
+        compaction_cron: Cron of the compaction schedule (topologies with keyed stages only);
+            None: no schedule.
+        schedule_status: Whether the schedules run as soon as the code loads.
+    """
+    schedules: list[dg.ScheduleDefinition] = []
+    if rebalance_cron is not None:
+        schedules.append(
+            build_rebalance_schedule(
+                topology_name=topology.topology_name,
+                rebalance_job=jobs.rebalance,
+                cron_schedule=rebalance_cron,
+                default_status=schedule_status,
+            )
+        )
+    if compaction_cron is not None and topology.state_assets:
+        schedules.append(
+            build_compaction_schedule(
+                topology_name=topology.topology_name,
+                compact_job=jobs.compact_state,
+                cron_schedule=compaction_cron,
+                default_status=schedule_status,
+            )
+        )
+    return schedules
 
 
 def build_definitions(
@@ -108,12 +256,7 @@ def build_definitions(
         ...     stream_cluster=StreamClusterResource(root="/srv/stream_ops"),
         ... )
     """
-    names = [t.name for t in topologies]
-    if not names:
-        raise ValueError("build_definitions: give at least one topology")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"build_definitions: several topologies are named {duplicates}; names must be unique")
+    check_topology_names([t.name for t in topologies], "build_definitions")
     translator = translator or StreamOpsTranslator()
     per_topology = [
         topology_assets(
@@ -127,52 +270,37 @@ def build_definitions(
         )
         for t in topologies
     ]
-    jobs = build_jobs(topology_names=names, translator=translator)
-    sensors = [
-        build_heartbeat_sensor(
-            topology_names=names,
-            translator=translator,
-            minimum_interval_seconds=heartbeat_interval_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            progress_timeout_s=progress_timeout_s,
-            launch_grace_s=launch_grace_s,
-            rebalance_job=jobs.rebalance if repair else None,
-            worker_job=jobs.worker if repair else None,
-            name=heartbeat_sensor_name,
-            default_status=heartbeat_sensor_status,
-            parquet_sinks=[watch for defs in per_topology for watch in defs.parquet_sinks],
-        ),
-        build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
+    cluster = build_cluster_definitions(
+        topologies=per_topology,
+        zookeeper=zookeeper,
+        stream_cluster=stream_cluster,
+        pyspark=pyspark,
+        translator=translator,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        heartbeat_interval_s=heartbeat_interval_s,
+        progress_timeout_s=progress_timeout_s,
+        launch_grace_s=launch_grace_s,
+        heartbeat_sensor_name=heartbeat_sensor_name,
+        heartbeat_sensor_status=heartbeat_sensor_status,
+        repair=repair,
+        relaunch_sensor_status=relaunch_sensor_status,
+    )
+    schedules = [
+        schedule
+        for definitions in per_topology
+        for schedule in build_topology_schedules(
+            definitions,
+            cluster.jobs,
+            rebalance_cron=rebalance_cron,
+            compaction_cron=compaction_cron,
+            schedule_status=schedule_status,
+        )
     ]
-    schedules: list[dg.ScheduleDefinition] = []
-    for definitions in per_topology:
-        if rebalance_cron is not None:
-            schedules.append(
-                build_rebalance_schedule(
-                    topology_name=definitions.topology_name,
-                    rebalance_job=jobs.rebalance,
-                    cron_schedule=rebalance_cron,
-                    default_status=schedule_status,
-                )
-            )
-        if compaction_cron is not None and definitions.state_assets:
-            schedules.append(
-                build_compaction_schedule(
-                    topology_name=definitions.topology_name,
-                    compact_job=jobs.compact_state,
-                    cron_schedule=compaction_cron,
-                    default_status=schedule_status,
-                )
-            )
     return dg.Definitions(
         assets=[asset for d in per_topology for asset in d.assets],
         asset_checks=[check for d in per_topology for check in d.asset_checks],
-        jobs=jobs.all,
-        sensors=sensors,
+        jobs=cluster.jobs.all,
+        sensors=list(cluster.sensors),
         schedules=schedules,
-        resources={
-            ZOOKEEPER_RESOURCE_KEY: zookeeper,
-            STREAM_CLUSTER_RESOURCE_KEY: stream_cluster,
-            PYSPARK_RESOURCE_KEY: pyspark if pyspark is not None else pyspark_resource(stream_cluster),
-        },
+        resources=dict(cluster.resources),
     )
