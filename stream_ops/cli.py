@@ -324,13 +324,60 @@ def zookeeper() -> None:
 )
 def zookeeper_start(port: int, host: str, data_dir: Path) -> None:
     """Run a ZooKeeper server until SIGTERM / Ctrl-C."""
-    from stream_ops.coordination.embedded import EmbeddedZooKeeper, serve_forever
+    from stream_ops.coordination.embedded import EmbeddedZooKeeper
+    from stream_ops.jvm_server import serve_forever
 
     server = EmbeddedZooKeeper(data_dir=data_dir, port=port, host=host)
     stop = _stop_on_signals()
     server.start()
     click.echo(f"ZooKeeper serving on {server.hosts}")
     serve_forever(server, stop)
+
+
+# --- kafka -------------------------------------------------------------------------------------
+
+
+@main.group()
+def kafka() -> None:
+    """The embedded Kafka broker (KRaft, from the jars fetched with Maven into the jar cache)."""
+
+
+@kafka.command("start")
+@click.option("--port", default=9092, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on and advertise.")
+@click.option(
+    "--data-dir",
+    default=_UnderCwd("var/kafka"),
+    show_default=True,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="server.properties, the broker's log and its topics (kept across restarts).",
+)
+@click.option("--topic", "topics", multiple=True, metavar="NAME[:PARTITIONS]", help="Create this topic if missing (repeatable).")
+def kafka_start(port: int, host: str, data_dir: Path, topics: tuple[str, ...]) -> None:
+    """Run a single-node Kafka broker until SIGTERM / Ctrl-C."""
+    from stream_ops.jvm_server import serve_forever
+    from stream_ops.kafka.embedded import EmbeddedKafka
+
+    wanted = [_topic_option(item) for item in topics]
+    server = EmbeddedKafka(data_dir, port=port, host=host)
+    stop = _stop_on_signals()
+    server.start()
+    for name, partitions in wanted:
+        server.ensure_topic(name, partitions)
+    click.echo(f"Kafka serving on {server.bootstrap_servers}")
+    serve_forever(server, stop)
+
+
+def _topic_option(item: str) -> tuple[str, int]:
+    name, _, count = item.partition(":")
+    try:
+        partitions = int(count) if count else 1
+    except ValueError:
+        partitions = 0
+    if not name or partitions < 1:
+        raise click.BadParameter(f"{item!r} is not NAME or NAME:PARTITIONS (a positive number)", param_hint="--topic")
+    return name, partitions
 
 
 # --- topics ------------------------------------------------------------------------------------
@@ -659,6 +706,12 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
     help="Spark setting of this worker's application (repeatable), e.g. spark.driver.host=10.0.0.5.",
 )
 @click.option(
+    "--kafka-connector/--no-kafka-connector",
+    default=None,
+    help="Put Spark's Kafka connector on spark.jars (fetching it with Maven if needed) or never; "
+    "default: when the jar cache has it.",
+)
+@click.option(
     "--query-tls-cert",
     envvar="STREAM_OPS_QUERY_TLS_CERT",
     default=None,
@@ -687,6 +740,7 @@ def worker(
     shutdown_timeout: float,
     launched_by: str,
     spark_conf: tuple[str, ...],
+    kafka_connector: bool | None,
     query_tls_cert: Path | None,
     query_tls_key: Path | None,
     insecure: bool,
@@ -712,6 +766,7 @@ def worker(
         bind_host=bind_host or host,
         spark_master=spark_master,
         spark_conf=conf,
+        kafka_connector=kafka_connector,
         trigger_seconds=trigger_seconds,
         max_files_per_trigger=max_files_per_trigger,
         heartbeat_interval_s=heartbeat_interval,
@@ -735,6 +790,13 @@ def _say_local_stack_is_insecure() -> None:
 
 EXAMPLE_TOPOLOGY = "stream_ops.examples.wordcount:topology"
 EXAMPLE_SENTENCES = "stream_ops.examples.wordcount:SAMPLE_SENTENCES"
+KAFKA_EXAMPLE_TOPOLOGY = "stream_ops.examples.kafka_wordcount:topology"
+
+
+def _topology_ref(given: str | None, kafka: bool) -> str:
+    if given is not None:
+        return given
+    return KAFKA_EXAMPLE_TOPOLOGY if kafka else EXAMPLE_TOPOLOGY
 
 
 def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list[str]]:
@@ -755,7 +817,16 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
     source = topology.chains[0].source
     if source is None:  # chains lists source segments only
         raise TopologyDefinitionError(f"topology {topology.name!r}: its first chain has no source to feed")
-    return topology, source.topic, sentences
+    if source.topic is not None:
+        return topology, source.topic, sentences
+    if source.spec.kind == "kafka_topic":
+        from stream_ops.sources import KafkaTopic
+
+        options = source.spec.options
+        return topology, KafkaTopic(options["bootstrap"], options["topic"], partitions=source.spec.queues), sentences
+    raise TopologyDefinitionError(
+        f"topology {topology.name!r}: the demo feeds a FileTopic or a Kafka topic, not a {source.spec.kind} source"
+    )
 
 
 @main.command()
@@ -779,21 +850,58 @@ def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worke
     Supervisor(zk_config, obj.home, host=host, ports=ports, worker_args=worker_args).run(stop)
 
 
+_KAFKA_OPTION = click.option(
+    "--kafka",
+    is_flag=True,
+    help=f"Also start a Kafka broker and run the Kafka word count ({KAFKA_EXAMPLE_TOPOLOGY}) unless --topology is given.",
+)
+
+
+def _kafka_port(kafka: bool, port: int) -> int | None:
+    """The broker port the stack uses (chosen now, so the topology can name it), None without Kafka."""
+    if not kafka:
+        return None
+    from stream_ops.local_stack import free_port
+
+    chosen = port or free_port()
+    os.environ["STREAM_OPS_KAFKA"] = f"127.0.0.1:{chosen}"  # read by the Kafka example when it loads
+    return chosen
+
+
 @main.command()
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--zookeeper-port", default=0, show_default=True, type=int, help="0 picks a free port.")
-@click.option("--topology", "topology_ref", default=EXAMPLE_TOPOLOGY, show_default=True)
+@_KAFKA_OPTION
+@click.option("--kafka-port", default=0, show_default=True, type=int, help="With --kafka; 0 picks a free port.")
+@click.option("--topology", "topology_ref", default=None, help=f"Topology to run [default: {EXAMPLE_TOPOLOGY}].")
 @click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
 @click.option("--timeout", default=180.0, show_default=True, help="Give up after this many seconds.")
 @pass_ctx
-def demo(obj: _Context, workers: int, zookeeper_port: int, topology_ref: str, repeat: int, timeout: float) -> None:
-    """Headless word count: ZooKeeper, workers, submit, feed, query; then stop everything."""
+def demo(
+    obj: _Context,
+    workers: int,
+    zookeeper_port: int,
+    kafka: bool,
+    kafka_port: int,
+    topology_ref: str | None,
+    repeat: int,
+    timeout: float,
+) -> None:
+    """Headless word count: ZooKeeper (and Kafka), workers, submit, feed, query; then stop everything."""
     from stream_ops.local_stack import LocalStack, run_demo
 
     home = obj.home
-    topology, topic, sentences = _example(home, topology_ref, repeat)
+    broker_port = _kafka_port(kafka, kafka_port)
+    topology, topic, sentences = _example(home, _topology_ref(topology_ref, kafka), repeat)
     _say_local_stack_is_insecure()
-    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port or None, query=obj.query_config()) as stack:
+    with LocalStack(
+        home=home,
+        workers=workers,
+        zookeeper_port=zookeeper_port or None,
+        query=obj.query_config(),
+        kafka=kafka,
+        kafka_port=broker_port,
+    ) as stack:
         results = run_demo(stack, topology, topic, sentences, timeout_s=timeout)
     click.echo(json.dumps(results))
 
@@ -801,23 +909,42 @@ def demo(obj: _Context, workers: int, zookeeper_port: int, topology_ref: str, re
 @main.command()
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--zookeeper-port", default=2181, show_default=True, type=int)
+@_KAFKA_OPTION
+@click.option("--kafka-port", default=9092, show_default=True, type=int, help="With --kafka.")
 @click.option("--dagster-port", default=3000, show_default=True, type=int)
-@click.option("--topology", "topology_ref", default=EXAMPLE_TOPOLOGY, show_default=True)
+@click.option("--topology", "topology_ref", default=None, help=f"Topology to run [default: {EXAMPLE_TOPOLOGY}].")
 @click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
 @pass_ctx
-def dev(obj: _Context, workers: int, zookeeper_port: int, dagster_port: int, topology_ref: str, repeat: int) -> None:
+def dev(
+    obj: _Context,
+    workers: int,
+    zookeeper_port: int,
+    kafka: bool,
+    kafka_port: int,
+    dagster_port: int,
+    topology_ref: str | None,
+    repeat: int,
+) -> None:
     """The local stack with the Dagster UI; Ctrl-C stops everything it started."""
     from stream_ops.local_stack import LocalStack, run_demo
 
     home = obj.home
-    topology, topic, sentences = _example(home, topology_ref, repeat)
+    broker_port = _kafka_port(kafka, kafka_port)
+    topology, topic, sentences = _example(home, _topology_ref(topology_ref, kafka), repeat)
     _say_local_stack_is_insecure()
     stop = _stop_on_signals()
-    with LocalStack(home=home, workers=workers, zookeeper_port=zookeeper_port, query=obj.query_config()) as stack:
+    with LocalStack(
+        home=home,
+        workers=workers,
+        zookeeper_port=zookeeper_port,
+        query=obj.query_config(),
+        kafka=kafka,
+        kafka_port=broker_port,
+    ) as stack:
         url = stack.start_dagster(port=dagster_port)
         click.echo(f"Dagster UI: {url}")
         click.echo(json.dumps(run_demo(stack, topology, topic, sentences, timeout_s=300)))
-        click.echo("Running; Ctrl-C stops ZooKeeper, workers and Dagster.")
+        click.echo("Running; Ctrl-C stops ZooKeeper, Kafka, workers and Dagster.")
         stop.wait()
 
 

@@ -5,36 +5,44 @@
 A subclass writes its configuration and calls :meth:`JvmServer._launch` with its command line
 from its own ``start``, then waits until it serves. This class owns the rest: the process in
 its own session (so a stop reaches the JVM and anything it started), the log file, the
-idempotent SIGTERM-then-SIGKILL stop, a crash-like kill, the context manager.
+idempotent SIGTERM-then-SIGKILL stop, a crash-like kill, the context manager, and
+:func:`serve_forever` (the foreground ``stream-ops zookeeper start`` / ``kafka start``).
 """
 
 from __future__ import annotations
 
+import abc
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from types import FrameType, TracebackType
+from typing import IO, ClassVar, Self
+
+from stream_ops.errors import StreamOpsError
 
 logger = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 40
 
 
-class JvmServer:
+class JvmServer(abc.ABC):
     """Lifecycle of one JVM server process writing its output to ``data_dir / log_file_name``.
 
-    Subclasses set :attr:`kind` (for messages) and :attr:`log_file_name`, implement ``start``
-    and :attr:`address`, and call :meth:`_launch` / :meth:`_terminate` from ``start``.
+    Subclasses set :attr:`kind` (for messages), :attr:`log_file_name` and :attr:`error_type`,
+    implement ``start`` and :attr:`address`, and call :meth:`_launch` / :meth:`_terminate` from
+    ``start``.
     """
 
-    kind = "server"
-    log_file_name = "server.log"
+    kind: ClassVar[str] = "server"
+    log_file_name: ClassVar[str] = "server.log"
+    error_type: ClassVar[type[StreamOpsError]] = StreamOpsError
+    """What :func:`serve_forever` raises when the JVM dies while serving."""
 
     def __init__(self, data_dir: Path, host: str) -> None:
         self.data_dir = data_dir
@@ -43,14 +51,14 @@ class JvmServer:
         self._log_handle: IO[bytes] | None = None
         self._lock = threading.RLock()
 
+    @abc.abstractmethod
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the server and wait until it serves."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def address(self) -> str:
         """``host:port`` clients connect to."""
-        raise NotImplementedError
 
     @property
     def pid(self) -> int | None:
@@ -149,3 +157,71 @@ class JvmServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop_event: threading.Event, kind: str) -> Iterator[None]:
+    """Set ``stop_event`` on SIGTERM/SIGINT while inside; handlers only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _handler(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s, stopping %s", signal.Signals(signum).name, kind)
+        stop_event.set()
+
+    previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_forever(
+    server: JvmServer,
+    stop_event: threading.Event | None = None,
+    *,
+    start_timeout_s: float = 30.0,
+    poll_interval_s: float = 0.5,
+) -> None:
+    """Run ``server`` in the foreground until SIGTERM/SIGINT or ``stop_event``, then stop it.
+
+    Starts the server if it is not running, logs its address, and waits. When called from
+    the main thread, SIGTERM and SIGINT set the stop event (previous handlers are restored on
+    return). The server is always stopped on the way out.
+
+    Args:
+        server: The server to run.
+        stop_event: Set it from another thread to return; one is created if ``None``.
+        start_timeout_s: Readiness timeout passed to the server's ``start``.
+        poll_interval_s: How often to check that the JVM is still alive.
+
+    Raises:
+        StreamOpsError: (the server's :attr:`JvmServer.error_type`) the server could not
+            start, or its JVM died while serving.
+
+    Example:
+        >>> serve_forever(EmbeddedZooKeeper(Path("var/zookeeper"), port=2181))  # doctest: +SKIP
+    """
+    event = stop_event if stop_event is not None else threading.Event()
+    with _stop_on_signals(event, server.kind):
+        try:
+            if not server.running:
+                server.start(timeout_s=start_timeout_s)
+            logger.info(
+                "%s serving on %s (pid %s, data %s, log %s); SIGTERM or Ctrl-C stops it",
+                server.kind,
+                server.address,
+                server.pid,
+                server.data_dir,
+                server.log_path,
+            )
+            while not event.wait(poll_interval_s):
+                if not server.running:
+                    raise server.error_type(
+                        f"{server.kind} on {server.address} exited unexpectedly; last lines of {server.log_path}:\n"
+                        f"{server.log_tail()}"
+                    )
+        finally:
+            server.stop()

@@ -1,4 +1,5 @@
-"""The local stack on embedded defaults: ZooKeeper, worker processes and (optionally) Dagster.
+"""The local stack on embedded defaults: ZooKeeper, worker processes and (optionally) a Kafka
+broker and Dagster.
 
 ``stream-ops demo`` and ``stream-ops dev`` use it, and so do the end-to-end tests, so what the
 README's main command shows is what the tests prove.
@@ -31,11 +32,14 @@ from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError, StreamOpsError, WorkerError
+from stream_ops.kafka.embedded import EmbeddedKafka
+from stream_ops.kafka.producing import produce_json
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.leader import run_nimbus
 from stream_ops.nimbus.submission import submit
 from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.runtime.query_client import query_state
+from stream_ops.sources import KafkaTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 from stream_ops.topology.dsl import Topology
@@ -92,6 +96,10 @@ class LocalStack:
         task_timeout_s, launch_grace_s: the monitor's settings.
         query: State-query token and TLS of the workers and of this stack's queries (the local
             ZooKeeper has no credentials, so without a token queries are unauthenticated).
+        kafka: also run a single-node Kafka broker under ``home/kafka`` (started before the
+            workers, which then fetch Spark's Kafka connector if the jar cache lacks it);
+            children get its address as ``STREAM_OPS_KAFKA``.
+        kafka_port: the broker's fixed port, or None for a free one.
     """
 
     home: Path
@@ -107,6 +115,9 @@ class LocalStack:
     task_timeout_s: float = 10.0
     launch_grace_s: float = 60.0
     query: QueryConfig = field(default_factory=QueryConfig)
+    kafka: bool = False
+    kafka_port: int | None = None
+    kafka_broker: EmbeddedKafka | None = None
     _nimbus_stop: threading.Event = field(default_factory=threading.Event)
     _nimbus_thread: threading.Thread | None = None
 
@@ -133,6 +144,9 @@ class LocalStack:
         try:
             self.zookeeper = EmbeddedZooKeeper(data_dir=self.home / "zookeeper", port=self.zookeeper_port)
             self.zookeeper.start()
+            if self.kafka:
+                self.kafka_broker = EmbeddedKafka(self.home / "kafka", port=self.kafka_port)
+                self.kafka_broker.start()
             for _ in range(self.workers):
                 self.start_worker()
             self.wait_for_workers(self.workers)
@@ -163,6 +177,8 @@ class LocalStack:
             STREAM_OPS_HOME=str(self.home),
             PYTHONUNBUFFERED="1",
         )
+        if self.kafka_broker is not None:
+            env["STREAM_OPS_KAFKA"] = self.kafka_broker.bootstrap_servers
         for name in _QUERY_ENV:  # the stack's own query settings, not the caller's environment
             env.pop(name, None)
         env.update(_query_env(self.query))
@@ -176,6 +192,8 @@ class LocalStack:
         port = port or free_port()
         log = self.home / "logs" / f"worker-{port}.log"
         extra_args = [*self.worker_args, *(() if "--insecure" in self.worker_args else ("--insecure",))]
+        if self.kafka and "--kafka-connector" not in extra_args:
+            extra_args.append("--kafka-connector")
         cmd = worker_command(self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=extra_args)
         worker = WorkerProcess(port, log, spawn(cmd, log, self.env()))
         self.worker_processes.append(worker)
@@ -232,7 +250,7 @@ class LocalStack:
         raise StreamOpsError(f"Dagster did not answer on {url} within 120 s; see {log}")
 
     def close(self) -> None:
-        """Stop the monitor, Dagster, the workers and ZooKeeper (in that order)."""
+        """Stop the monitor, Dagster, the workers, Kafka and ZooKeeper (in that order)."""
         self._nimbus_stop.set()
         if self._nimbus_thread is not None:
             self._nimbus_thread.join(10)
@@ -243,6 +261,8 @@ class LocalStack:
         for worker in list(self.worker_processes):
             stop_process(worker.proc)
         self.worker_processes.clear()
+        if self.kafka_broker is not None:
+            self.kafka_broker.stop()
         if self.zookeeper is not None:
             self.zookeeper.stop()
 
@@ -304,10 +324,24 @@ def wait_for_counts(
         time.sleep(0.5)
 
 
+def feed_sentences(stack: LocalStack, input_topic: FileTopic | KafkaTopic, sentences: Sequence[str]) -> None:
+    """Write ``{"sentence": s}`` records to the demo's input: a FileTopic, or a Kafka topic of
+    the stack's broker (created with its partitions if missing, the records spread over them)."""
+    records = ({"sentence": s} for s in sentences)
+    if isinstance(input_topic, FileTopic):
+        produce(input_topic, records)
+        return
+    if stack.kafka_broker is None:
+        raise StreamOpsError(f"the demo reads Kafka topic {input_topic.topic!r} but the stack runs no broker (--kafka)")
+    partitions = input_topic.partitions or 1
+    stack.kafka_broker.ensure_topic(input_topic.topic, partitions)
+    produce_json(input_topic.bootstrap, input_topic.topic, records, partitions=partitions)
+
+
 def run_demo(
     stack: LocalStack,
     topology: Topology,
-    input_topic: FileTopic,
+    input_topic: FileTopic | KafkaTopic,
     sentences: Sequence[str],
     *,
     timeout_s: float = 180.0,
@@ -317,7 +351,7 @@ def run_demo(
     started = time.monotonic()
     with ZkStore.connect(stack.zk_config) as store:
         topology_id = submit(store, stack.cluster, topology, workers=stack.workers)
-        produce(input_topic, ({"sentence": s} for s in sentences))
+        feed_sentences(stack, input_topic, sentences)
         expected = expected_word_counts(sentences)
         wait_for_counts(store, topology.name, "words", expected, timeout_s=timeout_s, query_config=stack.query)
         shown = query_state(store, topology.name, "words", [[w] for w in query_words], query_config=stack.query)

@@ -8,12 +8,13 @@ with :mod:`~stream_ops.coordination.cluster_state`, and run a local server with
 """
 
 from stream_ops.coordination.election import LeaderElection, election_contenders
-from stream_ops.coordination.embedded import EmbeddedZooKeeper, find_java, serve_forever
+from stream_ops.coordination.embedded import EmbeddedZooKeeper, find_java
 from stream_ops.coordination.lock import hold_lock
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.session import ConnectionState
 from stream_ops.coordination.store import ZkStore, decode_json, encode_json
 from stream_ops.coordination.watches import watch_children, watch_data
+from stream_ops.jvm_server import serve_forever
 
 __all__ = [
     "ConnectionState",

@@ -21,22 +21,18 @@ Example:
     127.0.0.1:41234
 
 The CLI (``stream-ops zookeeper start``) runs a server in the foreground with
-:func:`serve_forever` / :func:`run_foreground`.
+:func:`~stream_ops.jvm_server.serve_forever`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError
 from stream_ops.jvm_server import JvmServer
@@ -231,6 +227,7 @@ class EmbeddedZooKeeper(JvmServer):
 
     kind = "ZooKeeper"
     log_file_name = LOG_FILE_NAME
+    error_type = ZooKeeperServerError
 
     def __init__(
         self,
@@ -383,88 +380,3 @@ class EmbeddedZooKeeper(JvmServer):
         port = self._port if self._port is not None else "?"
         state = "running" if self.running else "stopped"
         return f"EmbeddedZooKeeper({self.host}:{port}, {state}, data_dir={str(self.data_dir)!r})"
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop_event: threading.Event) -> Iterator[None]:
-    """Set ``stop_event`` on SIGTERM/SIGINT while inside; handlers only in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _handler(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s, stopping ZooKeeper", signal.Signals(signum).name)
-        stop_event.set()
-
-    previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def serve_forever(
-    server: EmbeddedZooKeeper,
-    stop_event: threading.Event | None = None,
-    *,
-    start_timeout_s: float = 30.0,
-    poll_interval_s: float = 0.5,
-) -> None:
-    """Run ``server`` in the foreground until SIGTERM/SIGINT or ``stop_event``, then stop it.
-
-    Starts the server if it is not running, logs its address, and waits. When called from
-    the main thread, SIGTERM and SIGINT set the stop event (previous handlers are restored on
-    return). The server is always stopped on the way out.
-
-    Args:
-        server: The server to run.
-        stop_event: Set it from another thread to return; one is created if ``None``.
-        start_timeout_s: Readiness timeout passed to :meth:`EmbeddedZooKeeper.start`.
-        poll_interval_s: How often to check that the JVM is still alive.
-
-    Raises:
-        ZooKeeperServerError: The server could not start, or its JVM died while serving.
-
-    Example:
-        >>> serve_forever(EmbeddedZooKeeper(Path("var/zookeeper"), port=2181))  # doctest: +SKIP
-    """
-    event = stop_event if stop_event is not None else threading.Event()
-    with _stop_on_signals(event):
-        try:
-            if not server.running:
-                server.start(timeout_s=start_timeout_s)
-            logger.info(
-                "ZooKeeper serving on %s (pid %s, data %s, log %s); SIGTERM or Ctrl-C stops it",
-                server.hosts,
-                server.pid,
-                server.data_dir,
-                server.log_path,
-            )
-            while not event.wait(poll_interval_s):
-                if not server.running:
-                    raise ZooKeeperServerError(
-                        f"ZooKeeper on {server.hosts} exited unexpectedly; last lines of {server.log_path}:\n{server.log_tail()}"
-                    )
-        finally:
-            server.stop()
-
-
-def run_foreground(
-    data_dir: Path,
-    port: int | None = 2181,
-    host: str = "127.0.0.1",
-    *,
-    tick_time_ms: int = 500,
-    stop_event: threading.Event | None = None,
-) -> None:
-    """Build an :class:`EmbeddedZooKeeper` and :func:`serve_forever` it (for the CLI).
-
-    Args:
-        data_dir: Server data directory.
-        port: Client port (``None`` picks a free one and logs it).
-        host: Interface to listen on.
-        tick_time_ms: ZooKeeper ``tickTime``.
-        stop_event: Optional event that stops the server when set.
-    """
-    serve_forever(EmbeddedZooKeeper(data_dir, port=port, host=host, tick_time_ms=tick_time_ms), stop_event)

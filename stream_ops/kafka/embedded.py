@@ -99,6 +99,7 @@ class EmbeddedKafka(JvmServer):
 
     kind = "Kafka"
     log_file_name = LOG_FILE_NAME
+    error_type = KafkaServerError
 
     def __init__(
         self,
@@ -319,6 +320,20 @@ class EmbeddedKafka(JvmServer):
             if time.monotonic() >= deadline:
                 raise KafkaServerError(f"topic {name!r} did not show up on {self.bootstrap_servers} in {timeout_s:.0f} s")
             time.sleep(PROBE_INTERVAL_S)
+
+    def ensure_topic(self, name: str, partitions: int = 1, timeout_s: float = 30.0) -> bool:
+        """Create topic ``name`` unless the broker has it (whatever its partition count).
+
+        Returns:
+            Whether it was created.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        listed = AdminClient(self.admin_config()).list_topics(topic=name, timeout=timeout_s).topics.get(name)
+        if listed is not None and listed.error is None and listed.partitions:
+            return False
+        self.create_topic(name, partitions, timeout_s=timeout_s)
+        return True
 
     def __repr__(self) -> str:
         port = self._port if self._port is not None else "?"

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,9 +345,37 @@ def spark_kafka_jars(cache_dir: Path | None = None) -> list[Path]:
 
     Give them to the SparkSession when it is built, before the JVM starts::
 
-        create_spark_session(conf={"spark.jars": spark_jars_conf()})
+        create_spark_session(kafka_connector=True)
     """
     return fetch_jar_set(connector_jar_set(), cache_dir)
+
+
+def cached_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path] | None:
+    """The jars of ``jar_set`` when the cache holds the complete set, None otherwise (never fetches)."""
+    root = cache_dir if cache_dir is not None else jars_cache_dir()
+    return _read_marker(root / jar_set.name, jar_set)
+
+
+def with_kafka_connector(conf: Mapping[str, str], *, fetch: bool, cache_dir: Path | None = None) -> dict[str, str]:
+    """``conf`` with Spark's Kafka connector jars appended to its ``spark.jars``.
+
+    Args:
+        conf: Spark settings (left unchanged).
+        fetch: fetch the jars with Maven when the cache does not have them; when False, a cache
+            without them leaves ``conf`` as it is (logged at debug level).
+        cache_dir: the jar cache (default :func:`jars_cache_dir`).
+
+    Raises:
+        KafkaJarsError: ``fetch`` and the jars cannot be fetched.
+    """
+    jars = spark_kafka_jars(cache_dir) if fetch else cached_jar_set(connector_jar_set(), cache_dir)
+    merged = dict(conf)
+    if jars is None:
+        logger.debug("Spark's Kafka connector is not in the jar cache; Spark starts without it")
+        return merged
+    present = [item for item in merged.get("spark.jars", "").split(",") if item.strip()]
+    merged["spark.jars"] = ",".join([*present, *(str(jar) for jar in jars if str(jar) not in present)])
+    return merged
 
 
 def spark_jars_conf(cache_dir: Path | None = None) -> str:

@@ -97,6 +97,11 @@ class WorkerSettings(BaseModel):
     )
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    kafka_connector: bool | None = Field(
+        None,
+        description="Spark's Kafka connector on spark.jars: True fetches it if needed, None adds it when the jar "
+        "cache has it, False never.",
+    )
     trigger_seconds: float = Field(1.0, ge=0)
     max_files_per_trigger: int = Field(100, ge=1)
     launched_by: str = "cli"
@@ -152,7 +157,10 @@ class Worker:
         self._owns_spark = spark_factory is None
         self._spark_factory = spark_factory or (
             lambda: create_spark_session(
-                master=settings.spark_master, app_name=f"stream-ops-worker-{self.worker_id}", conf=settings.spark_conf
+                master=settings.spark_master,
+                app_name=f"stream-ops-worker-{self.worker_id}",
+                conf=settings.spark_conf,
+                kafka_connector=settings.kafka_connector,
             )
         )
         self._connected = threading.Event()

@@ -122,8 +122,9 @@ class RateSource:
 class KafkaTopic:
     """A Kafka topic, one task per partition (see :mod:`stream_ops.sources.kafka_source`).
 
-    Workers need Spark's Kafka connector: give them ``spark.jars`` from
-    :func:`stream_ops.kafka.jars.spark_jars_conf` (``stream-ops worker --spark-conf spark.jars=...``).
+    Workers need Spark's Kafka connector: a worker puts it on ``spark.jars`` by itself when the
+    jar cache has it (the install step fetches it: ``python -m stream_ops.kafka.jars``), and
+    ``stream-ops worker --kafka-connector`` fetches it when it is missing.
 
     Attributes:
         bootstrap: ``host:port[,...]`` of the brokers, as the workers reach them.

@@ -253,9 +253,9 @@ class KafkaKind(SourceKind):
         except Exception as e:
             if "KAFKA_DATA_SOURCE_NOT_ENABLED" in str(e) or "Failed to find data source: kafka" in str(e):
                 raise SourceError(
-                    "this worker's Spark has no Kafka connector: start it with --spark-conf "
-                    "spark.jars=$(python -m stream_ops.kafka.jars --spark-jars) (spark.jars must be set before "
-                    "its SparkSession is created)"
+                    "this worker's Spark has no Kafka connector: start the worker with --kafka-connector (fetches "
+                    "it into the jar cache if needed), or with --spark-conf spark.jars=$(python -m "
+                    "stream_ops.kafka.jars --spark-jars) (spark.jars must be set before its SparkSession is created)"
                 ) from e
             raise
         encoding = str(options.get("encoding", "utf8"))

@@ -29,18 +29,28 @@ def create_spark_session(
     master: str = "local[*]",
     app_name: str = "stream-ops",
     conf: Mapping[str, str] | None = None,
+    kafka_connector: bool | None = False,
 ) -> SparkSession:
     """Create (or reuse) the process's SparkSession with stream_ops' defaults.
 
     ``conf`` overrides the defaults; for a cluster, pass the driver host the executors can
-    reach (``spark.driver.host``) since the defaults bind to loopback.
+    reach (``spark.driver.host``) since the defaults bind to loopback. ``kafka_connector``
+    adds Spark's Kafka connector to ``spark.jars``: True fetches it into the jar cache when
+    it is not there (:mod:`stream_ops.kafka.jars`; raises ``KafkaJarsError`` when it cannot),
+    None adds it only when the cache has it, False never. It counts only when this call
+    starts the JVM.
     """
     builder = SparkSession.builder.master(master).appName(app_name)
     # Python workers must run the interpreter that has stream_ops and its dependencies; the
     # JVM reads PYSPARK_PYTHON from the environment it is launched with.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     defaults = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
-    for key, value in {**defaults, **dict(conf or {})}.items():
+    settings = {**defaults, **dict(conf or {})}
+    if kafka_connector is not False:
+        from stream_ops.kafka.jars import with_kafka_connector
+
+        settings = with_kafka_connector(settings, fetch=kafka_connector is True)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -15,6 +15,7 @@ def test_reading_kafka_without_the_connector_says_how_to_add_it(spark: SparkSess
     try:
         df = source_kind(spec.kind).read_stream(spark, spec, 0, max_files_per_trigger=1, max_file_age="7d")
     except SourceError as e:
+        assert "start the worker with --kafka-connector" in str(e)
         assert "--spark-conf spark.jars=$(python -m stream_ops.kafka.jars --spark-jars)" in str(e)
     else:
         assert "kafka_offset" in df.columns
