@@ -50,10 +50,8 @@ import math
 import os
 import platform
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -67,21 +65,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pyspark
-from pyspark.sql import SparkSession
 
 from stream_ops import Count, FileTopic, Topology
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
-from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryError
 from stream_ops.hashing import partition_for
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.runtime.task_runner import TaskRunner
-from stream_ops.spark.session import create_spark_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wordcount import QUEUES, SPARK_MASTER, STATES, WorkerThread, _batch_progress, _wait  # the word count's harness
+from harness import SPARK_MASTER, BenchRig, wait_until  # the benchmarks' shared rig
+from wordcount import QUEUES, STATES, _batch_progress  # the word count's input and progress reading
 
 NAME = "latency"
 QUERY = "counts"
@@ -454,236 +450,211 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     load_start = os.getloadavg()
-    work = Path(tempfile.mkdtemp(prefix="stream_ops_bench_latency_"))
-    zk = EmbeddedZooKeeper(work / "zookeeper", tick_time_ms=500)
-    worker: WorkerThread | None = None
-    spark: SparkSession | None = None
-    store: ZkStore | None = None
     prober: Prober | None = None
     writer: Writer | None = None
-    try:
-        t = time.perf_counter()
-        zk.start(timeout_s=60)
-        print(f"zookeeper ready on {zk.hosts} in {time.perf_counter() - t:.1f} s", flush=True)
-        t = time.perf_counter()
-        spark = create_spark_session(master=SPARK_MASTER, app_name="bench-latency")
-        # keep every progress report: the latency breakdown reads them all
-        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-        # "Current batch is falling behind" on every trigger that takes longer than its interval
-        spark.sparkContext.setLogLevel("ERROR")
-        print(f"SparkSession ready in {time.perf_counter() - t:.1f} s", flush=True)
+    # keep every progress report: the latency breakdown reads them all; "Current batch is falling
+    # behind" (every trigger that takes longer than its interval) is noise here
+    progress = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
+    with BenchRig("latency", app_name="bench-latency", keep=args.keep, spark_conf=progress, log_level="ERROR") as rig:
+        try:
+            work, spark, store = rig.work, rig.spark, rig.store
+            cluster = ClusterConfig(root=work / "cluster")
+            worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
 
-        zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0, insecure=True)
-        store = ZkStore.connect(zk_config)
-        cluster = ClusterConfig(root=work / "cluster")
-        worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        worker.start(store)
-
-        topic = FileTopic(work / "input", queues=QUEUES)
-        topology = Topology(NAME)
-        counts = (
-            topology.source("records", topic, schema={"key": "string"})
-            .group_by("key")
-            .persistent_aggregate(Count(), out="count", state=STATES[args.state])
-        )
-        topology.query(QUERY, counts)
-
-        prober = Prober(store, poll_s=args.poll)
-        writer = Writer(topic, prober, rate=args.rate, keys=args.keys, interval_s=args.interval, seed=args.seed)
-        submitted = time.time()
-        topology_id = submit(store, cluster, topology, workers=1)
-        # one record per queue starts the tasks; the steady load starts with the first commit, so
-        # the tasks' start-up (Spark queries, ~10-20 s here) leaves no backlog behind it
-        topic.create()
-        for q in range(QUEUES):
-            writer.land(q, [writer.background[q]])
-        first_keys = [[k] for k in writer.background[:QUEUES]]
-
-        def first_commit() -> bool:
-            try:
-                return any(v is not None for v in query_state(store, NAME, QUERY, first_keys).values())
-            except QueryError:
-                return False
-
-        if not _wait(first_commit, 120, 0.05):
-            raise SystemExit("no keyed batch committed within 120 s of submit")
-        first_at = time.time()
-        writer.start()
-        print(f"first keyed batch committed {first_at - submitted:.1f} s after submit; warm-up {args.warmup:g} s", flush=True)
-        time.sleep(args.warmup)
-        if writer.error is not None:
-            raise SystemExit(f"the writer failed: {writer.error!r}")
-        # the start-up backlog (input landed while the tasks started) must be worked off first
-        drain_s, backlog_trace = drain(store, writer, rate=args.rate, timeout_s=args.timeout)
-        print(
-            f"start-up backlog worked off in {drain_s:.1f} s (landed but uncommitted records, 1 s apart: "
-            f"{', '.join(f'{b:,}' for b in backlog_trace[-8:])})",
-            flush=True,
-        )
-
-        prober.thread.start()
-        start = snapshot(store, writer)
-        py_cpu0 = cpu_seconds(os.getpid())
-        jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
-        jvm_cpu0 = cpu_seconds(jvm_pid)
-        writer.start_probes(args.probes, args.duration)
-        probe_rate = args.probes / args.duration
-        print(f"probing: {args.probes:,} probes over {args.duration:g} s ({probe_rate:.1f}/s)", flush=True)
-        _wait(lambda: writer.probes_landed >= args.probes or writer.error is not None, args.duration + 60, 0.05)
-        end = snapshot(store, writer)
-        py_cpu1 = cpu_seconds(os.getpid())
-        jvm_cpu1 = cpu_seconds(jvm_pid)
-        window_s = end.at - start.at
-        print(f"all probes landed; waiting for {prober.pending()} still invisible", flush=True)
-        _wait(lambda: prober.pending() == 0, args.timeout, 0.05)
-        all_visible_at = time.time()
-        writer.stop()
-        prober.stop_event.set()
-        prober.thread.join(30)
-        if writer.error is not None:
-            raise SystemExit(f"the writer failed: {writer.error!r}")
-
-        # exactness: every key's count against what was landed, once the worker caught up
-        landed_total, landed = writer.snapshot()
-        keys = sorted(landed)
-        final: dict[str, int | None] = {}
-
-        def caught_up() -> bool:
-            nonlocal final
-            try:
-                final = query_counts(store, keys)
-            except QueryError:
-                return False
-            return sum(v or 0 for v in final.values()) >= landed_total
-
-        t = time.perf_counter()
-        caught = _wait(caught_up, args.timeout, 0.2)
-        catch_up_s = time.perf_counter() - t
-        mismatched = {k: (final.get(k), n) for k, n in landed.items() if final.get(k) != n}
-
-        runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
-        sources = {r.task.queue: batches_of(r) for r in runners if r.stage.kind == "source"}
-        keyed = {r.task.queue: batches_of(r) for r in runners if r.stage.kind == "keyed"}
-        keyed_queues = next((r.stage.queues for r in runners if r.stage.kind == "keyed"), QUEUES)
-
-        def wait_stopped(_: float) -> None:
-            _wait(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
-
-        kill(store, NAME, wait_s=1.0, sleep=wait_stopped)
-        worker.stop()
-        worker = None
-        load_end = os.getloadavg()
-
-        # --- report ---
-        java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
-        lat = prober.latencies()
-        values = list(lat.values())
-        missing = args.probes - len(values)
-        writer_s = (writer.stopped_at or time.time()) - (writer.started_at or submitted)
-        print()
-        print(
-            f"machine:  {cpu_model()}, {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, "
-            f"pyspark {pyspark.__version__}, Java {java}"
-        )
-        print(f"load:     1/5/15-min load average {_loads(load_start)} at the start, {_loads(load_end)} at the end")
-        print(
-            f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s, maxFilesPerTrigger "
-            f"{args.max_files_per_trigger}, {args.state} state, fsync on; topology: FileTopic source ({QUEUES} queues, "
-            f"{QUEUES} tasks) -> group_by(key).persistent_aggregate(Count()) ({keyed_queues} keyed tasks) + query "
-            f"{QUERY!r}; input {args.rate:,.0f} records/s over {args.keys:,} keys, one file per queue every "
-            f"{args.interval:g} s ({args.rate * args.interval / QUEUES:,.0f} records each); {args.probes:,} probes "
-            f"over {args.duration:g} s ({probe_rate:.1f}/s), polled every {args.poll * 1000:.0f} ms "
-            f"(all outstanding keys per query_state call); warm-up {args.warmup:g} s after the first commit "
-            f"({first_at - submitted:.1f} s after submit)"
-        )
-        print(
-            f"input:    landed {landed_total:,} records in {writer.files:,} files over {writer_s:.1f} s "
-            f"({landed_total / writer_s:,.0f} records/s; writer at most {writer.max_behind_s * 1000:.0f} ms behind schedule)"
-        )
-        backlog = end.landed - end.committed
-        print(
-            f"rates:    probe window {window_s:.1f} s: landed {(end.landed - start.landed) / window_s:,.0f} records/s, "
-            f"processed (committed counts from the state query) {(end.committed - start.committed) / window_s:,.0f} records/s; "
-            f"landed but not yet committed at its start {start.landed - start.committed:,}, at its end {backlog:,} "
-            f"({backlog / args.rate:.2f} s of input)"
-        )
-        landed_rate = (end.landed - start.landed) / window_s
-        processed_rate = (end.committed - start.committed) / window_s
-        if processed_rate < 0.95 * landed_rate:
-            print(
-                f"          NOT STEADY: processed {processed_rate / landed_rate:.0%} of the landed rate; the backlog, "
-                "and with it the latency, grew through the probe window"
+            topic = FileTopic(work / "input", queues=QUEUES)
+            topology = Topology(NAME)
+            counts = (
+                topology.source("records", topic, schema={"key": "string"})
+                .group_by("key")
+                .persistent_aggregate(Count(), out="count", state=STATES[args.state])
             )
-        if py_cpu0 is not None and py_cpu1 is not None and jvm_cpu0 is not None and jvm_cpu1 is not None:
-            print(
-                f"cpu:      during the probe window Python (driver, writer, poller) {(py_cpu1 - py_cpu0) / window_s:.2f} cores, "
-                f"JVM {(jvm_cpu1 - jvm_cpu0) / window_s:.2f} cores, of {os.cpu_count()}"
-            )
-        qms = prober.query_ms
-        print(
-            f"query:    {len(qms):,} query_state calls while probing, round trip p50 {pct(qms, 50):.1f} ms, "
-            f"p99 {pct(qms, 99):.1f} ms" + (f"; errors {dict(prober.errors)}" if prober.errors else "")
-        )
-        print()
-        if values:
-            p50, p90, p99, worst = (pct(values, p) for p in (50, 90, 99, 100))
-            print(
-                f"latency:  {len(values):,} probes: p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s, max {worst:.3f} s, "
-                f"min {min(values):.3f} s, mean {statistics.fmean(values):.3f} s"
-                + (f"; {missing} never visible within {args.timeout:g} s" if missing else "")
-            )
-            with prober.lock:
-                in_order = [lat[k] for k in sorted(lat, key=prober.landed.__getitem__)]
-            quarters = [in_order[i * len(in_order) // 4 : (i + 1) * len(in_order) // 4] for i in range(4)]
-            print(
-                "          p50 by quarter of the probes in landing order: "
-                + " / ".join(f"{pct(q, 50):.3f}" for q in quarters if q)
-                + " s"
-            )
-            print(f"target p50 <= 1 s: {'PASS' if p50 <= 1.0 else 'MISS'}")
-        else:
-            print(f"latency:  no probe became visible within {args.timeout:g} s")
-            print("target p50 <= 1 s: MISS")
-        if prober.wrong:
-            print(f"WARNING: {len(prober.wrong)} probes first seen with a count other than 1: {list(prober.wrong.items())[:5]}")
+            topology.query(QUERY, counts)
 
-        parts, unattributed = breakdown(prober, sources, keyed, keyed_queues)
-        n = len(parts[PARTS[0]])
-        if n:
+            prober = Prober(store, poll_s=args.poll)
+            writer = Writer(topic, prober, rate=args.rate, keys=args.keys, interval_s=args.interval, seed=args.seed)
+            submitted = time.time()
+            topology_id = submit(store, cluster, topology, workers=1)
+            # one record per queue starts the tasks; the steady load starts with the first commit, so
+            # the tasks' start-up (Spark queries, ~10-20 s here) leaves no backlog behind it
+            topic.create()
+            for q in range(QUEUES):
+                writer.land(q, [writer.background[q]])
+            first_keys = [[k] for k in writer.background[:QUEUES]]
+
+            def first_commit() -> bool:
+                try:
+                    return any(v is not None for v in query_state(store, NAME, QUERY, first_keys).values())
+                except QueryError:
+                    return False
+
+            if not wait_until(first_commit, 120, 0.05):
+                raise SystemExit("no keyed batch committed within 120 s of submit")
+            first_at = time.time()
+            writer.start()
+            print(f"first keyed batch committed {first_at - submitted:.1f} s after submit; warm-up {args.warmup:g} s", flush=True)
+            time.sleep(args.warmup)
+            if writer.error is not None:
+                raise SystemExit(f"the writer failed: {writer.error!r}")
+            # the start-up backlog (input landed while the tasks started) must be worked off first
+            drain_s, backlog_trace = drain(store, writer, rate=args.rate, timeout_s=args.timeout)
             print(
-                f"breakdown ({n:,} probes matched to their batches from Spark's progress reports, {unattributed} not): "
-                + ", ".join(f"{p} {_ms(statistics.fmean(parts[p]))} mean / {_ms(pct(parts[p], 50))} p50" for p in PARTS)
+                f"start-up backlog worked off in {drain_s:.1f} s (landed but uncommitted records, 1 s apart: "
+                f"{', '.join(f'{b:,}' for b in backlog_trace[-8:])})",
+                flush=True,
             )
-        lo, hi = start.at, all_visible_at
-        print(stage_summary("source stage", sources, lo, hi))
-        print(stage_summary("keyed stage ", keyed, lo, hi))
-        print()
-        verdict = "MATCH" if caught and not mismatched else "MISMATCH"
-        print(
-            f"exactness: {verdict}: {len(keys):,} keys ({args.keys:,} background + {args.probes:,} probes) queried after "
-            f"the writer stopped; worker caught up in {catch_up_s:.1f} s; committed "
-            f"{sum(v or 0 for v in final.values()):,} vs landed {landed_total:,}"
-            + (f"; {len(mismatched)} keys differ, e.g. {list(mismatched.items())[:5]}" if mismatched else "")
-        )
-        if verdict != "MATCH":
-            sys.exit(1)
-    finally:
-        if prober is not None:
+
+            prober.thread.start()
+            start = snapshot(store, writer)
+            py_cpu0 = cpu_seconds(os.getpid())
+            jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+            jvm_cpu0 = cpu_seconds(jvm_pid)
+            writer.start_probes(args.probes, args.duration)
+            probe_rate = args.probes / args.duration
+            print(f"probing: {args.probes:,} probes over {args.duration:g} s ({probe_rate:.1f}/s)", flush=True)
+            wait_until(lambda: writer.probes_landed >= args.probes or writer.error is not None, args.duration + 60, 0.05)
+            end = snapshot(store, writer)
+            py_cpu1 = cpu_seconds(os.getpid())
+            jvm_cpu1 = cpu_seconds(jvm_pid)
+            window_s = end.at - start.at
+            print(f"all probes landed; waiting for {prober.pending()} still invisible", flush=True)
+            wait_until(lambda: prober.pending() == 0, args.timeout, 0.05)
+            all_visible_at = time.time()
+            writer.stop()
             prober.stop_event.set()
-        if writer is not None:
-            writer.stop_event.set()
-        if worker is not None:
-            worker.stop()
-        if store is not None:
-            store.close()
-        if spark is not None:
-            spark.sparkContext.setLogLevel("OFF")  # shutdown races (ContextCleaner) are noise here
-            spark.stop()
-        zk.stop()
-        if args.keep:
-            print(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+            prober.thread.join(30)
+            if writer.error is not None:
+                raise SystemExit(f"the writer failed: {writer.error!r}")
+
+            # exactness: every key's count against what was landed, once the worker caught up
+            landed_total, landed = writer.snapshot()
+            keys = sorted(landed)
+            final: dict[str, int | None] = {}
+
+            def caught_up() -> bool:
+                nonlocal final
+                try:
+                    final = query_counts(store, keys)
+                except QueryError:
+                    return False
+                return sum(v or 0 for v in final.values()) >= landed_total
+
+            t = time.perf_counter()
+            caught = wait_until(caught_up, args.timeout, 0.2)
+            catch_up_s = time.perf_counter() - t
+            mismatched = {k: (final.get(k), n) for k, n in landed.items() if final.get(k) != n}
+
+            runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
+            sources = {r.task.queue: batches_of(r) for r in runners if r.stage.kind == "source"}
+            keyed = {r.task.queue: batches_of(r) for r in runners if r.stage.kind == "keyed"}
+            keyed_queues = next((r.stage.queues for r in runners if r.stage.kind == "keyed"), QUEUES)
+
+            def wait_stopped(_: float) -> None:
+                wait_until(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
+
+            kill(store, NAME, wait_s=1.0, sleep=wait_stopped)
+            rig.stop_worker(worker)
+            load_end = os.getloadavg()
+
+            # --- report ---
+            java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
+            lat = prober.latencies()
+            values = list(lat.values())
+            missing = args.probes - len(values)
+            writer_s = (writer.stopped_at or time.time()) - (writer.started_at or submitted)
+            print()
+            print(
+                f"machine:  {cpu_model()}, {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, "
+                f"pyspark {pyspark.__version__}, Java {java}"
+            )
+            print(f"load:     1/5/15-min load average {_loads(load_start)} at the start, {_loads(load_end)} at the end")
+            print(
+                f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s, maxFilesPerTrigger "
+                f"{args.max_files_per_trigger}, {args.state} state, fsync on; topology: FileTopic source ({QUEUES} queues, "
+                f"{QUEUES} tasks) -> group_by(key).persistent_aggregate(Count()) ({keyed_queues} keyed tasks) + query "
+                f"{QUERY!r}; input {args.rate:,.0f} records/s over {args.keys:,} keys, one file per queue every "
+                f"{args.interval:g} s ({args.rate * args.interval / QUEUES:,.0f} records each); {args.probes:,} probes "
+                f"over {args.duration:g} s ({probe_rate:.1f}/s), polled every {args.poll * 1000:.0f} ms "
+                f"(all outstanding keys per query_state call); warm-up {args.warmup:g} s after the first commit "
+                f"({first_at - submitted:.1f} s after submit)"
+            )
+            print(
+                f"input:    landed {landed_total:,} records in {writer.files:,} files over {writer_s:.1f} s "
+                f"({landed_total / writer_s:,.0f} records/s; writer at most {writer.max_behind_s * 1000:.0f} ms behind schedule)"
+            )
+            backlog = end.landed - end.committed
+            print(
+                f"rates:    probe window {window_s:.1f} s: landed {(end.landed - start.landed) / window_s:,.0f} records/s, "
+                f"processed (committed counts from the state query) {(end.committed - start.committed) / window_s:,.0f} records/s; "
+                f"landed but not yet committed at its start {start.landed - start.committed:,}, at its end {backlog:,} "
+                f"({backlog / args.rate:.2f} s of input)"
+            )
+            landed_rate = (end.landed - start.landed) / window_s
+            processed_rate = (end.committed - start.committed) / window_s
+            if processed_rate < 0.95 * landed_rate:
+                print(
+                    f"          NOT STEADY: processed {processed_rate / landed_rate:.0%} of the landed rate; the backlog, "
+                    "and with it the latency, grew through the probe window"
+                )
+            if py_cpu0 is not None and py_cpu1 is not None and jvm_cpu0 is not None and jvm_cpu1 is not None:
+                print(
+                    f"cpu:      during the probe window Python (driver, writer, poller) {(py_cpu1 - py_cpu0) / window_s:.2f} cores, "
+                    f"JVM {(jvm_cpu1 - jvm_cpu0) / window_s:.2f} cores, of {os.cpu_count()}"
+                )
+            qms = prober.query_ms
+            print(
+                f"query:    {len(qms):,} query_state calls while probing, round trip p50 {pct(qms, 50):.1f} ms, "
+                f"p99 {pct(qms, 99):.1f} ms" + (f"; errors {dict(prober.errors)}" if prober.errors else "")
+            )
+            print()
+            if values:
+                p50, p90, p99, worst = (pct(values, p) for p in (50, 90, 99, 100))
+                print(
+                    f"latency:  {len(values):,} probes: p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s, max {worst:.3f} s, "
+                    f"min {min(values):.3f} s, mean {statistics.fmean(values):.3f} s"
+                    + (f"; {missing} never visible within {args.timeout:g} s" if missing else "")
+                )
+                with prober.lock:
+                    in_order = [lat[k] for k in sorted(lat, key=prober.landed.__getitem__)]
+                quarters = [in_order[i * len(in_order) // 4 : (i + 1) * len(in_order) // 4] for i in range(4)]
+                print(
+                    "          p50 by quarter of the probes in landing order: "
+                    + " / ".join(f"{pct(q, 50):.3f}" for q in quarters if q)
+                    + " s"
+                )
+                print(f"target p50 <= 1 s: {'PASS' if p50 <= 1.0 else 'MISS'}")
+            else:
+                print(f"latency:  no probe became visible within {args.timeout:g} s")
+                print("target p50 <= 1 s: MISS")
+            if prober.wrong:
+                print(
+                    f"WARNING: {len(prober.wrong)} probes first seen with a count other than 1: {list(prober.wrong.items())[:5]}"
+                )
+
+            parts, unattributed = breakdown(prober, sources, keyed, keyed_queues)
+            n = len(parts[PARTS[0]])
+            if n:
+                print(
+                    f"breakdown ({n:,} probes matched to their batches from Spark's progress reports, {unattributed} not): "
+                    + ", ".join(f"{p} {_ms(statistics.fmean(parts[p]))} mean / {_ms(pct(parts[p], 50))} p50" for p in PARTS)
+                )
+            lo, hi = start.at, all_visible_at
+            print(stage_summary("source stage", sources, lo, hi))
+            print(stage_summary("keyed stage ", keyed, lo, hi))
+            print()
+            verdict = "MATCH" if caught and not mismatched else "MISMATCH"
+            print(
+                f"exactness: {verdict}: {len(keys):,} keys ({args.keys:,} background + {args.probes:,} probes) queried after "
+                f"the writer stopped; worker caught up in {catch_up_s:.1f} s; committed "
+                f"{sum(v or 0 for v in final.values()):,} vs landed {landed_total:,}"
+                + (f"; {len(mismatched)} keys differ, e.g. {list(mismatched.items())[:5]}" if mismatched else "")
+            )
+            if verdict != "MATCH":
+                sys.exit(1)
+        finally:
+            if prober is not None:
+                prober.stop_event.set()
+            if writer is not None:
+                writer.stop_event.set()
 
 
 if __name__ == "__main__":

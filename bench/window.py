@@ -64,10 +64,8 @@ import math
 import os
 import platform
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -85,20 +83,17 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from stream_ops import Count, FileTopic, Topology, Tumbling
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
-from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import TaskStoppingError
 from stream_ops.hashing import partition_for
 from stream_ops.nimbus import kill, submit
 from stream_ops.sinks.parquet_sink import COMMITTED, committed_markers
-from stream_ops.spark.session import create_spark_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wordcount import WorkerThread, _wait  # the same worker-on-a-thread and polling as the word count
+from harness import SPARK_MASTER, BenchRig, WorkerThread, wait_until  # the benchmarks' shared rig
 
 QUEUES = 2
-SPARK_MASTER = "local[2]"
 T0_MS = 1_699_999_200_000
 """Event time of the first event (2023-11-14T22:00:00Z, a whole hour, so windows align with it)."""
 SCHEMA = {"user": "string", "ts": "double"}
@@ -512,7 +507,7 @@ def run_stream_ops(
 
     # kill: stop the tasks before their znodes go, so the next run has the worker to itself
     def wait_stopped(_: float) -> None:
-        _wait(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
+        wait_until(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
 
     # a batch that starts while its task stops fails with TaskStoppingError (left for replay):
     # expected here, so Spark's log of the failed query is silenced for the kill
@@ -767,23 +762,11 @@ def main() -> None:
     logging.getLogger("stream_ops.runtime.task_runner").addFilter(_NoLateLetterWarnings())
     logging.getLogger("py4j.clientserver").addFilter(_NoStoppingErrors())
     load_start = os.getloadavg()
-    work = Path(tempfile.mkdtemp(prefix="stream_ops_bench_window_"))
-    zk = EmbeddedZooKeeper(work / "zookeeper", tick_time_ms=500)
-    worker: WorkerThread | None = None
-    spark: SparkSession | None = None
-    store: ZkStore | None = None
-    try:
-        t = time.perf_counter()
-        zk.start(timeout_s=60)
-        print(f"zookeeper ready on {zk.hosts} in {time.perf_counter() - t:.1f} s", flush=True)
-        t = time.perf_counter()
-        spark = create_spark_session(master=SPARK_MASTER, app_name="bench-window")
-        # keep every progress report: the first batch's start time is read from them
-        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-        # "Current batch is falling behind" on every trigger that takes longer than its interval
-        spark.sparkContext.setLogLevel("ERROR")
-        print(f"SparkSession ready in {time.perf_counter() - t:.1f} s", flush=True)
-
+    # keep every progress report: the first batch's start time is read from them; "Current batch
+    # is falling behind" (every trigger that takes longer than its interval) is noise here
+    progress = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
+    with BenchRig("window", app_name="bench-window", keep=args.keep, spark_conf=progress, log_level="ERROR") as rig:
+        work, spark, store = rig.work, rig.spark, rig.store
         t = time.perf_counter()
         data = _make_input(args, args.events, args.span, args.late, args.seed)
         topic = write_input(work / "input", data, args.records_per_file, keyed=args.partitioning == "user")
@@ -799,11 +782,8 @@ def main() -> None:
                 file=sys.stderr,
             )
 
-        zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0, insecure=True)
-        store = ZkStore.connect(zk_config)
         cluster = ClusterConfig(root=work / "cluster")
-        worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        worker.start(store)
+        worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
         common = dict(poll_s=args.poll, stall_s=args.stall, timeout_s=args.timeout)
         if args.warmup_events > 0:
             t = time.perf_counter()
@@ -836,22 +816,8 @@ def main() -> None:
         ops = run_stream_ops(spark, store, cluster, worker, topic, work, data, label="main", **common)
         print(f"stream_ops: {ops.seconds:.2f} s (wall {ops.wall_s:.2f} s)", flush=True)
         results.append(ops)
-        worker.stop()
-        worker = None
+        rig.stop_worker(worker)
         report(spark, args, data, results, load_start)
-    finally:
-        if worker is not None:
-            worker.stop()
-        if store is not None:
-            store.close()
-        if spark is not None:
-            spark.sparkContext.setLogLevel("OFF")  # shutdown races (ContextCleaner) are noise here
-            spark.stop()
-        zk.stop()
-        if args.keep:
-            print(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,9 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,23 +51,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stream_ops import OpaqueMapState, TransactionalMapState
-from stream_ops.config import ClusterConfig, ZooKeeperConfig
-from stream_ops.coordination.embedded import EmbeddedZooKeeper
-from stream_ops.coordination.paths import ZkPaths
+from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryError
 from stream_ops.examples.wordcount import build_wordcount
-from stream_ops.local_stack import free_port
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
-from stream_ops.runtime.worker import Worker, WorkerSettings
-from stream_ops.spark.session import create_spark_session
+from stream_ops.runtime.worker import WorkerSettings
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SPARK_MASTER, BenchRig, WorkerThread, wait_until  # the benchmarks' shared rig
+
 STATES = {"opaque": OpaqueMapState, "transactional": TransactionalMapState}
 QUEUES = 2
-SPARK_MASTER = "local[2]"
 
 # --- input -------------------------------------------------------------------------------
 
@@ -202,44 +199,6 @@ def run_plain(
 # --- stream_ops --------------------------------------------------------------------------
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
-
-
-class WorkerThread:
-    """A stream_ops Worker running on a thread with the shared SparkSession."""
-
-    def __init__(
-        self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int
-    ) -> None:
-        settings = WorkerSettings(
-            host="127.0.0.1",
-            port=free_port(),
-            trigger_seconds=trigger_s,
-            max_files_per_trigger=max_files,
-            heartbeat_interval_s=1.0,
-            spark_master=SPARK_MASTER,
-            launched_by="bench",
-        )
-        self.worker = Worker(zk, cluster, settings, spark_factory=lambda: spark)
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.worker.run, args=(self.stop_event,), name="stream-ops-worker", daemon=True)
-
-    def start(self, store: ZkStore) -> None:
-        self.thread.start()
-        if not _wait(lambda: bool(store.children(ZkPaths.WORKERS)), 60):
-            raise SystemExit("the worker did not register in ZooKeeper within 60 s")
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(120)
-
-
 def run_stream_ops(
     store: ZkStore,
     cluster: ClusterConfig,
@@ -303,7 +262,7 @@ def run_stream_ops(
 
     # kill: stop the tasks before their znodes go, so the next run has the worker to itself
     def wait_stopped(_: float) -> None:
-        _wait(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
+        wait_until(lambda: not any(t == topology_id for t, _ in worker.worker.running_tasks), 60)
 
     kill(store, name, wait_s=1.0, sleep=wait_stopped)
     return RunResult(
@@ -492,19 +451,8 @@ def main() -> None:
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    work = Path(tempfile.mkdtemp(prefix="stream_ops_bench_wordcount_"))
-    zk = EmbeddedZooKeeper(work / "zookeeper", tick_time_ms=500)
-    worker: WorkerThread | None = None
-    spark: SparkSession | None = None
-    store: ZkStore | None = None
-    try:
-        t = time.perf_counter()
-        zk.start(timeout_s=60)
-        print(f"zookeeper ready on {zk.hosts} in {time.perf_counter() - t:.1f} s", flush=True)
-        t = time.perf_counter()
-        spark = create_spark_session(master=SPARK_MASTER, app_name="bench-wordcount")
-        print(f"SparkSession ready in {time.perf_counter() - t:.1f} s", flush=True)
-
+    with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep) as rig:
+        work, spark, store = rig.work, rig.spark, rig.store
         t = time.perf_counter()
         sentences = make_sentences(args.sentences, args.vocabulary, args.seed)
         expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
@@ -518,15 +466,12 @@ def main() -> None:
         )
         del sentences
 
-        zk_config = ZooKeeperConfig(hosts=zk.hosts, chroot="/bench", session_timeout_s=6.0, insecure=True)
-        store = ZkStore.connect(zk_config)
         common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
         load_before = os.getloadavg()
         results: list[RunResult] = []
         for mode in args.fsync:
             cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
-            worker = WorkerThread(zk_config, cluster, spark, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-            worker.start(store)
+            worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
             if args.warmup_sentences > 0 and not results:
                 t = time.perf_counter()
                 warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
@@ -574,23 +519,9 @@ def main() -> None:
                     )
                     print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
                     results.append(result)
-            worker.stop()
-            worker = None
+            rig.stop_worker(worker)
         probe = measure_file_fsync(work, lines=args.vocabulary, repeats=args.fsync_repeats)
         report(spark, args, n_files, n_words, results, load_before, probe)
-    finally:
-        if worker is not None:
-            worker.stop()
-        if store is not None:
-            store.close()
-        if spark is not None:
-            spark.sparkContext.setLogLevel("OFF")  # shutdown races (ContextCleaner) are noise here
-            spark.stop()
-        zk.stop()
-        if args.keep:
-            print(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

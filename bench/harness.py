@@ -1,0 +1,170 @@
+"""What the in-process benchmarks share: one embedded ZooKeeper, one SparkSession, a ZooKeeper
+client and stream_ops Workers on threads sharing that session, all under a temporary work
+directory and torn down in the right order (workers, client, Spark, ZooKeeper, files).
+
+Example::
+
+    with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep) as rig:
+        worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=0.2, max_files=100)
+        submit(rig.store, worker.cluster, topology, workers=1)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.store import ZkStore
+from stream_ops.local_stack import free_port
+from stream_ops.runtime.worker import Worker, WorkerSettings
+from stream_ops.spark.session import create_spark_session
+
+SPARK_MASTER = "local[2]"
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
+class WorkerThread:
+    """A stream_ops Worker running on a thread with the shared SparkSession."""
+
+    def __init__(
+        self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int
+    ) -> None:
+        settings = WorkerSettings(
+            host="127.0.0.1",
+            port=free_port(),
+            trigger_seconds=trigger_s,
+            max_files_per_trigger=max_files,
+            heartbeat_interval_s=1.0,
+            spark_master=SPARK_MASTER,
+            launched_by="bench",
+        )
+        self.cluster = cluster
+        self.worker = Worker(zk, cluster, settings, spark_factory=lambda: spark)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.worker.run, args=(self.stop_event,), name="stream-ops-worker", daemon=True)
+
+    def start(self, store: ZkStore) -> None:
+        self.thread.start()
+        if not wait_until(lambda: bool(store.children(ZkPaths.WORKERS)), 60):
+            raise SystemExit("the worker did not register in ZooKeeper within 60 s")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(120)
+
+
+class BenchRig:
+    """ZooKeeper, a SparkSession and a ZooKeeper client under a fresh work directory.
+
+    Args:
+        name: names the work directory (``stream_ops_bench_<name>_...``).
+        app_name: the Spark application's name.
+        keep: keep the work directory at the end (its path is printed).
+        spark_conf: extra Spark settings.
+        kafka_connector: put Spark's Kafka connector on ``spark.jars`` (fetched if needed).
+        log_level: the SparkContext's log level once started.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        app_name: str,
+        keep: bool = False,
+        spark_conf: Mapping[str, str] | None = None,
+        kafka_connector: bool = False,
+        log_level: str = "WARN",
+    ) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix=f"stream_ops_bench_{name}_"))
+        self.zk = EmbeddedZooKeeper(self.work / "zookeeper", tick_time_ms=500)
+        self.keep = keep
+        self._app_name = app_name
+        self._spark_conf = dict(spark_conf or {})
+        self._kafka_connector = kafka_connector
+        self._log_level = log_level
+        self._spark: SparkSession | None = None
+        self._store: ZkStore | None = None
+        self.workers: list[WorkerThread] = []
+
+    @property
+    def spark(self) -> SparkSession:
+        assert self._spark is not None, "use the rig as a context manager"
+        return self._spark
+
+    @property
+    def store(self) -> ZkStore:
+        assert self._store is not None, "use the rig as a context manager"
+        return self._store
+
+    @property
+    def zk_config(self) -> ZooKeeperConfig:
+        return ZooKeeperConfig(hosts=self.zk.hosts, chroot="/bench", session_timeout_s=6.0, insecure=True)
+
+    def __enter__(self) -> BenchRig:
+        try:
+            t = time.perf_counter()
+            self.zk.start(timeout_s=60)
+            print(f"zookeeper ready on {self.zk.hosts} in {time.perf_counter() - t:.1f} s", flush=True)
+            t = time.perf_counter()
+            self._spark = create_spark_session(
+                master=SPARK_MASTER, app_name=self._app_name, conf=self._spark_conf, kafka_connector=self._kafka_connector
+            )
+            self._spark.sparkContext.setLogLevel(self._log_level)
+            print(f"SparkSession ready in {time.perf_counter() - t:.1f} s", flush=True)
+            self._store = ZkStore.connect(self.zk_config)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def start_worker(self, cluster: ClusterConfig, *, trigger_s: float, max_files: int) -> WorkerThread:
+        """A Worker on a thread, registered in ZooKeeper when this returns; stopped by :meth:`close`."""
+        worker = WorkerThread(self.zk_config, cluster, self.spark, trigger_s=trigger_s, max_files=max_files)
+        worker.start(self.store)
+        self.workers.append(worker)
+        return worker
+
+    def stop_worker(self, worker: WorkerThread) -> None:
+        worker.stop()
+        self.workers.remove(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._spark is not None:
+            self._spark.sparkContext.setLogLevel("OFF")  # shutdown races (ContextCleaner) are noise here
+            self._spark.stop()
+            self._spark = None
+        self.zk.stop()
+        if self.keep:
+            print(f"work directory kept: {self.work}")
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> Any:
+        self.close()
+        return None
