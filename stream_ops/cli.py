@@ -823,7 +823,7 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
         from stream_ops.sources import KafkaTopic
 
         options = source.spec.options
-        return topology, KafkaTopic(options["bootstrap"], options["topic"], partitions=source.spec.queues), sentences
+        return topology, KafkaTopic(str(options["bootstrap"]), str(options["topic"]), partitions=source.spec.queues), sentences
     raise TopologyDefinitionError(
         f"topology {topology.name!r}: the demo feeds a FileTopic or a Kafka topic, not a {source.spec.kind} source"
     )

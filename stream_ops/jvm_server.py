@@ -44,12 +44,23 @@ class JvmServer(abc.ABC):
     error_type: ClassVar[type[StreamOpsError]] = StreamOpsError
     """What :func:`serve_forever` raises when the JVM dies while serving."""
 
-    def __init__(self, data_dir: Path, host: str) -> None:
+    def __init__(self, data_dir: Path, host: str, port: int | None) -> None:
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {port}")
         self.data_dir = data_dir
         self.host = host
+        self._requested_port = port
+        self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
         self._lock = threading.RLock()
+
+    @property
+    def port(self) -> int:
+        """The client port (chosen at :meth:`start` when none was given)."""
+        if self._port is None:
+            raise self.error_type(f"the {self.kind} server has no port yet: call start() first")
+        return self._port
 
     @abc.abstractmethod
     def start(self, timeout_s: float = 30.0) -> None:

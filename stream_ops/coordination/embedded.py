@@ -239,22 +239,11 @@ class EmbeddedZooKeeper(JvmServer):
     ) -> None:
         if tick_time_ms < 1:
             raise ValueError(f"tick_time_ms must be positive, got {tick_time_ms}")
-        if port is not None and not 0 < port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {port}")
-        super().__init__(Path(data_dir), host)
+        super().__init__(Path(data_dir), host, port)
         self.tick_time_ms = tick_time_ms
         self.jvm_options: tuple[str, ...] = tuple(DEFAULT_JVM_OPTIONS if jvm_options is None else jvm_options)
-        self._requested_port = port
-        self._port: int | None = port
 
     # --- properties ------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The client port (chosen at :meth:`start` when none was given)."""
-        if self._port is None:
-            raise ZooKeeperServerError("the server has no port yet: call start() first")
-        return self._port
 
     @property
     def hosts(self) -> str:

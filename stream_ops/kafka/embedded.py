@@ -110,27 +110,16 @@ class EmbeddedKafka(JvmServer):
         properties: Mapping[str, str] | None = None,
         jars: Sequence[Path] | None = None,
     ) -> None:
-        if port is not None and not 0 < port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {port}")
-        super().__init__(Path(data_dir), host)
+        super().__init__(Path(data_dir), host, port)
         self.jvm_options: tuple[str, ...] = tuple(DEFAULT_JVM_OPTIONS if jvm_options is None else jvm_options)
         self.properties = dict(properties or {})
         self._jars = list(jars) if jars is not None else None
-        self._requested_port = port
-        self._port: int | None = port
         self._controller_port: int | None = None
         self.cluster_id: str | None = None
         self.started_in_s: float | None = None
         """Seconds the last :meth:`start` took, from launching the JVM to ready (formatting excluded)."""
 
     # --- properties ------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The client port (chosen at :meth:`start` when none was given)."""
-        if self._port is None:
-            raise KafkaServerError("the broker has no port yet: call start() first")
-        return self._port
 
     @property
     def bootstrap_servers(self) -> str:
