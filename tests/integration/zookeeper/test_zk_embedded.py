@@ -18,11 +18,11 @@ from stream_ops.coordination.embedded import (
     find_java,
     four_letter_word,
     pyspark_jars_dir,
-    serve_forever,
     zookeeper_classpath,
 )
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError, ZooKeeperUnavailableError
+from stream_ops.jvm_server import serve_forever
 
 
 def _wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
@@ -182,7 +182,9 @@ def test_serve_forever_until_event(tmp_path: Path) -> None:
 class _FakeServer:
     """Stands in for EmbeddedZooKeeper where serve_forever's control flow is under test."""
 
-    hosts = "127.0.0.1:1"
+    kind = "ZooKeeper"
+    error_type = ZooKeeperServerError
+    hosts = address = "127.0.0.1:1"
     pid = 1
     data_dir = log_path = Path("/nonexistent")
 
