@@ -226,6 +226,48 @@ def heartbeat_age(
     return round(max(0.0, now - record.time), 3) if record is not None else None
 
 
+def task_status(
+    task_id: int,
+    task: TaskRecord,
+    *,
+    assigned_to: str | None,
+    owner: OwnerRecord | None,
+    tx: TransactionalRecord,
+    heartbeat: HeartbeatRecord | None,
+    fingerprint: int | None,
+    heartbeat_age_s: float | None,
+    error: ErrorRecord | None,
+    standbys: tuple[StandbyStatus, ...] = (),
+) -> TaskStatus:
+    """One task's status from its records (pure: no reads)."""
+    last = error.last if error else None
+    return TaskStatus(
+        task_id=task_id,
+        stage=task.stage,
+        stage_name=task.stage_name,
+        queue=task.queue,
+        assigned_to=assigned_to,
+        owner=owner.worker_id if owner else None,
+        owner_epoch=owner.epoch if owner else None,
+        heartbeat_age_s=heartbeat_age_s,
+        committed_txid=tx.committed_txid,
+        txid_in_flight=heartbeat.txid_in_flight if heartbeat else None,
+        rows_per_s=heartbeat.rows_per_s if heartbeat else 0.0,
+        rows_out_per_s=heartbeat.rows_out_per_s if heartbeat else 0.0,
+        lag_files=heartbeat.lag_files if heartbeat else 0,
+        lag_records=heartbeat.lag_records if heartbeat else None,
+        state_keys=heartbeat.state_keys if heartbeat else 0,
+        dead_letters=heartbeat.dead_letters if heartbeat else 0,
+        failures=error.consecutive_failures if error else 0,
+        last_error=last.reason if last else None,
+        last_error_at=last.time if last else None,
+        last_error_worker=last.worker_id if last else None,
+        quarantined=error.quarantined if error else False,
+        heartbeat_fingerprint=fingerprint,
+        standbys=standbys,
+    )
+
+
 class TopologyReads:
     """The znodes of some topologies, read at once by :func:`read_topologies` (no I/O after).
 
@@ -317,36 +359,21 @@ class TopologyReads:
             beat = self._json(ZkPaths.heartbeat(topology_id, task_id))
             counts_for = owner.worker_id if owner else assigned.get(task_id)
             hb, fingerprint = (None, None) if beat is None else read_heartbeat(beat[0], beat[1].mzxid, counts_for)
-            error = errors.get(task_id)
-            last = error.last if error else None
             standbys = tuple(
                 self._standby(topology_id, task_id, worker, tx.committed_txid)
                 for worker in (assignment[0].standbys.get(task_id, []) if assignment else [])
             )
             tasks.append(
-                TaskStatus(
-                    task_id=task_id,
-                    stage=task.stage,
-                    stage_name=task.stage_name,
-                    queue=task.queue,
+                task_status(
+                    task_id,
+                    task,
                     assigned_to=assigned.get(task_id),
-                    owner=owner.worker_id if owner else None,
-                    owner_epoch=owner.epoch if owner else None,
+                    owner=owner,
+                    tx=tx,
+                    heartbeat=hb,
+                    fingerprint=fingerprint,
                     heartbeat_age_s=heartbeat_age(hb, fingerprint, topology_id, task_id, now, tracker),
-                    committed_txid=tx.committed_txid,
-                    txid_in_flight=hb.txid_in_flight if hb else None,
-                    rows_per_s=hb.rows_per_s if hb else 0.0,
-                    rows_out_per_s=hb.rows_out_per_s if hb else 0.0,
-                    lag_files=hb.lag_files if hb else 0,
-                    lag_records=hb.lag_records if hb else None,
-                    state_keys=hb.state_keys if hb else 0,
-                    dead_letters=hb.dead_letters if hb else 0,
-                    failures=error.consecutive_failures if error else 0,
-                    last_error=last.reason if last else None,
-                    last_error_at=last.time if last else None,
-                    last_error_worker=last.worker_id if last else None,
-                    quarantined=error.quarantined if error else False,
-                    heartbeat_fingerprint=fingerprint,
+                    error=errors.get(task_id),
                     standbys=standbys,
                 )
             )

@@ -34,6 +34,7 @@ from stream_ops.nimbus.status import (
     heartbeat_age,
     read_heartbeat,
     read_topologies,
+    task_status,
 )
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.orchestration import HeartbeatCursor, StreamClusterResource, StreamOpsTranslator, observe_tick
@@ -72,32 +73,17 @@ def _describe_one_read_at_a_time(
         found = store.get_json(ZkPaths.heartbeat(topology_id, task_id))
         worker = owner.worker_id if owner else assigned.get(task_id)
         hb, fingerprint = (None, None) if found is None else read_heartbeat(found[0], found[1].mzxid, worker)
-        error = errors.get(task_id)
-        last = error.last if error else None
         tasks.append(
-            TaskStatus(
-                task_id=task_id,
-                stage=task.stage,
-                stage_name=task.stage_name,
-                queue=task.queue,
+            task_status(
+                task_id,
+                task,
                 assigned_to=assigned.get(task_id),
-                owner=owner.worker_id if owner else None,
-                owner_epoch=owner.epoch if owner else None,
+                owner=owner,
+                tx=tx,
+                heartbeat=hb,
+                fingerprint=fingerprint,
                 heartbeat_age_s=heartbeat_age(hb, fingerprint, topology_id, task_id, now, tracker),
-                committed_txid=tx.committed_txid,
-                txid_in_flight=hb.txid_in_flight if hb else None,
-                rows_per_s=hb.rows_per_s if hb else 0.0,
-                rows_out_per_s=hb.rows_out_per_s if hb else 0.0,
-                lag_files=hb.lag_files if hb else 0,
-                lag_records=hb.lag_records if hb else None,
-                state_keys=hb.state_keys if hb else 0,
-                dead_letters=hb.dead_letters if hb else 0,
-                failures=error.consecutive_failures if error else 0,
-                last_error=last.reason if last else None,
-                last_error_at=last.time if last else None,
-                last_error_worker=last.worker_id if last else None,
-                quarantined=error.quarantined if error else False,
-                heartbeat_fingerprint=fingerprint,
+                error=errors.get(task_id),
             )
         )
     return TopologyStatus(
