@@ -214,3 +214,14 @@ class KafkaJarsError(StreamOpsError):
 
 class KafkaServerError(StreamOpsError):
     """The embedded Kafka broker could not be formatted, started or reached."""
+
+
+class KafkaSinkError(StreamOpsError):
+    """A Kafka sink could not deliver a committed batch (brokers unreachable, a missing topic,
+    a transaction the brokers refused). The batch stays published and undelivered: the task
+    stops, and the next start delivers it, once."""
+
+
+class KafkaSinkFencedError(KafkaSinkError):
+    """A newer producer with the same transactional id (the task's next owner) fenced this one:
+    its open transaction is aborted and it can write nothing more. The new owner delivers."""

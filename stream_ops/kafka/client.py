@@ -1,4 +1,4 @@
-"""Small confluent-kafka helpers: a topic's partition count and a partition's end offset.
+"""Small confluent-kafka helpers: a topic's partition count, creating a topic, a partition's end offset.
 
 The clients log through Python's ``logging`` (logger ``stream_ops.kafka.librdkafka``), not
 librdkafka's own stderr lines, so a broker that is down does not flood a worker's output.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from stream_ops.errors import KafkaServerError
@@ -40,6 +42,77 @@ def partition_count(bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> i
         why = f" ({found.error})" if found is not None and found.error is not None else ""
         raise KafkaServerError(f"Kafka at {bootstrap} has no topic {topic!r}{why}")
     return len(found.partitions)
+
+
+def topic_partitions(
+    bootstrap: str, topic: str, *, config: Mapping[str, Any] | None = None, timeout_s: float = 10.0
+) -> int | None:
+    """How many partitions ``topic`` has, None when the cluster has no such topic.
+
+    Raises:
+        KafkaServerError: the cluster did not answer in ``timeout_s``.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(client_config(bootstrap, **(config or {})))
+    try:
+        metadata = admin.list_topics(topic=topic, timeout=timeout_s)
+    except KafkaException as e:
+        raise KafkaServerError(f"Kafka at {bootstrap} did not answer in {timeout_s:.0f} s: {e}") from e
+    found = metadata.topics.get(topic)
+    if found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        return None
+    if found.error is not None:
+        raise KafkaServerError(f"Kafka at {bootstrap}: topic {topic!r}: {found.error}")
+    return len(found.partitions) or None
+
+
+def ensure_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    partitions: int,
+    replication_factor: int | None = None,
+    topic_config: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> int:
+    """Create ``topic`` unless it exists (another client creating it meanwhile is fine); returns
+    its partition count. ``replication_factor`` None takes the brokers' default.
+
+    Raises:
+        KafkaServerError: Kafka refused to create it (a bad setting, no permission) or did not
+            answer in ``timeout_s``.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    existing = topic_partitions(bootstrap, topic, config=config, timeout_s=timeout_s)
+    if existing is not None:
+        return existing
+    admin = AdminClient(client_config(bootstrap, **(config or {})))
+    new = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=-1 if replication_factor is None else replication_factor,
+        config=dict(topic_config or {}),
+    )
+    futures = admin.create_topics([new], operation_timeout=timeout_s, request_timeout=timeout_s)
+    try:
+        futures[topic].result(timeout=timeout_s)
+        logger.info("created Kafka topic %r (%d partitions) at %s", topic, partitions, bootstrap)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise KafkaServerError(f"Kafka at {bootstrap} did not create topic {topic!r}: {e}") from e
+    deadline = time.monotonic() + timeout_s
+    while True:  # the topic reaches every broker's metadata shortly after the controller's answer
+        found = topic_partitions(bootstrap, topic, config=config, timeout_s=timeout_s)
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            raise KafkaServerError(f"topic {topic!r} did not show up at {bootstrap} in {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 class OffsetReader:

@@ -6,9 +6,11 @@ under (task, txid, epoch), recorded in the ZooKeeper commit and published after 
 branches into the same keyed stage, a merged stream into one sink) are written as one file,
 since a file name is per (task, txid, epoch).
 
-Two sinks act after the publish: a function sink calls the user's function with each
+Three sinks act after the publish: a function sink calls the user's function with each
 published batch and deletes it once the function returned (so a crash in between calls it
-again with the same txid and records), and ``print`` logs the batch's records.
+again with the same txid and records); a Kafka sink delivers each published batch the same
+way, in one Kafka transaction whose progress record makes a second delivery of a txid a no-op
+(:mod:`stream_ops.kafka.sink`); and ``print`` logs the batch's records.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.layout import TopologyLayout
@@ -31,6 +33,9 @@ from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from stream_ops.kafka.sink import KafkaSinkWriter
 
 logger = logging.getLogger(__name__)
 print_logger = logging.getLogger("stream_ops.print")
@@ -53,6 +58,8 @@ class StageOutputs:
         self._shuffles: dict[int, FileTopic] = {}
         self._sinks: dict[str, StagedOutput] = {}
         self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
+        """Sinks whose published batches are delivered after the publish: functions and Kafka."""
+        self._kafka_writers: dict[str, KafkaSinkWriter] = {}
         for shuffle in stage.shuffles:
             self._shuffles[shuffle.to_stage] = layout.shuffle_topic(plan.stage(shuffle.to_stage))
         for output in stage.outputs:
@@ -66,7 +73,7 @@ class StageOutputs:
             elif isinstance(output, SinkSpec) and output.format == "topic":
                 assert output.path is not None and output.queues is not None
                 self._sinks[output.name] = FileTopic(output.path, output.queues, durable=layout.cluster.fsync)
-            elif isinstance(output, SinkSpec) and output.format == "function":
+            elif isinstance(output, SinkSpec) and output.format in ("function", "kafka"):
                 self._functions[output.name] = (layout.sink_delivery_topic(stage, output.name), output)
         self._printed: list[tuple[int, str, list[Record]]] = []
 
@@ -183,8 +190,8 @@ class StageOutputs:
     # --- step 6, after the publish --------------------------------------------------------------
 
     def after_publish(self) -> None:
-        """Deliver what the published batches owe: function sinks (every published batch of
-        this task not yet delivered, oldest first) and the ``print`` sink's records."""
+        """Deliver what the published batches owe: function and Kafka sinks (every published
+        batch of this task not yet delivered, oldest first) and the ``print`` sink's records."""
         for topic, spec in self._functions.values():
             self._deliver(topic, spec)
         for txid, name, batch in self._printed:
@@ -193,13 +200,36 @@ class StageOutputs:
         self._printed.clear()
 
     def _deliver(self, topic: DeliveryTopic, spec: SinkSpec) -> None:
+        queue, task_id = self.task.queue, self.task.task_id
+        deliver = self._kafka_delivery(spec) if spec.format == "kafka" else self._function_delivery(spec)
+        for txid, records in topic.undelivered(queue, task_id):
+            deliver(txid, records)
+            topic.mark_delivered(queue, task_id, txid)
+            logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)
+
+    def _function_delivery(self, spec: SinkSpec) -> Callable[[int, list[Record]], object]:
         assert spec.function is not None
         fn: Callable[..., Any] = resolve_function(spec.function, scope=spec.code)
-        queue, task_id = self.task.queue, self.task.task_id
-        for txid, records in topic.undelivered(queue, task_id):
+        queue = self.task.queue
+
+        def deliver(txid: int, records: list[Record]) -> None:
             if spec.arity == 3:
                 fn(txid, records, queue)
             else:
                 fn(txid, records)
-            topic.mark_delivered(queue, task_id, txid)
-            logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)
+
+        return deliver
+
+    def _kafka_delivery(self, spec: SinkSpec) -> Callable[[int, list[Record]], object]:
+        """The task's writer of a Kafka sink, started (so a new owner fences the old one's
+        producer) at its first delivery pass, even with nothing to deliver."""
+        writer = self._kafka_writers.get(spec.name)
+        if writer is None:
+            from stream_ops.kafka.sink import KafkaSinkWriter  # confluent-kafka, only for tasks with a Kafka sink
+
+            assert spec.kafka is not None
+            writer = KafkaSinkWriter(spec.kafka, topology_id=self.layout.topology_id, sink=spec.name, task_id=self.task.task_id)
+            self._kafka_writers[spec.name] = writer
+        if writer.delivered_txid is None:
+            writer.start()
+        return writer.deliver

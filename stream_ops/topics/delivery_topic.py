@@ -1,4 +1,4 @@
-"""A topic of batches handed to a consumer once each: the queue of a function sink.
+"""A topic of batches handed to a consumer once each: the queue of a function or Kafka sink.
 
 Batches are staged and published like any :class:`~stream_ops.topics.file_topic.FileTopic`
 batch; the task then hands each published batch to the user's function and removes it. A
@@ -6,7 +6,8 @@ marker per task (``.delivered-t<task>`` in the queue, the last txid handed over)
 was delivered, so publishing a delivered batch again (a replay after a crash) is a no-op and
 a batch is removed only after its function call returned. A crash between the call and the
 marker calls the function again with the same txid: the sink contract is at-least-once per
-txid, made exactly-once by a function that writes idempotently by txid.
+txid, made exactly-once by a function that writes idempotently by txid (or, for a Kafka sink, by
+the progress record of :mod:`stream_ops.kafka.sink`).
 """
 
 from __future__ import annotations
@@ -48,12 +49,18 @@ class DeliveryTopic(FileTopic):
             if found.txid <= delivered:
                 path.unlink(missing_ok=True)  # delivered before a crash that left the file
                 continue
-            with open(path, encoding="utf-8") as f:
-                yield found.txid, [json.loads(line) for line in f if line.strip()]
+            try:
+                with open(path, encoding="utf-8") as f:
+                    records = [json.loads(line) for line in f if line.strip()]
+            except FileNotFoundError:
+                continue  # delivered and removed meanwhile by a stale owner finishing its last batch
+            yield found.txid, records
 
     def mark_delivered(self, queue: int, task_id: int, txid: int) -> None:
-        """Record ``txid`` as delivered (durably), then remove its batch file."""
-        write_json_lines_atomically(self._marker(queue, task_id), [{"txid": txid}], durable=self.durable)
+        """Record ``txid`` as delivered (durably; never moving the marker back, as a stale owner
+        finishing an older batch would), then remove its batch file."""
+        if txid > self.delivered_txid(queue, task_id):
+            write_json_lines_atomically(self._marker(queue, task_id), [{"txid": txid}], durable=self.durable)
         for path in self.files(queue):
             found = parse_batch_file_name(path.name)
             if found is not None and found.task_id == task_id and found.txid == txid:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.kafka.sink_options import DEFAULT_ID_PREFIX, DEFAULT_PROGRESS_TOPIC, kafka_sink_spec
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
 from stream_ops.operators.windows import WindowDef
 from stream_ops.sources import SourceSpec, source_spec
@@ -1099,6 +1100,60 @@ class Stream:
         batch commits (Storm's printer bolt), for debugging."""
         self._add_sink(self._what("print"), name, {"format": "print"})
 
+    def to_kafka(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        key: str | None = None,
+        value: str | None = None,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        progress_topic: str = DEFAULT_PROGRESS_TOPIC,
+        transactional_id_prefix: str = DEFAULT_ID_PREFIX,
+        name: str | None = None,
+    ) -> None:
+        """Write the stream into the Kafka topic ``topic``, exactly once for ``read_committed`` consumers.
+
+        Each committed batch of each task is one Kafka transaction (producer
+        ``transactional.id`` ``<prefix>.<topology id>.<sink>.t<task>``), delivered after the
+        ZooKeeper commit; a new owner of the task fences the old one's producer, and a progress
+        record written in the same transaction skips batches Kafka has already (see
+        :mod:`stream_ops.kafka.sink`).
+
+        Args:
+            bootstrap: ``host:port[,host:port...]`` of the brokers, as workers reach them.
+            topic: the output topic. It must exist, unless ``partitions`` is given: then a task
+                creates it with that many partitions when it is missing.
+            key: the field whose value is the message key (None: no key).
+            value: the field whose value is the message value (None: the record as a JSON object).
+                A string is written as UTF-8, a null as a tombstone, other values as JSON.
+            partitions: create the topic with this many partitions if missing.
+            replication_factor: replicas of the topics the sink creates (None: the brokers' default).
+            config: librdkafka settings for the sink's clients (SASL, TLS, ...); a value
+                ``env:NAME`` is read from the worker's environment variable ``NAME``, so secrets
+                stay out of the plan. Settings the sink owns (``transactional.id``, ...) are refused.
+            progress_topic: the compacted topic of delivered txids (created if missing).
+            transactional_id_prefix: the first part of the producers' transactional ids.
+            name: the sink's name (default ``<stage>-kafka``).
+        """
+        what = self._what("to_kafka")
+        spec = kafka_sink_spec(
+            bootstrap,
+            topic,
+            fields=self._fields,
+            what=what,
+            key=key,
+            value=value,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            config=config,
+            progress_topic=progress_topic,
+            transactional_id_prefix=transactional_id_prefix,
+        )
+        self._add_sink(what, name, {"format": "kafka", "kafka": spec.model_dump()})
+
     def _add_sink(self, what: str, name: str | None, spec: dict[str, Any]) -> None:
         sink_name = _check_name("sink", name or f"{self._segment.name}-{spec['format']}")
         self._topology._add_sink(sink_name, what)
@@ -1167,6 +1222,10 @@ class GroupedStream:
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Not allowed: a grouped stream is not a stream of records."""
         raise self._not_a_stream("print")
+
+    def to_kafka(self, *args: Any, **kwargs: Any) -> None:
+        """Not allowed: a grouped stream is not a stream of records."""
+        raise self._not_a_stream("to_kafka")
 
     def persistent_aggregate(
         self,

@@ -7,10 +7,10 @@ operations, which form a tree: each operation reads the stage's input or one ear
 stage *taps* one point of that tree: partial aggregates per key to a keyed stage, whole
 records keyed by fields to a join/process/partition stage (both partitioned by
 ``stable_hash(key) % queues``), a partition_persist State, or a sink (Parquet files, a topic,
-a user function, the log). Stages and their shuffles form a DAG; a merge of streams is a stage
-read by several upstream stages. One task per (stage, queue); task ids are integers over the
-whole topology, in stage order. The plan is plain data (JSON) so workers rebuild it without the
-user's topology object.
+a user function, the log, a Kafka topic). Stages and their shuffles form a DAG; a merge of
+streams is a stage read by several upstream stages. One task per (stage, queue); task ids are
+integers over the whole topology, in stage order. The plan is plain data (JSON) so workers
+rebuild it without the user's topology object.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.kafka.sink_options import KafkaSinkSpec
 from stream_ops.sources import SourceSpec
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
@@ -102,7 +103,7 @@ class PersistSpec(_Frozen):
     """Where the emitted records go (the stage of the state's ``new_values()``), if used."""
 
 
-SinkFormat = Literal["parquet", "topic", "function", "print"]
+SinkFormat = Literal["parquet", "topic", "function", "print", "kafka"]
 
 
 class SinkSpec(_Frozen):
@@ -112,7 +113,8 @@ class SinkSpec(_Frozen):
     FileTopic of ``queues`` queues at ``path`` that another topology can read; ``function``:
     a user function called after each commit with the batch (``function`` is its reference,
     ``arity`` 2 for ``fn(txid, records)`` or 3 for ``fn(txid, records, partition)``);
-    ``print``: records to the worker log after each commit.
+    ``print``: records to the worker log after each commit; ``kafka``: each committed batch in
+    one Kafka transaction (``kafka`` holds the options, see :mod:`stream_ops.kafka.sink`).
     """
 
     kind: Literal["sink"] = "sink"
@@ -125,6 +127,7 @@ class SinkSpec(_Frozen):
     queues: int | None = None
     function: str | None = None
     arity: int = 2
+    kafka: KafkaSinkSpec | None = None
     code: CodeScope | None = Field(None, exclude=True)
     """The verified archive ``function`` resolves in (set by a worker, never in plan.json)."""
 

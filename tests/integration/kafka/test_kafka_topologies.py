@@ -1,6 +1,7 @@
 """Topologies reading Kafka through real worker processes (Spark with the Kafka connector) and
 a real ZooKeeper: a two-partition topic counted exactly per key, offsets recorded with each
-commit, lag measured, and a value that is not JSON sent to the dead letters."""
+commit, lag measured, a value that is not JSON sent to the dead letters, and counts written
+back to Kafka through the exactly-once sink."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from confluent_kafka import Producer
+from topic_reader import read_messages
 
 from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.coordination.paths import ZkPaths
@@ -144,3 +146,40 @@ def test_a_source_starts_at_a_timestamp_and_reports_its_lag_while_it_catches_up(
     _wait(caught_up, "the source task to read up to the end")
     assert max(seen) > 0, f"no lag was ever reported: {seen}"
     wait_for_counts(kafka_store, topology.name, "counts", {"new": 8, "old": None}, timeout_s=TIMEOUT_S)
+
+
+def test_kafka_to_count_to_kafka_writes_every_new_value_once_for_read_committed_consumers(
+    kafka, kafka_workers, kafka_store, topic_name
+) -> None:
+    kafka.create_topic(topic_name, partitions=2)
+    out = f"{topic_name}-counts"
+    topology = Topology("kafka-to-kafka")
+    words = topology.source("words", KafkaTopic(kafka.bootstrap_servers, topic_name), schema={"word": "string"})
+    counts = words.group_by("word").persistent_aggregate(Count(), out="count", state=OpaqueMapState)
+    counts.new_values().to_kafka(kafka.bootstrap_servers, out, key="word", partitions=2, name="counts-out")
+    topology.query("counts", counts)
+    submit(kafka_store, kafka_workers.cluster, topology, workers=1)
+
+    first = [(0, "how"), (1, "are"), (0, "you"), (1, "how"), (0, "how")]
+    second = [(1, "you"), (0, "nice"), (1, "how")]
+    _produce(kafka, topic_name, [(p, json.dumps({"word": w})) for p, w in first])
+    wait_for_counts(kafka_store, topology.name, "counts", dict(Counter(w for _, w in first)), timeout_s=TIMEOUT_S)
+    _produce(kafka, topic_name, [(p, json.dumps({"word": w})) for p, w in second])
+    truth = Counter(w for _, w in first + second)
+    wait_for_counts(kafka_store, topology.name, "counts", dict(truth), timeout_s=TIMEOUT_S)
+
+    # new_values() emits each updated key's count once per batch: per key (one partition, in
+    # order) the counts rise strictly, a doubled batch would repeat one, and the last is the truth.
+    per_word: dict[str, list[int]] = {}
+
+    def delivered() -> bool:
+        per_word.clear()
+        for message in read_messages(kafka.bootstrap_servers, out):
+            record = json.loads(message.value or b"")
+            assert message.key == record["word"].encode()
+            per_word.setdefault(record["word"], []).append(record["count"])
+        return {w: c[-1] for w, c in per_word.items()} == dict(truth)
+
+    _wait(delivered, "the Kafka sink to deliver the final counts")
+    for word, seen in per_word.items():
+        assert seen == sorted(set(seen)), f"{word}: counts {seen} repeat or fall"
