@@ -29,19 +29,10 @@ def partition_count(bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> i
     Raises:
         KafkaServerError: the cluster did not answer in ``timeout_s`` or has no such topic.
     """
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient(client_config(bootstrap))
-    try:
-        metadata = admin.list_topics(topic=topic, timeout=timeout_s)
-    except KafkaException as e:
-        raise KafkaServerError(f"Kafka at {bootstrap} did not answer in {timeout_s:.0f} s: {e}") from e
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        why = f" ({found.error})" if found is not None and found.error is not None else ""
-        raise KafkaServerError(f"Kafka at {bootstrap} has no topic {topic!r}{why}")
-    return len(found.partitions)
+    found = topic_partitions(bootstrap, topic, timeout_s=timeout_s)
+    if found is None:
+        raise KafkaServerError(f"Kafka at {bootstrap} has no topic {topic!r}")
+    return found
 
 
 def topic_partitions(

@@ -35,7 +35,7 @@ from typing import Any
 from stream_ops.coordination.embedded import find_java, free_port
 from stream_ops.errors import JavaNotFoundError, KafkaServerError
 from stream_ops.jvm_server import JvmServer
-from stream_ops.kafka.client import client_config
+from stream_ops.kafka.client import client_config, ensure_topic, topic_partitions
 from stream_ops.kafka.jars import broker_jars
 
 logger = logging.getLogger(__name__)
@@ -286,43 +286,18 @@ class EmbeddedKafka(JvmServer):
         """Create topic ``name`` with ``partitions`` partitions (one replica) and wait until it is there.
 
         Raises:
-            KafkaServerError: Kafka refused (an existing topic, a bad name) or did not answer in time.
+            KafkaServerError: the topic exists already, Kafka refused (a bad name or setting) or
+                did not answer in time.
         """
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient(self.admin_config())
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))],
-            operation_timeout=timeout_s,
-            request_timeout=timeout_s,
+        if topic_partitions(self.bootstrap_servers, name, timeout_s=timeout_s) is not None:
+            raise KafkaServerError(f"Kafka on {self.bootstrap_servers} has a topic {name!r} already")
+        ensure_topic(
+            self.bootstrap_servers, name, partitions=partitions, replication_factor=1, topic_config=config, timeout_s=timeout_s
         )
-        try:
-            futures[name].result(timeout=timeout_s)
-        except KafkaException as e:
-            raise KafkaServerError(f"Kafka on {self.bootstrap_servers} did not create topic {name!r}: {e}") from e
-        deadline = time.monotonic() + timeout_s
-        while True:  # metadata reaches the broker's cache shortly after the controller's answer
-            topic = admin.list_topics(topic=name, timeout=timeout_s).topics.get(name)
-            if topic is not None and topic.error is None and len(topic.partitions) == partitions:
-                return
-            if time.monotonic() >= deadline:
-                raise KafkaServerError(f"topic {name!r} did not show up on {self.bootstrap_servers} in {timeout_s:.0f} s")
-            time.sleep(PROBE_INTERVAL_S)
 
-    def ensure_topic(self, name: str, partitions: int = 1, timeout_s: float = 30.0) -> bool:
-        """Create topic ``name`` unless the broker has it (whatever its partition count).
-
-        Returns:
-            Whether it was created.
-        """
-        from confluent_kafka.admin import AdminClient
-
-        listed = AdminClient(self.admin_config()).list_topics(topic=name, timeout=timeout_s).topics.get(name)
-        if listed is not None and listed.error is None and listed.partitions:
-            return False
-        self.create_topic(name, partitions, timeout_s=timeout_s)
-        return True
+    def ensure_topic(self, name: str, partitions: int = 1, timeout_s: float = 30.0) -> int:
+        """Create topic ``name`` unless the broker has it; returns its partition count."""
+        return ensure_topic(self.bootstrap_servers, name, partitions=partitions, replication_factor=1, timeout_s=timeout_s)
 
     def __repr__(self) -> str:
         port = self._port if self._port is not None else "?"
