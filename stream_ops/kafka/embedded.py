@@ -290,7 +290,7 @@ class EmbeddedKafka(JvmServer):
                 did not answer in time.
         """
         if topic_partitions(self.bootstrap_servers, name, timeout_s=timeout_s) is not None:
-            raise KafkaServerError(f"Kafka on {self.bootstrap_servers} has a topic {name!r} already")
+            raise KafkaServerError(f"Kafka on {self.bootstrap_servers}: topic {name!r} already exists")
         ensure_topic(
             self.bootstrap_servers, name, partitions=partitions, replication_factor=1, topic_config=config, timeout_s=timeout_s
         )
