@@ -225,3 +225,8 @@ class KafkaSinkError(StreamOpsError):
 class KafkaSinkFencedError(KafkaSinkError):
     """A newer producer with the same transactional id (the task's next owner) fenced this one:
     its open transaction is aborted and it can write nothing more. The new owner delivers."""
+
+
+class StateTopicTruncatedError(StateError):
+    """The state-topic records asked for were deleted by a compaction meanwhile (a Kafka state
+    topic's partition starts at a higher offset now): read again from the newer snapshot."""

@@ -2,7 +2,9 @@
 
 Each queue of a stateful stage is compacted up to its task's committed txid under a
 ZooKeeper lock, so two compactions of one queue never overlap; the running task keeps
-appending meanwhile (compaction only deletes files of txids the snapshot covers).
+appending meanwhile (compaction only deletes files of txids the snapshot covers). A state topic
+kept in Kafka (the topology's conf) is compacted the same way: snapshot, then the partition's
+records below the snapshot's offset are deleted.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError, LockTimeoutError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.state.snapshot import CompactionResult, compact_queue
-from stream_ops.state.state_topic import StateTopicQueue
+from stream_ops.state.snapshot import CompactionResult
+from stream_ops.state.state_log import open_state_log
 from stream_ops.topology.plan import Plan, StageSpec
 
 logger = logging.getLogger(__name__)
@@ -78,14 +80,24 @@ def compact_queue_locked(
     committed = record.committed_txid
     if committed < 0:
         return QueueCompaction(stage.name, queue, task.task_id, committed, None, "nothing committed yet")
-    with compaction_lock(store, layout.topology_id, task.task_id, timeout_s=lock_timeout_s):
-        result = compact_queue(
-            StateTopicQueue(layout.state_topic(stage), queue),
-            layout.snapshot_dir(stage, queue),
-            committed,
-            committed_epoch=record.committed_epoch,
-            delete_covered=delete_covered,
-        )
+    log = open_state_log(
+        read_storm(store, layout.topology_id).conf,
+        file_topic=layout.state_topic(stage),
+        queue=queue,
+        topology_id=layout.topology_id,
+        stage_index=stage.index,
+        stage_name=stage.name,
+    )
+    try:
+        with compaction_lock(store, layout.topology_id, task.task_id, timeout_s=lock_timeout_s):
+            result = log.compact(
+                layout.snapshot_dir(stage, queue),
+                committed,
+                committed_epoch=record.committed_epoch,
+                delete_covered=delete_covered,
+            )
+    finally:
+        log.close()
     logger.info(
         "compacted %s stage %s queue %d at txid %d: %d keys, %d files deleted",
         layout.topology_id,

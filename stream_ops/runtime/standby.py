@@ -10,6 +10,10 @@ new owner opens that store and applies only the txids committed since the last p
 A standby only reads the state topic, its snapshots and ``/transactional``; the one thing it
 writes besides its own local store is an ephemeral ``/standbys/{id}/{task}@{worker}`` record of
 how far it got, for observers. Nothing the commit protocol reads.
+
+Where the state topic is (files, or a Kafka partition) comes from the topology's conf in its
+``/storms`` record, read when the replica is made; a replica on Kafka keeps its reader between
+polls, so each poll reads only the records produced since the last one.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.records import StandbyRecord, TransactionalRecord
+from stream_ops.coordination.records import StandbyRecord, TaskRecord, TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError, StreamOpsError, ZnodeNotFoundError
-from stream_ops.state.restore import catch_up_store, rebuild_store
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
+from stream_ops.state.state_log import FileStateLog, StateLog, open_state_log
 from stream_ops.state.state_topic import StateTopicQueue
 
 logger = logging.getLogger(__name__)
@@ -55,10 +60,14 @@ class StandbyProgress:
 
 
 class StandbyReplica:
-    """One warm copy of a task's store, brought up to a committed txid by :meth:`sync`."""
+    """One warm copy of a task's store, brought up to a committed txid by :meth:`sync`.
 
-    def __init__(self, target: StandbyTarget) -> None:
+    ``log`` is the task's state topic (default: the file queue of ``target``).
+    """
+
+    def __init__(self, target: StandbyTarget, log: StateLog | None = None) -> None:
         self.target = target
+        self.log: StateLog = log if log is not None else FileStateLog(target.queue)
         self._store: RocksDBBackingMap | None = None
 
     def sync(self, committed_txid: int, committed_epoch: int) -> StandbyProgress | None:
@@ -67,21 +76,14 @@ class StandbyReplica:
         if committed_txid < 0:
             return None
         store = self._open()
-        applied = catch_up_store(store, self.target.queue, committed_txid, committed_epoch)
+        applied = self.log.catch_up(store, committed_txid, committed_epoch, snapshot_dir=self.target.snapshot_dir)
         how = "current" if applied == 0 else "tail"
         if applied is None:
             logger.info("standby %s: rebuilding at txid %d from the state topic", self.target.store_dir, committed_txid)
-            self.close()
+            self._close_store()
             RocksDBBackingMap.destroy(self.target.store_dir)
             store = self._open()
-            rebuild_store(
-                store,
-                self.target.queue,
-                committed_txid,
-                committed_epoch,
-                snapshot_dir=self.target.snapshot_dir,
-                require_complete=True,
-            )
+            self.log.rebuild(store, committed_txid, committed_epoch, snapshot_dir=self.target.snapshot_dir, require_complete=True)
             how = "rebuilt"
         return StandbyProgress(committed_txid, committed_epoch, store.count_keys(), how)
 
@@ -92,7 +94,11 @@ class StandbyReplica:
         return self._store
 
     def close(self) -> None:
-        """Close the store (kept on disk, for the task to take over or the next sync)."""
+        """Close the store (kept on disk, for the task to take over or the next sync) and the log's clients."""
+        self._close_store()
+        self.log.close()
+
+    def _close_store(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -180,7 +186,7 @@ class StandbyPool:
         committed = TransactionalRecord.model_validate(found[0])
         replica = self._replicas.get(key)
         if replica is None:
-            replica = self._replicas[key] = StandbyReplica(target)
+            replica = self._replicas[key] = StandbyReplica(target, self._state_log(key, target.queue))
         progress = replica.sync(committed.committed_txid, committed.committed_epoch)
         if progress is None:
             return
@@ -196,6 +202,22 @@ class StandbyPool:
             )
         if self._written.get(key) != (progress.txid, progress.epoch):
             self._write_record(key, progress)
+
+    def _state_log(self, key: TaskKey, queue: StateTopicQueue) -> StateLog:
+        """The task's state topic, where its topology's conf keeps it (``queue`` is its file queue)."""
+        storm = read_storm(self.store, key[0])
+        found = self.store.get_json(ZkPaths.task(*key))
+        if found is None:
+            raise ZnodeNotFoundError(f"task {key[0]}/{key[1]} has no /tasks record")
+        task = TaskRecord.model_validate(found[0])
+        return open_state_log(
+            storm.conf,
+            file_topic=queue.topic,
+            queue=queue.queue,
+            topology_id=key[0],
+            stage_index=task.stage,
+            stage_name=task.stage_name,
+        )
 
     def _write_record(self, key: TaskKey, progress: StandbyProgress) -> None:
         record = StandbyRecord(

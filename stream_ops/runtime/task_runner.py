@@ -14,8 +14,9 @@ stage kind (txid n, owner epoch e):
   3. stage the output files (shuffle, dead letters) named (task, n, e) where no reader sees
      them, fsynced; a partition_persist user State gets ``begin_commit(n)`` and the updates;
   4. append the batch's state changes to the state topic as (task, n, e), fsynced, an empty
-     file when nothing changed; then write them and the applied marker (n, e) to RocksDB in
-     one synced write batch;
+     file when nothing changed (on Kafka: its records and end record, acknowledged by all
+     in-sync replicas, see :mod:`stream_ops.state.kafka_state_topic`); then write them and the
+     applied marker (n, e) to RocksDB in one synced write batch;
   5. ZooKeeper commit transaction (checks ownership; refused for a zombie and once the task
      is stopping), recording the staged files' sizes and the input files' fingerprint;
   6. ``commit(n)`` of a user State, publish the staged files (rename into the queues, checked
@@ -47,6 +48,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.config import QueryConfig
+from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.layout import TopologyLayout
@@ -64,6 +66,7 @@ from stream_ops.sources.base import count_lines, files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
+from stream_ops.state.state_log import open_state_log
 from stream_ops.state.state_topic import encode_items
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.staged_output import StagedOutput
@@ -265,10 +268,17 @@ class TaskRunner:
         stage = self.stage
         if stage.keeps_state:
             started = time.monotonic()
+            log = open_state_log(
+                read_storm(self.zk, self.topology_id).conf,
+                file_topic=self.layout.state_topic(stage),
+                queue=self.task.queue,
+                topology_id=self.topology_id,
+                stage_index=stage.index,
+                stage_name=stage.name,
+            )
             self.state = open_task_state(
                 store_dir=self.layout.local_store_dir(self.worker_id, self.task.task_id),
-                state_topic=self.layout.state_topic(stage),
-                queue=self.task.queue,
+                log=log,
                 kind=stage.state.kind if stage.state is not None else None,
                 committed_txid=committed.committed_txid,
                 committed_epoch=committed.committed_epoch,
@@ -547,9 +557,9 @@ class TaskRunner:
             return
         started = time.perf_counter()
         changed = state.store.pending_items()
-        encoded = encode_items(changed, where=state.state_topic.path)
-        path = state.state_topic.append_encoded(self.task.task_id, txid, epoch, encoded)
-        self._appended = (len(changed), path.stat().st_size)
+        encoded = encode_items(changed, where=state.log.where)
+        size = state.log.append_batch(self.task.task_id, txid, epoch, encoded)
+        self._appended = (len(changed), size)
         appended = time.perf_counter()
         if changed:
             keys = [key for key, _ in changed]

@@ -3,10 +3,11 @@
 The local store is reused as it is when its applied marker is exactly the committed (txid,
 epoch) recorded in ZooKeeper. A store that holds an earlier *committed* state (a standby
 replica's, or one left from an earlier stay of the task on this worker) catches up by applying
-only the state-topic tail above its marker (:func:`~stream_ops.state.restore.catch_up_store`).
+only the state-topic tail above its marker (:meth:`~stream_ops.state.state_log.StateLog.catch_up`).
 Anything else (a batch applied but never committed, a tail compacted away, no store at all)
 means rebuilding it from the snapshot and the state topic up to the committed txid (DESIGN
-invariant 5).
+invariant 5). The state topic is a :class:`~stream_ops.state.state_log.StateLog`: files, or a
+Kafka partition when the topology's conf says so.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from stream_ops.errors import StateError
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
-from stream_ops.state.restore import catch_up_store, rebuild_store
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
+from stream_ops.state.state_log import FileStateLog, StateLog
 from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topics.file_topic import FileTopic
 
@@ -36,32 +38,60 @@ class TaskState:
 
     store: RocksDBBackingMap
     map_state: TransactionalMapState | OpaqueMapState | MapState | None
-    state_topic: StateTopicQueue
+    log: StateLog
+    """The task's queue of the state topic (files or Kafka)."""
     restored_keys: int
     rebuilt: bool
     tail_keys: int | None = None
     """Changed keys applied from the state-topic tail when the store caught up (None: it did not)."""
 
+    @property
+    def state_topic(self) -> StateTopicQueue | None:
+        """The file state topic's queue, None when the state topic is in Kafka."""
+        return self.log.queue if isinstance(self.log, FileStateLog) else None
+
     def close(self) -> None:
         self.store.close()
+        self.log.close()
 
 
 def open_task_state(
     *,
     store_dir: Path,
-    state_topic: FileTopic,
-    queue: int,
     kind: str | None,
     committed_txid: int,
     committed_epoch: int,
     snapshot_dir: Path | None = None,
+    state_topic: FileTopic | None = None,
+    queue: int = 0,
+    log: StateLog | None = None,
 ) -> TaskState:
     """Open (or rebuild) the local store of a stateful task.
 
     ``kind`` is the map-state kind of a keyed stage, or None for a stage whose processor
-    keeps its own state in the store (join windows, processing elements).
+    keeps its own state in the store (join windows, processing elements). The state topic is
+    ``log``, or queue ``queue`` of the file state topic ``state_topic``.
+
+    Raises:
+        StateError: neither ``log`` nor ``state_topic`` is given.
+        ReplayError: the store cannot be rebuilt at the committed txid.
     """
-    queue_log = StateTopicQueue(state_topic, queue)
+    if log is not None:
+        queue_log = log
+    elif state_topic is not None:
+        queue_log = FileStateLog(StateTopicQueue(state_topic, queue))
+    else:
+        raise StateError("open_task_state needs the task's state topic: log= or state_topic=")
+    try:
+        return _open(queue_log, store_dir, kind, committed_txid, committed_epoch, snapshot_dir)
+    except BaseException:
+        queue_log.close()
+        raise
+
+
+def _open(
+    queue_log: StateLog, store_dir: Path, kind: str | None, committed_txid: int, committed_epoch: int, snapshot_dir: Path | None
+) -> TaskState:
     expected = None if committed_txid < 0 else (committed_txid, committed_epoch)
     rebuilt = True
     tail: int | None = None
@@ -69,7 +99,7 @@ def open_task_state(
         store = RocksDBBackingMap(store_dir)
         marker = store.applied_marker()
         if marker != expected and expected is not None:
-            tail = catch_up_store(store, queue_log, *expected)
+            tail = queue_log.catch_up(store, *expected, snapshot_dir=snapshot_dir)
         if marker == expected or tail is not None:
             rebuilt = False
         else:
@@ -81,10 +111,6 @@ def open_task_state(
         store_dir.parent.mkdir(parents=True, exist_ok=True)
         store = RocksDBBackingMap(store_dir)
         if committed_txid >= 0:
-            restored = rebuild_store(
-                store, queue_log, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
-            )
+            restored = queue_log.rebuild(store, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True)
     map_state = MAP_STATES[kind](store) if kind is not None else None
-    return TaskState(
-        store=store, map_state=map_state, state_topic=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail
-    )
+    return TaskState(store=store, map_state=map_state, log=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail)

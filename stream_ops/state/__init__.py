@@ -1,6 +1,7 @@
 """Keyed state with Trident's txid rules, stored in RocksDB and rebuilt from a state topic."""
 
 from stream_ops.state.backing import BackingMap, MemoryBackingMap
+from stream_ops.state.kafka_state_topic import KafkaStateLog, KafkaStateTopic
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState, UpdateFn
 from stream_ops.state.restore import rebuild_store
@@ -13,6 +14,7 @@ from stream_ops.state.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from stream_ops.state.state_log import FileStateLog, StateLog, open_state_log
 from stream_ops.state.state_topic import (
     ReplayedChanges,
     StateTopicEntry,
@@ -33,6 +35,9 @@ __all__ = [
     "BackingMap",
     "StateTopicEntry",
     "CompactionResult",
+    "FileStateLog",
+    "KafkaStateLog",
+    "KafkaStateTopic",
     "Key",
     "MapState",
     "MemoryBackingMap",
@@ -41,6 +46,7 @@ __all__ = [
     "ReplayedChanges",
     "RocksDBBackingMap",
     "SnapshotInfo",
+    "StateLog",
     "StateTopicQueue",
     "TransactionalMapState",
     "TransactionalValue",
@@ -51,6 +57,7 @@ __all__ = [
     "encode_stored",
     "from_json_obj",
     "latest_snapshot",
+    "open_state_log",
     "read_snapshot",
     "rebuild_store",
     "replay_state_topic",

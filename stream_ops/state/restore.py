@@ -89,7 +89,15 @@ def rebuild_store(
             on_file=on_file,
             encoded=True,
         )
-        count = _restore(store, source, queue, committed_txid, committed_epoch, clock, log_interval)
+        count = restore_from_source(
+            store,
+            source,
+            where=queue.path,
+            committed_txid=committed_txid,
+            committed_epoch=committed_epoch,
+            clock=clock,
+            log_interval=log_interval,
+        )
     seconds = clock() - started
     logger.info(
         "rebuilt state store %s: %d keys at txid %d epoch %d in %.2fs (%.0f keys/s)",
@@ -157,28 +165,37 @@ def catch_up_store(store: RocksDBBackingMap, queue: StateTopicQueue, committed_t
     return applied
 
 
-def _restore(
+def restore_from_source(
     store: RocksDBBackingMap,
     source: RestoreSource,
-    queue: StateTopicQueue,
+    *,
+    where: object,
     committed_txid: int,
     committed_epoch: int,
-    clock: Callable[[], float],
-    log_interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    log_interval: float = 1.0,
 ) -> int:
-    """Bulk-load a :class:`~stream_ops.state.snapshot.RestoreSource` into ``store``, logging progress."""
-    where = str(store.path)
+    """Bulk-load a :class:`~stream_ops.state.snapshot.RestoreSource` into an EMPTY ``store`` at
+    (``committed_txid``, ``committed_epoch``), logging progress; closes ``source``.
+
+    ``where`` names the state-topic queue the source was read from. Returns the keys restored.
+
+    Raises:
+        ReplayError: a snapshot row or tail value is malformed.
+        StateError: the store is not empty.
+    """
+    store_path = str(store.path)
     try:
         logger.info(
             "rebuilding state store %s at txid %d from %s: about %d keys (%s)",
-            where,
+            store_path,
             committed_txid,
-            queue.path,
+            where,
             source.total,
             source.description,
         )
         # the bytes the store keeps: snapshot columns as they are, tail values encoded once
-        pairs = _logging_progress(source.encoded_items(), source.total, where, clock, log_interval, started=clock())
+        pairs = _logging_progress(source.encoded_items(), source.total, store_path, clock, log_interval, started=clock())
         return store.restore_encoded(pairs, committed_txid, committed_epoch)
     finally:
         source.close()

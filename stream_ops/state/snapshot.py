@@ -95,6 +95,8 @@ class SnapshotInfo:
             when it was written, which leaves out the final write); not compared by ``==``.
         epoch: the owner epoch whose entries counted for ``txid``, None if that batch wrote
             no state-topic file.
+        offset: for a state topic on Kafka, the partition offset the snapshot covers up to: the
+            records of every later txid lie at or above it (None for the file state topic).
     """
 
     path: Path
@@ -103,6 +105,7 @@ class SnapshotInfo:
     bytes: int
     seconds: float = field(compare=False)
     epoch: int | None = None
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,14 +258,7 @@ def write_snapshot(
     started = time.perf_counter()
     snapshot_dir = Path(snapshot_dir)
     snapshots = list_snapshots(snapshot_dir)
-    newer = [info.txid for info in snapshots if info.txid > committed_txid]
-    if newer:
-        raise ReplayError(
-            f"cannot snapshot {queue.path} at txid {committed_txid}: {snapshot_dir} already holds a snapshot at "
-            f"txid {max(newer)}. A committed txid never goes back, so the committed txid given is wrong (read it "
-            "from /transactional in ZooKeeper) or the directory belongs to another queue"
-        )
-    base = _usable_snapshot(snapshots, committed_txid, snapshot_dir)
+    base = snapshot_base(snapshots, committed_txid, snapshot_dir, where=queue.path)
     _check_covers_marker(queue, base, snapshot_dir, read_compaction_marker(queue))
     if base is not None and base.txid == committed_txid:
         logger.info("state topic %s: snapshot %s is already at txid %d", queue.path, base.path, committed_txid)
@@ -271,10 +267,51 @@ def write_snapshot(
     after = base.txid if base is not None else -1
     with paused_cyclic_gc():
         changes = replay_changes(queue, after_txid=after, committed_txid=committed_txid, committed_epoch=committed_epoch)
-        table = _merged_table(base, changes, queue)
+    return store_snapshot(snapshot_dir, snapshots, base, changes, committed_txid, where=queue.path, started=started)
+
+
+def snapshot_base(
+    snapshots: list[SnapshotInfo], committed_txid: int, snapshot_dir: Path, *, where: object
+) -> SnapshotInfo | None:
+    """The snapshot a new one at ``committed_txid`` builds on: the newest at or below it, or None.
+
+    Raises:
+        ReplayError: ``snapshots`` holds one newer than ``committed_txid`` (``where`` names the queue).
+    """
+    newer = [info.txid for info in snapshots if info.txid > committed_txid]
+    if newer:
+        raise ReplayError(
+            f"cannot snapshot {where} at txid {committed_txid}: {snapshot_dir} already holds a snapshot at "
+            f"txid {max(newer)}. A committed txid never goes back, so the committed txid given is wrong (read it "
+            "from /transactional in ZooKeeper) or the directory belongs to another queue"
+        )
+    return usable_snapshot(snapshots, committed_txid, snapshot_dir)
+
+
+def store_snapshot(
+    snapshot_dir: Path,
+    snapshots: list[SnapshotInfo],
+    base: SnapshotInfo | None,
+    changes: ReplayedChanges,
+    committed_txid: int,
+    *,
+    where: object,
+    started: float,
+    offset: int | None = None,
+) -> SnapshotInfo:
+    """Write the snapshot at ``committed_txid``: ``base`` overlaid with ``changes`` (the net changes
+    of the txids above it), then remove the older ``snapshots``.
+
+    Shared by the file state topic (:func:`write_snapshot`) and the Kafka one, which records the
+    partition ``offset`` the snapshot covers up to.
+
+    Raises:
+        ReplayError: a changed value is not a stored state value.
+        StateError: the snapshot could not be written.
+    """
+    with paused_cyclic_gc():
+        table = _merged_table(base, changes, where)
     epoch = changes.top_epochs.get(committed_txid)
-    tail_files, tail_entries = changes.files, changes.entries
-    del changes  # free the decoded tail before writing
     target = snapshot_dir / snapshot_file_name(committed_txid)
     meta = {
         "format": SNAPSHOT_FORMAT,
@@ -284,14 +321,22 @@ def write_snapshot(
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 6),
         "base_txid": base.txid if base is not None else None,
-        "tail_files": tail_files,
-        "tail_entries": tail_entries,
-        "queue": str(queue.path),
+        "tail_files": changes.files,
+        "tail_entries": changes.entries,
+        "queue": str(where),
     }
+    if offset is not None:
+        meta["offset"] = offset
     _write_atomically(target, table, meta)
     seconds = time.perf_counter() - started
     info = SnapshotInfo(
-        path=target, txid=committed_txid, keys=table.num_rows, bytes=target.stat().st_size, seconds=seconds, epoch=epoch
+        path=target,
+        txid=committed_txid,
+        keys=table.num_rows,
+        bytes=target.stat().st_size,
+        seconds=seconds,
+        epoch=epoch,
+        offset=offset,
     )
     for old in snapshots:
         if old.txid < committed_txid:
@@ -299,13 +344,13 @@ def write_snapshot(
             logger.info("removed snapshot %s (superseded by txid %d)", old.path, committed_txid)
     logger.info(
         "state topic %s: wrote snapshot %s (%d keys, %d bytes) from %s + %d files / %d entries in %.2fs",
-        queue.path,
+        where,
         target,
         info.keys,
         info.bytes,
         f"snapshot at txid {base.txid}" if base is not None else "no snapshot",
-        tail_files,
-        tail_entries,
+        changes.files,
+        changes.entries,
         seconds,
     )
     return info
@@ -393,12 +438,13 @@ class RestoreSource:
         snapshot: SnapshotInfo | None,
         parquet: pq.ParquetFile | None,
         tail: ReplayedChanges | EncodedChanges,
-        queue: StateTopicQueue,
+        where: object,
     ) -> None:
+        """``where`` names the state-topic queue the tail was read from, for errors."""
         self.snapshot = snapshot
         self._parquet = parquet
         self._tail = tail
-        self._queue = queue
+        self._where = where
         # the keys the tail changes, to leave out of the snapshot rows (none without a snapshot)
         changed = [key_text(key) for key in tail.changes] if snapshot is not None else []
         self._tail_keys = pa.array(changed, type=pa.string())
@@ -425,10 +471,10 @@ class RestoreSource:
             for keys, values in _decoded_batches(self._parquet, self.snapshot.path, exclude=exclude):
                 yield from zip(keys, values, strict=True)
         if isinstance(self._tail, EncodedChanges):
-            yield from self._tail.live_items(self._queue.path)
+            yield from self._tail.live_items(self._where)
         else:
             for key, obj in self._tail.live_items():
-                yield key, _value_of(obj, self._queue.path)
+                yield key, _value_of(obj, self._where)
 
     def encoded_items(self) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of :meth:`items` as the bytes a store keeps, for :meth:`RocksDBBackingMap.restore_encoded`.
@@ -447,7 +493,7 @@ class RestoreSource:
                 yield from zip(keys, values)
         # in key order: RocksDB loads sorted keys about three times cheaper (its memtable
         # flushes then do not overlap, so nothing needs compacting), far more than the sort costs
-        yield from sorted(self._tail.encoded_live_items(self._queue.path), key=itemgetter(0))
+        yield from sorted(self._tail.encoded_live_items(self._where), key=itemgetter(0))
 
     def close(self) -> None:
         if self._parquet is not None:
@@ -492,7 +538,7 @@ def open_restore_source(
                 "given is wrong (read it from /transactional in ZooKeeper)"
             )
         snapshots = list_snapshots(directory) if directory is not None else []
-        base = _usable_snapshot(snapshots, committed_txid, directory)
+        base = usable_snapshot(snapshots, committed_txid, directory)
         _check_covers_marker(queue, base, directory, marker)
         try:
             parquet = _open_parquet(base.path) if base is not None else None
@@ -530,11 +576,22 @@ def open_restore_source(
             if parquet is not None:
                 parquet.close()
             continue
-        return RestoreSource(base, parquet, tail, queue)
+        return RestoreSource(base, parquet, tail, queue.path)
     raise ReplayError(
         f"could not read state topic {queue.path} consistently in {_RESTORE_ATTEMPTS} attempts (last: {reason}); "
         "if its compaction runs back to back, pause the compaction schedule and rebuild again"
     )
+
+
+def open_snapshot_source(base: SnapshotInfo | None, tail: ReplayedChanges | EncodedChanges, where: object) -> RestoreSource:
+    """A :class:`RestoreSource` of ``base`` (opened now, None for a full replay) and ``tail``.
+
+    Raises:
+        FileNotFoundError: the snapshot was removed (by a newer compaction) meanwhile.
+        ReplayError: the snapshot is not a readable stream_ops snapshot.
+    """
+    parquet = _open_parquet(base.path) if base is not None else None
+    return RestoreSource(base, parquet, tail, where)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -545,7 +602,7 @@ def _check_txid(txid: Any) -> None:
         raise ReplayError(f"committed txid must be a non-negative integer, got {txid!r}")
 
 
-def _usable_snapshot(snapshots: list[SnapshotInfo], committed_txid: int, directory: Path | None) -> SnapshotInfo | None:
+def usable_snapshot(snapshots: list[SnapshotInfo], committed_txid: int, directory: Path | None) -> SnapshotInfo | None:
     """The newest snapshot at or below ``committed_txid``; ReplayError if only newer ones exist."""
     usable = [info for info in snapshots if info.txid <= committed_txid]
     if usable:
@@ -573,18 +630,18 @@ def _check_covers_marker(
     )
 
 
-def _value_of(obj: Any, where: Path) -> Any:
+def _value_of(obj: Any, where: object) -> Any:
     try:
         return from_json_obj(obj)
     except StateError as e:
         raise ReplayError(f"state topic {where}: {e}") from e
 
 
-def _merged_table(base: SnapshotInfo | None, changes: ReplayedChanges, queue: StateTopicQueue) -> pa.Table:
+def _merged_table(base: SnapshotInfo | None, changes: ReplayedChanges, where: object) -> pa.Table:
     """The rows of ``base`` overlaid with ``changes``, sorted by key (Arrow column operations)."""
     tail: dict[str, str | None] = {}
     for key, obj in changes.changes.items():
-        tail[key_text(key)] = None if obj is None else stored_value_text(obj, queue.path)
+        tail[key_text(key)] = None if obj is None else stored_value_text(obj, where)
     live = [(key, text) for key, text in tail.items() if text is not None]
     new = pa.table(
         {
@@ -660,6 +717,7 @@ def _read_info(path: Path) -> SnapshotInfo:
         bytes=path.stat().st_size,
         seconds=float(meta.get("seconds", 0.0)),
         epoch=meta.get("epoch"),
+        offset=meta.get("offset"),
     )
 
 

@@ -260,6 +260,16 @@ class StateTopicQueue:
         """The queue's directory."""
         return self._dir
 
+    @property
+    def topic(self) -> FileTopic:
+        """The state topic this is a queue of."""
+        return self._topic
+
+    @property
+    def queue(self) -> int:
+        """The queue number."""
+        return self._queue
+
     def append(self, task_id: int, txid: int, epoch: int, items: Iterable[tuple[Key, Any | None]]) -> Path:
         """Write the state changes of batch ``txid`` as one durable file (a replay overwrites it).
 

@@ -1,5 +1,6 @@
-"""Kafka in, Kafka out, under faults: a word count reading a Kafka topic and writing its
-``new_values()`` to a Kafka topic (exactly-once sink) keeps exact results while workers are
+"""Kafka in, Kafka out, under faults: a word count reading a Kafka topic, keeping its state
+topic in Kafka and writing its ``new_values()`` to a Kafka topic (exactly-once sink) keeps
+exact results while workers are
 SIGKILLed, a worker is frozen past its ZooKeeper session (and thaws as a zombie) and the
 nimbus process is SIGKILLed and restarted.
 
@@ -35,6 +36,7 @@ from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_co
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.runtime.processes import kill_group, spawn, stop_process
 from stream_ops.sources import KafkaTopic
+from stream_ops.state import KafkaStateTopic
 
 SESSION_TIMEOUT_S = 4.0
 PARTITIONS = 2
@@ -113,7 +115,8 @@ def test_kafka_word_count_stays_exact_through_kills_a_zombie_and_a_nimbus_restar
         sent: list[str] = []
         stop = threading.Event()
         with ZkStore.connect(stack.zk_config) as store:
-            topology_id = submit(store, stack.cluster, topology, workers=3)
+            state_topic = KafkaStateTopic(bootstrap=bootstrap).to_conf()
+            topology_id = submit(store, stack.cluster, topology, workers=3, conf=state_topic)
             feeder = threading.Thread(target=_feeder, args=(bootstrap, sent, stop))
             feeder.start()
             try:
@@ -160,6 +163,8 @@ def test_kafka_word_count_stays_exact_through_kills_a_zombie_and_a_nimbus_restar
             wait_for_counts(store, topology.name, "words", expected, timeout_s=180, query_config=stack.query)
             epochs = [t.owner_epoch or 0 for t in describe_topology(store, topology_id).tasks]
             assert max(epochs) >= 2, "tasks really changed owners"
+            state_files = [p for p in stack.home.rglob("*.jsonl") if any(part.startswith("state-") for part in p.parts)]
+            assert state_files == [], "the state topic went to files"
 
             seen = wait_for(
                 lambda: (
