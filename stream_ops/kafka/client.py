@@ -7,12 +7,13 @@ librdkafka's own stderr lines, so a broker that is down does not flood a worker'
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from stream_ops.errors import KafkaServerError
+from stream_ops.errors import KafkaServerError, StreamOpsError
 
 logger = logging.getLogger(__name__)
 _client_logger = logging.getLogger("stream_ops.kafka.librdkafka")
@@ -21,6 +22,36 @@ _client_logger = logging.getLogger("stream_ops.kafka.librdkafka")
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     """confluent-kafka settings reaching ``bootstrap``, logging through :mod:`logging`."""
     return {"bootstrap.servers": bootstrap, "logger": _client_logger, **extra}
+
+
+ENV_PREFIX = "env:"
+"""A client setting ``env:NAME`` is read from the worker's environment variable ``NAME``, so
+secrets stay out of plans and confs stored in ZooKeeper."""
+
+
+def resolve_env_settings(
+    config: Mapping[str, str],
+    *,
+    what: str,
+    error: type[StreamOpsError],
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """``config`` with every ``env:NAME`` value read from ``environ`` (default: the process's).
+
+    Raises:
+        StreamOpsError: (``error``) a named environment variable is not set; the message names
+            ``what`` the setting belongs to.
+    """
+    env = os.environ if environ is None else environ
+    resolved: dict[str, str] = {}
+    for key, value in config.items():
+        if value.startswith(ENV_PREFIX):
+            variable = value[len(ENV_PREFIX) :]
+            if variable not in env:
+                raise error(f"{what} setting {key!r} names the environment variable {variable!r}, which is not set")
+            value = env[variable]
+        resolved[key] = value
+    return resolved
 
 
 def partition_count(bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> int:

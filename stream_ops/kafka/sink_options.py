@@ -11,7 +11,6 @@ need not be stored in the plan.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stream_ops.errors import KafkaSinkError, TopologyDefinitionError
+from stream_ops.kafka.client import resolve_env_settings
 from stream_ops.topology.field_paths import path_type
 
 DEFAULT_PROGRESS_TOPIC = "stream-ops-sink-progress"
@@ -26,8 +26,6 @@ DEFAULT_PROGRESS_TOPIC = "stream-ops-sink-progress"
 it delivered (shared by every sink on the cluster; one key per transactional id)."""
 DEFAULT_ID_PREFIX = "stream-ops"
 """The first part of every transactional id (for brokers with prefixed transactional-id ACLs)."""
-ENV_PREFIX = "env:"
-"""A config value ``env:NAME`` is read from the worker's environment variable ``NAME``."""
 RESERVED_CONFIG = frozenset(
     {
         "bootstrap.servers",
@@ -175,14 +173,4 @@ def resolve_config(config: Mapping[str, str], environ: Mapping[str, str] | None 
     Raises:
         KafkaSinkError: a named environment variable is not set.
     """
-    env = os.environ if environ is None else environ
-    resolved: dict[str, str] = {}
-    for key, value in config.items():
-        if value.startswith(ENV_PREFIX):
-            variable = value[len(ENV_PREFIX) :]
-            if variable not in env:
-                raise KafkaSinkError(f"Kafka sink setting {key!r} names the environment variable {variable!r}, which is not set")
-            resolved[key] = env[variable]
-        else:
-            resolved[key] = value
-    return resolved
+    return resolve_env_settings(config, what="Kafka sink", error=KafkaSinkError, environ=environ)

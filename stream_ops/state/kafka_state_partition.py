@@ -9,13 +9,12 @@ the partition's end, and truncates the partition below an offset a snapshot cove
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from stream_ops.errors import ConfigError, KafkaServerError, StateError, StateTopicTruncatedError
-from stream_ops.kafka.client import client_config, ensure_topic
+from stream_ops.kafka.client import client_config, ensure_topic, resolve_env_settings
 from stream_ops.state.kafka_state_records import KafkaRecord, OutgoingRecord
 
 logger = logging.getLogger(__name__)
@@ -23,9 +22,6 @@ logger = logging.getLogger(__name__)
 TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 """What a state topic must be: nothing is deleted by the brokers, only truncated by a compaction
 once a snapshot covers it (see :mod:`stream_ops.state.kafka_state_topic`)."""
-
-ENV_PREFIX = "env:"
-"""A client setting ``env:NAME`` is read from the process's environment variable ``NAME``."""
 
 _READ_BATCH = 10_000
 _POLL_S = 0.2
@@ -37,15 +33,7 @@ def resolved_client_config(config: Mapping[str, str]) -> dict[str, str]:
     Raises:
         ConfigError: a named variable is not set.
     """
-    resolved: dict[str, str] = {}
-    for name, value in config.items():
-        if value.startswith(ENV_PREFIX):
-            variable = value[len(ENV_PREFIX) :]
-            if variable not in os.environ:
-                raise ConfigError(f"state topic client setting {name!r} names ${variable}, which is not set on this worker")
-            value = os.environ[variable]
-        resolved[name] = value
-    return resolved
+    return resolve_env_settings(config, what="state topic client", error=ConfigError)
 
 
 class StatePartition:
