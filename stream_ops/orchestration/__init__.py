@@ -8,7 +8,12 @@ Public API:
 * Assets: :func:`topology_assets` -> :class:`TopologyDefinitions` (submission asset, stream
   assets with their checks, queue-partitioned state assets); :func:`state_assets`.
 * Checks: :func:`build_stream_checks`, :func:`evaluate_stage_checks`.
-* Observations: :func:`observe_topology`, :data:`OBSERVATION_FIELDS`.
+* Observations: :func:`observe_topology`, :data:`OBSERVATION_FIELDS`; on demand:
+  :func:`build_stream_observer` and :func:`build_observe_job` (which the heartbeat sensor targets).
+* Lineage: :func:`source_asset_specs` (Kafka topics, FileTopics and directories upstream of
+  the source stages), :func:`merge_source_specs`.
+* Health: :func:`build_health_asset`, :func:`health_events`, :data:`TOPOLOGY_HEALTH`,
+  :data:`TASKS_TABLE_SCHEMA`.
 * Jobs: :func:`build_jobs` (worker, rebalance, activate, deactivate, kill, compact state).
 * Sensors: :func:`build_heartbeat_sensor` (cursor :class:`HeartbeatCursor`),
   :func:`build_worker_relaunch_sensor`.
@@ -42,6 +47,7 @@ from stream_ops.orchestration.checks import (
     build_stream_checks,
     evaluate_stage_checks,
     evaluate_topology_checks,
+    stream_checks_op_name,
 )
 from stream_ops.orchestration.component import (
     StreamTopologyComponent,
@@ -56,6 +62,13 @@ from stream_ops.orchestration.definitions import (
     build_definitions,
     build_topology_schedules,
 )
+from stream_ops.orchestration.health import (
+    TASKS_TABLE_SCHEMA,
+    TOPOLOGY_HEALTH,
+    build_health_asset,
+    health_events,
+    health_metadata,
+)
 from stream_ops.orchestration.jobs import (
     ACTIVATE_JOB_NAME,
     COMPACT_STATE_JOB_NAME,
@@ -69,6 +82,7 @@ from stream_ops.orchestration.jobs import (
     rebalance_run_config,
     worker_run_config,
 )
+from stream_ops.orchestration.lineage import merge_source_specs, source_asset_specs
 from stream_ops.orchestration.observations import (
     OBSERVATION_FIELDS,
     observation_schema,
@@ -95,6 +109,7 @@ from stream_ops.orchestration.sensors import (
     workers_to_launch,
 )
 from stream_ops.orchestration.state import state_assets
+from stream_ops.orchestration.stream_observer import OBSERVE_JOB_NAME, build_observe_job, build_stream_observer
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
@@ -106,9 +121,12 @@ __all__ = [
     "HEARTBEAT_FRESHNESS",
     "KILL_JOB_NAME",
     "OBSERVATION_FIELDS",
+    "OBSERVE_JOB_NAME",
     "PYSPARK_RESOURCE_KEY",
     "REBALANCE_JOB_NAME",
     "STREAM_CLUSTER_RESOURCE_KEY",
+    "TASKS_TABLE_SCHEMA",
+    "TOPOLOGY_HEALTH",
     "TXID_PROGRESS",
     "WORKER_JOB_NAME",
     "ZOOKEEPER_RESOURCE_KEY",
@@ -129,16 +147,22 @@ __all__ = [
     "build_cluster_definitions",
     "build_compaction_schedule",
     "build_definitions",
+    "build_health_asset",
     "build_heartbeat_sensor",
     "build_jobs",
+    "build_observe_job",
     "build_rebalance_schedule",
     "build_stream_checks",
+    "build_stream_observer",
     "build_topology_schedules",
     "cluster_resources_from_env",
     "build_worker_relaunch_sensor",
     "compact_run_config",
     "evaluate_stage_checks",
     "evaluate_topology_checks",
+    "health_events",
+    "health_metadata",
+    "merge_source_specs",
     "observation_schema",
     "observe_absent_topology",
     "observe_tick",
@@ -146,8 +170,10 @@ __all__ = [
     "pyspark_resource",
     "rebalance_run_config",
     "rebalance_run_key",
+    "source_asset_specs",
     "stage_health",
     "state_assets",
+    "stream_checks_op_name",
     "topology_assets",
     "worker_run_config",
     "workers_to_launch",

@@ -4,9 +4,13 @@
   topology through :func:`stream_ops.nimbus.submission.submit`. If a live submission of that
   name exists already, nothing is submitted: the materialization reports the running one
   (and warns if it runs a different plan than the code location defines).
-* The **stream assets** (``stream_ops/<topology>/<stage>``) are external assets
-  (:class:`dagster.AssetSpec`, no materialization function): the heartbeat sensor records
-  observations on them (:mod:`stream_ops.orchestration.sensors`). Each has two asset checks,
+* The **source assets** (``stream_ops/kafka/<topic>``, ``stream_ops/topic/<parent>/<directory>``, ...)
+  are external assets for what the source stages read (:mod:`stream_ops.orchestration.lineage`).
+* The **stream assets** (``stream_ops/<topology>/<stage>``) are observable assets: the
+  heartbeat sensor records observations on them (:mod:`stream_ops.orchestration.sensors`), and
+  "Observe" does the same on demand (:mod:`stream_ops.orchestration.stream_observer`). A
+  stage's asset depends on the source asset it reads or the stages whose shuffles it reads, so
+  the asset graph is the topology's dataflow graph. Each has two asset checks,
   ``heartbeat_freshness`` and ``txid_progress`` (:mod:`stream_ops.orchestration.checks`),
   evaluated by the sensor on every tick and executable on demand.
 * The **state assets** (``stream_ops/<topology>/<stage>_state``, one per keyed stage,
@@ -15,6 +19,9 @@
 * The **sink assets** (``stream_ops/<topology>/sinks/<sink>``) are external assets downstream
   of the stages that write them; the heartbeat sensor materializes a Parquet sink whenever
   new files were committed (:mod:`stream_ops.orchestration.sinks`).
+* The **health asset** (``stream_ops/<topology>/health``) sums the topology up: one-word
+  health, a table of tasks, and the ``topology_health`` check
+  (:mod:`stream_ops.orchestration.health`).
 
 Resources required: ``zookeeper`` (:class:`ZooKeeperResource`) and ``stream_cluster``
 (:class:`StreamClusterResource`).
@@ -39,10 +46,13 @@ from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.status import TopologyStatus, describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
 from stream_ops.orchestration.checks import build_stream_checks
+from stream_ops.orchestration.health import build_health_asset
+from stream_ops.orchestration.lineage import merge_source_specs, source_asset_specs
 from stream_ops.orchestration.observations import observation_schema
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.sinks import ParquetSinkWatch, sink_asset_specs
 from stream_ops.orchestration.state import state_assets
+from stream_ops.orchestration.stream_observer import build_stream_observer
 from stream_ops.orchestration.translator import StreamOpsTranslator, stage_summary
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.plan import Plan, StageSpec, build_plan
@@ -70,8 +80,13 @@ class TopologyDefinitions:
         topology_name: The topology's name.
         plan: Its plan (stages and tasks), built when the definitions were made.
         submission_asset: Materialize to submit the topology (or report the live submission).
-        stream_specs: One external asset per stage, observed by the heartbeat sensor, in stage order.
+        stream_specs: The spec of each stage's stream asset, observed by the heartbeat sensor,
+            in stage order.
+        stream_observer: The observable assets of ``stream_specs`` (what ``assets`` holds).
         stream_checks: The heartbeat-freshness and txid-progress checks of every stream asset.
+        health_asset: The health overview asset with its ``topology_health`` check.
+        source_specs: One external asset per input the source stages read (Kafka topics,
+            FileTopics, directories), upstream of their stages.
         state_assets: One queue-partitioned state snapshot asset per keyed stage.
         sink_specs: One external asset per sink, downstream of the stages that write it.
         parquet_sinks: The Parquet sinks the heartbeat sensor materializes.
@@ -81,15 +96,34 @@ class TopologyDefinitions:
     plan: Plan
     submission_asset: dg.AssetsDefinition
     stream_specs: tuple[dg.AssetSpec, ...]
+    stream_observer: dg.AssetsDefinition
     stream_checks: dg.AssetChecksDefinition
+    health_asset: dg.AssetsDefinition
+    source_specs: tuple[dg.AssetSpec, ...] = ()
     state_assets: tuple[dg.AssetsDefinition, ...] = ()
     sink_specs: tuple[dg.AssetSpec, ...] = ()
     parquet_sinks: tuple[ParquetSinkWatch, ...] = ()
 
     @property
     def assets(self) -> list[dg.AssetsDefinition | dg.AssetSpec]:
-        """Everything to pass to :class:`dagster.Definitions` ``assets=``."""
-        return [self.submission_asset, *self.stream_specs, *self.state_assets, *self.sink_specs]
+        """Everything to pass to :class:`dagster.Definitions` ``assets=``.
+
+        Several topologies may hold the same source spec (they read the same input); Dagster
+        accepts an identical spec twice.
+        """
+        return [
+            self.submission_asset,
+            *self.source_specs,
+            self.stream_observer,
+            self.health_asset,
+            *self.state_assets,
+            *self.sink_specs,
+        ]
+
+    @property
+    def stream_keys(self) -> list[dg.AssetKey]:
+        """The keys of the stream assets, in stage order."""
+        return [spec.key for spec in self.stream_specs]
 
     @property
     def asset_checks(self) -> list[dg.AssetChecksDefinition]:
@@ -155,9 +189,19 @@ def _submission_metadata(
     return metadata
 
 
-def _stream_spec(plan: Plan, stage: StageSpec, *, submission_key: dg.AssetKey, translator: StreamOpsTranslator) -> dg.AssetSpec:
-    # Lineage: a stage depends on the stages whose shuffles it reads (the topology's edges).
+def _stream_spec(
+    plan: Plan,
+    stage: StageSpec,
+    *,
+    submission_key: dg.AssetKey,
+    source_key: dg.AssetKey | None,
+    translator: StreamOpsTranslator,
+) -> dg.AssetSpec:
+    # Lineage: a stage depends on the input it reads, or on the stages whose shuffles it reads
+    # (the topology's edges).
     upstream = [translator.stream_asset_key(plan.topology, plan.stage(i).name) for i in stage.from_stages]
+    if source_key is not None:
+        upstream.insert(0, source_key)
     return dg.AssetSpec(
         key=translator.stream_asset_key(plan.topology, stage.name),
         deps=[submission_key, *upstream],
@@ -279,13 +323,28 @@ def topology_assets(
                 metadata=_submission_metadata(store, storm, running or plan, action="already_running", plan_matches=plan_matches)
             )
 
-    specs = tuple(_stream_spec(plan, stage, submission_key=submission_key, translator=translator) for stage in plan.stages)
+    sources = source_asset_specs(plan, translator)
+    specs = tuple(
+        _stream_spec(
+            plan,
+            stage,
+            submission_key=submission_key,
+            source_key=sources[stage.index].key if stage.index in sources else None,
+            translator=translator,
+        )
+        for stage in plan.stages
+    )
     sink_specs, parquet_sinks = sink_asset_specs(plan, translator)
     return TopologyDefinitions(
         topology_name=topology.name,
         plan=plan,
         submission_asset=_submission,
         stream_specs=specs,
+        stream_observer=build_stream_observer(
+            plan=plan, specs=specs, translator=translator, heartbeat_timeout_s=heartbeat_timeout_s
+        ),
+        health_asset=build_health_asset(plan=plan, translator=translator, heartbeat_timeout_s=heartbeat_timeout_s),
+        source_specs=tuple(merge_source_specs(sources.values())),
         stream_checks=build_stream_checks(
             plan=plan,
             translator=translator,

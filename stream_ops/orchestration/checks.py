@@ -33,6 +33,7 @@ Note: this module does not use ``from __future__ import annotations`` because Da
 the resource parameters' annotations of the decorated function at definition time.
 """
 
+import hashlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -47,7 +48,7 @@ from stream_ops.nimbus.status import AGE_BASIS_TEXT, AGE_OBSERVED, TaskStatus, T
 from stream_ops.nimbus.submission import find_topology_id
 from stream_ops.orchestration.observations import stage_health
 from stream_ops.orchestration.resources import ZooKeeperResource
-from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.orchestration.translator import StreamOpsTranslator, python_identifier
 from stream_ops.topology.plan import Plan
 
 __all__ = [
@@ -56,6 +57,8 @@ __all__ = [
     "CheckOutcome",
     "build_stream_checks",
     "evaluate_stage_checks",
+    "observation_history",
+    "stream_checks_op_name",
     "evaluate_topology_checks",
     "stalled_from_observations",
     "stream_check_specs",
@@ -338,7 +341,8 @@ def tracker_from_observations(
     return tracker
 
 
-def _history(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> list[tuple[float, dict[str, Any]]]:
+def observation_history(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> list[tuple[float, dict[str, Any]]]:
+    """``(timestamp, metadata values)`` of the recent observations of ``asset_key``, newest first."""
     records = instance.fetch_observations(asset_key, limit=_HISTORY_LIMIT).records
     history = []
     for record in records:
@@ -355,11 +359,29 @@ def _histories(
     histories: dict[str, list[tuple[float, dict[str, Any]]]] = {}
     for stage_name, asset_key in keys.items():
         try:
-            histories[stage_name] = _history(context.instance, asset_key)
+            histories[stage_name] = observation_history(context.instance, asset_key)
         except StreamOpsError as e:  # pragma: no cover - defensive
             context.log.warning(f"cannot read observation history of {asset_key.to_user_string()}: {e}")
             histories[stage_name] = []
     return histories
+
+
+def stream_checks_op_name(topology_name: str) -> str:
+    """The op name of a topology's stream checks, unique in a code location (topology names are).
+
+    The topology name with every character Dagster does not allow replaced by ``_``; when that
+    changed it, a short hash of the name follows, so ``a-b`` and ``a_b`` do not clash.
+
+    Example:
+        >>> stream_checks_op_name("wordcount")
+        'wordcount_stream_checks'
+        >>> stream_checks_op_name("word-count") != stream_checks_op_name("word_count")
+        True
+    """
+    identifier = python_identifier(topology_name)
+    if identifier != topology_name:
+        identifier += "_" + hashlib.sha256(topology_name.encode("utf-8")).hexdigest()[:8]
+    return f"{identifier}_stream_checks"
 
 
 def build_stream_checks(
@@ -393,7 +415,8 @@ def build_stream_checks(
     topology_name = plan.topology
 
     @dg.multi_asset_check(
-        name=f"{translator.group_name(topology_name) or 'stream_ops'}_stream_checks",
+        # Named after the topology, never its group: two topologies may share a group.
+        name=stream_checks_op_name(topology_name),
         specs=specs,
         description=f"Heartbeat freshness and txid progress of every stage of `{topology_name}`, read from ZooKeeper.",
         can_subset=True,

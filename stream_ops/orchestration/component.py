@@ -59,7 +59,6 @@ from stream_ops.orchestration.assets import (
     TopologyDefinitions,
     topology_assets,
 )
-from stream_ops.orchestration.checks import build_stream_checks
 from stream_ops.orchestration.definitions import (
     StreamClusterDefinitions,
     build_cluster_definitions,
@@ -72,7 +71,8 @@ from stream_ops.orchestration.resources import (
     ZooKeeperResource,
     pyspark_resource,
 )
-from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.orchestration.translator import StreamOpsTranslator, source_key
+from stream_ops.sources import SourceSpec
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.loading import load_topology
 
@@ -196,6 +196,12 @@ class TopologyNamingTranslator(StreamOpsTranslator):
 
     def state_asset_key(self, topology_name: str, stage_name: str) -> dg.AssetKey:
         return dg.AssetKey([*self._prefix(topology_name), topology_name, f"{stage_name}_state"])
+
+    def health_asset_key(self, topology_name: str) -> dg.AssetKey:
+        return dg.AssetKey([*self._prefix(topology_name), topology_name, "health"])
+
+    def source_asset_key(self, topology_name: str, source: SourceSpec) -> dg.AssetKey | None:
+        return source_key(self._prefix(topology_name), source)
 
     def group_name(self, topology_name: str) -> str | None:
         naming = self._naming.get(topology_name)
@@ -404,16 +410,6 @@ class StreamTopologyComponent(dg.Component, dg.Resolvable, dg.Model):
                 conf=self.conf,
                 translator=self.naming(topology.name),
             )
-            if self.group:
-                # The checks' op is named after the group: with a group shared by several topologies,
-                # name it after the topology instead (as without a group), so that the ops differ.
-                definitions = dataclasses.replace(
-                    definitions,
-                    stream_checks=build_stream_checks(
-                        plan=definitions.plan,
-                        translator=TopologyNamingTranslator({topology.name: (self.key_prefix, None)}),
-                    ),
-                )
             self._definitions = definitions
         return self._definitions
 
@@ -487,7 +483,7 @@ class StreamTopologyComponent(dg.Component, dg.Resolvable, dg.Model):
         return dg.Definitions(
             assets=own.assets,
             asset_checks=own.asset_checks,
-            jobs=room.cluster.jobs.all if first else [],
+            jobs=room.cluster.all_jobs if first else [],
             sensors=list(room.cluster.sensors) if first else [],
             schedules=list(room.schedules) if first else [],
             resources=dict(room.cluster.resources),

@@ -7,8 +7,11 @@ its own component and the parts must merge into one :class:`dagster.Definitions`
 
 * per topology, :func:`~stream_ops.orchestration.assets.topology_assets` (assets and checks)
   and :func:`build_topology_schedules` (its rebalance and compaction schedules);
-* once per code location, :func:`build_cluster_definitions`: the jobs, the heartbeat sensor
-  observing every topology, the worker relaunch sensor and the resources.
+* once per code location, :func:`build_cluster_definitions`: the jobs (with the job observing
+  every stream asset, which the heartbeat sensor targets), the heartbeat sensor observing every
+  topology, the worker relaunch sensor and the resources.
+
+Topologies reading the same input share its source asset (:mod:`stream_ops.orchestration.lineage`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from stream_ops.orchestration.assets import (
     topology_assets,
 )
 from stream_ops.orchestration.jobs import StreamOpsJobs, build_jobs
+from stream_ops.orchestration.lineage import merge_source_specs
 from stream_ops.orchestration.resources import (
     PYSPARK_RESOURCE_KEY,
     StreamClusterResource,
@@ -39,6 +43,7 @@ from stream_ops.orchestration.sensors import (
     build_heartbeat_sensor,
     build_worker_relaunch_sensor,
 )
+from stream_ops.orchestration.stream_observer import ObserveJob, build_observe_job
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.topology.dsl import Topology
 
@@ -72,13 +77,21 @@ class StreamClusterDefinitions:
 
     Attributes:
         jobs: The worker, rebalance, activate, deactivate, kill and compact-state jobs.
+        observe_job: The job observing every topology's stream assets on demand; the heartbeat
+            sensor targets it, so the UI lists the sensor among those assets' automations.
         sensors: The heartbeat sensor over all topologies and the worker relaunch sensor.
         resources: ``zookeeper``, ``stream_cluster`` and ``pyspark``.
     """
 
     jobs: StreamOpsJobs
+    observe_job: ObserveJob
     sensors: tuple[dg.SensorDefinition, ...]
     resources: Mapping[str, Any]
+
+    @property
+    def all_jobs(self) -> list[dg.JobDefinition | ObserveJob]:
+        """Everything to pass to :class:`dagster.Definitions` ``jobs=``."""
+        return [*self.jobs.all, self.observe_job]
 
 
 def build_cluster_definitions(
@@ -100,7 +113,7 @@ def build_cluster_definitions(
     """The jobs, sensors and resources a code location has once, whatever its topologies.
 
     The heartbeat sensor observes every topology of ``topologies`` (and materializes their
-    Parquet sinks); the jobs act on any topology named in their run configuration (the first
+    Parquet sinks and health assets); the jobs act on any topology named in their run configuration (the first
     one is the launchpad default). Arguments as in :func:`build_definitions`; ``translator``
     must name every topology's assets as its :func:`topology_assets` did.
 
@@ -110,6 +123,7 @@ def build_cluster_definitions(
     names = check_topology_names([t.topology_name for t in topologies], "build_cluster_definitions")
     translator = translator or StreamOpsTranslator()
     jobs = build_jobs(topology_names=names, translator=translator)
+    observe_job = build_observe_job([key for defs in topologies for key in defs.stream_keys])
     sensors = (
         build_heartbeat_sensor(
             topology_names=names,
@@ -123,11 +137,14 @@ def build_cluster_definitions(
             name=heartbeat_sensor_name,
             default_status=heartbeat_sensor_status,
             parquet_sinks=[watch for defs in topologies for watch in defs.parquet_sinks],
+            observe_job=observe_job,
+            report_health=True,
         ),
         build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
     )
     return StreamClusterDefinitions(
         jobs=jobs,
+        observe_job=observe_job,
         sensors=sensors,
         resources={
             ZOOKEEPER_RESOURCE_KEY: zookeeper,
@@ -205,10 +222,11 @@ def build_definitions(
     """The Dagster control room for ``topologies``.
 
     * Per topology (:func:`topology_assets`): a submission asset, one observed stream asset
-      per stage with its heartbeat-freshness and txid-progress checks, one
-      queue-partitioned state snapshot asset per keyed stage and one asset per sink (the
-      heartbeat sensor materializes Parquet sinks as their tasks commit). A rebalance and a compaction
-      schedule (unless their cron is None).
+      per stage with its heartbeat-freshness and txid-progress checks, downstream of the
+      source asset of what it reads or of the stages it reads, one queue-partitioned state
+      snapshot asset per keyed stage, one asset per sink (the heartbeat sensor materializes
+      Parquet sinks as their tasks commit) and a health asset (tasks table, one-word health,
+      ``topology_health`` check). A rebalance and a compaction schedule (unless their cron is None).
     * Cluster-wide (:func:`build_jobs`): the worker, rebalance, activate, deactivate, kill and
       compact-state jobs; the heartbeat sensor over all topologies, which requests rebalance
       and worker runs when ``repair`` is on; the run-failure sensor relaunching failed
@@ -248,6 +266,7 @@ def build_definitions(
 
     Raises:
         ValueError: No topologies, or two share a name.
+        TopologyDefinitionError: Two different inputs get the same source asset key.
 
     Example:
         >>> defs = build_definitions(  # doctest: +SKIP
@@ -296,10 +315,11 @@ def build_definitions(
             schedule_status=schedule_status,
         )
     ]
+    merge_source_specs(spec for d in per_topology for spec in d.source_specs)  # refuses clashing inputs, naming both
     return dg.Definitions(
         assets=[asset for d in per_topology for asset in d.assets],
         asset_checks=[check for d in per_topology for check in d.asset_checks],
-        jobs=cluster.jobs.all,
+        jobs=cluster.all_jobs,
         sensors=list(cluster.sensors),
         schedules=schedules,
         resources=dict(cluster.resources),

@@ -2,7 +2,10 @@
 
 One :class:`dagster.AssetObservation` per stage, on that stage's stream asset. The metadata
 keys are listed with their meaning in :data:`OBSERVATION_FIELDS`; the stream assets carry
-that list so the UI explains what the sensor reports.
+that list so the UI explains what the sensor reports. Every ``int`` and ``float`` field is
+recorded as numeric metadata (``MetadataValue.int`` / ``.float``), so Dagster plots it over
+time (the asset's Events tab, "Metadata plots"): rows/s in and out, lag, committed txids, heartbeat age, dead letters,
+tasks alive, state keys.
 
 Heartbeat ages are reported as the status measured them, and ``heartbeat_age_basis`` says
 how: from the heartbeat sensor they are ``observed`` (seconds since the sensor saw the
@@ -62,6 +65,12 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     ),
     "committed_txid": ("json", "Last committed transaction id of each task, -1 before the first (task id -> txid)."),
     "min_committed_txid": ("int", "Smallest committed txid over this stage's tasks: every batch up to it is done."),
+    "max_committed_txid": ("int", "Largest committed txid over this stage's tasks (plotted, it grows with every batch)."),
+    "max_heartbeat_age_s": (
+        "float",
+        "Oldest heartbeat age over this stage's tasks in seconds, -1 if none has a heartbeat (plotted; measured as "
+        "heartbeat_age_basis says).",
+    ),
     "txids_committed_since_last_tick": (
         "int",
         "Sum over tasks of committed txid progress since the previous tick (absent on the first tick after a (re)submission).",
@@ -118,6 +127,12 @@ def stage_health(status: str, tasks: Sequence[TaskStatus], heartbeat_timeout_s: 
     if tasks and alive == len(tasks):
         return "healthy"
     return "down" if alive == 0 else "degraded"
+
+
+def _oldest_age(tasks: Sequence[TaskStatus]) -> float:
+    """The oldest heartbeat age of ``tasks`` in seconds, -1.0 when none has a heartbeat."""
+    ages = [float(t.heartbeat_age_s) for t in tasks if t.heartbeat_age_s is not None]
+    return round(max(ages), 3) if ages else -1.0
 
 
 def _fmt(value: float | int | None, digits: int = 1) -> str:
@@ -211,6 +226,8 @@ def observe_topology(
             "heartbeat_mzxid": dg.MetadataValue.json({str(t.task_id): t.heartbeat_fingerprint for t in tasks}),
             "committed_txid": dg.MetadataValue.json({str(t.task_id): t.committed_txid for t in tasks}),
             "min_committed_txid": dg.MetadataValue.int(min(t.committed_txid for t in tasks)),
+            "max_committed_txid": dg.MetadataValue.int(max(t.committed_txid for t in tasks)),
+            "max_heartbeat_age_s": dg.MetadataValue.float(_oldest_age(tasks)),
             "rows_per_s_in": dg.MetadataValue.float(float(sum(t.rows_per_s for t in tasks))),
             "rows_per_s_out": dg.MetadataValue.float(float(sum(t.rows_out_per_s for t in tasks))),
             "lag_records": dg.MetadataValue.int(sum(t.lag_records or 0 for t in tasks)),

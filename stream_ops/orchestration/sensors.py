@@ -10,7 +10,13 @@ read per znode; ~0.1 s per tick at 1,000 tasks, ~1 s at 10,000, ``bench/sensor.p
 * the ``heartbeat_freshness`` and ``txid_progress`` check evaluations of every stage
   (:mod:`stream_ops.orchestration.checks`), as ``AssetCheckEvaluation`` asset events, and
 * a materialization of each Parquet sink whose tasks committed new files since its last one
-  (:mod:`stream_ops.orchestration.sinks`).
+  (:mod:`stream_ops.orchestration.sinks`), and
+* with ``report_health``, a materialization of each topology's health asset (one-word health,
+  tasks table, numeric totals) and its ``topology_health`` check evaluation
+  (:mod:`stream_ops.orchestration.health`).
+
+Its targets include the job observing the stream assets (``observe_job``), so Dagster lists
+the sensor under each stream asset's "Automation details"; the sensor never requests that job.
 
 It also requests runs:
 
@@ -68,10 +74,12 @@ from stream_ops.nimbus.status import TopologyReads, TopologyStatus, describe_top
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
+from stream_ops.orchestration.health import absent_health_events, health_events
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
 from stream_ops.orchestration.sinks import ParquetSinkWatch, latest_sink_txids, observe_parquet_sinks
+from stream_ops.orchestration.stream_observer import ObserveJob
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.scheduler import Slot, decide_spread, needs_spread
 
@@ -194,6 +202,8 @@ class HeartbeatTick:
         rebalances: Topologies whose lost tasks call for a rebalance run.
         workers_wanted: Most workers any observed ACTIVE topology wants (0 if none).
         spreads: Topologies to spread onto free slots.
+        health_events: With ``report_health``, each observed (or newly absent) topology's health
+            asset materialization and ``topology_health`` check evaluation.
     """
 
     asset_events: list[dg.AssetObservation | dg.AssetCheckEvaluation]
@@ -205,6 +215,7 @@ class HeartbeatTick:
     rebalances: list[RebalanceNeed] = field(default_factory=list)
     workers_wanted: int = 0
     spreads: list[SpreadNeed] = field(default_factory=list)
+    health_events: list[dg.AssetMaterialization | dg.AssetCheckEvaluation] = field(default_factory=list)
 
     @property
     def observations(self) -> list[dg.AssetObservation]:
@@ -231,6 +242,7 @@ def observe_tick(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     log: logging.Logger | logging.LoggerAdapter = logger,
+    report_health: bool = False,
 ) -> HeartbeatTick:
     """Observe the given topologies once (the body of a heartbeat sensor tick).
 
@@ -251,9 +263,12 @@ def observe_tick(
         wall_clock: The sensor's own clock (unix time): heartbeat ages, slot liveness and the
             cursor's timestamps. Never compared with a time a worker wrote.
         log: Where to log state changes (the sensor passes ``context.log``).
+        report_health: Also report each topology's health asset
+            (:func:`~stream_ops.orchestration.health.health_events`).
 
     Returns:
-        The observations, check evaluations, rebalance and spread needs and the new cursor.
+        The observations, check evaluations, health events, rebalance and spread needs and the
+        new cursor.
     """
     started = clock()
     # Least recently observed first, so a topology deferred by the budget goes first next time.
@@ -270,6 +285,7 @@ def observe_tick(
     absent: list[str] = []
     deferred: list[str] = []
     failed: dict[str, str] = {}
+    health_reports: list[dg.AssetMaterialization | dg.AssetCheckEvaluation] = []
     new_cursor = cursor
     slots = _observe_slots(store, cursor, wall_clock()) if spread is not None else None
     if slots is not None:
@@ -304,6 +320,10 @@ def observe_tick(
                 events.extend(
                     observe_absent_topology(name, previous.stages, last_topology_id=previous.topology_id, translator=translator)
                 )
+                if report_health:
+                    health_reports.extend(
+                        absent_health_events(name, last_topology_id=previous.topology_id, translator=translator)
+                    )
                 new_cursor = new_cursor.with_topology(name, None)
             continue
 
@@ -316,6 +336,8 @@ def observe_tick(
                 previous_txids=previous.committed_txids if same_submission and previous else None,
             )
         )
+        if report_health:
+            health_reports.extend(health_events(status, translator=translator, heartbeat_timeout_s=heartbeat_timeout_s))
         now = wall_clock()
         old = previous if same_submission and previous is not None else None
         old_lost = old.lost_since if old else {}
@@ -399,6 +421,7 @@ def observe_tick(
         rebalances=rebalances,
         workers_wanted=workers_wanted,
         spreads=spreads,
+        health_events=health_reports,
     )
 
 
@@ -573,6 +596,8 @@ def build_heartbeat_sensor(
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
     parquet_sinks: Sequence[ParquetSinkWatch] = (),
     spread: SpreadPolicy | None = None,
+    observe_job: ObserveJob | dg.JobDefinition | None = None,
+    report_health: bool = False,
 ) -> dg.SensorDefinition:
     """A sensor observing each topology's stream assets on every tick, and repairing them.
 
@@ -598,6 +623,13 @@ def build_heartbeat_sensor(
         parquet_sinks: Parquet sinks to materialize when their tasks committed new files.
         spread: When to request a spread of a crowded topology onto free slots (with
             ``rebalance_job`` only); default :class:`~stream_ops.config.SpreadPolicy`'s.
+        observe_job: The job observing the stream assets
+            (:func:`~stream_ops.orchestration.stream_observer.build_observe_job`). The sensor
+            targets it, never requests it: Dagster then lists the sensor under each stream
+            asset's "Automation details".
+        report_health: Materialize each topology's health asset and evaluate its
+            ``topology_health`` check on every tick (the code location must define the health
+            assets: :func:`~stream_ops.orchestration.assets.topology_assets` does).
 
     Returns:
         The sensor definition.
@@ -625,7 +657,7 @@ def build_heartbeat_sensor(
     if launch_grace_s < 0:
         raise ValueError(f"build_heartbeat_sensor: launch_grace_s must not be negative, got {launch_grace_s}")
     translator = translator or StreamOpsTranslator()
-    jobs = [job for job in (rebalance_job, worker_job) if job is not None]
+    jobs = [job for job in (rebalance_job, worker_job, observe_job) if job is not None]
     spread_policy = (spread or SpreadPolicy()) if rebalance_job is not None else None
 
     repairs = []
@@ -643,6 +675,7 @@ def build_heartbeat_sensor(
             f"Observes the stream assets of {', '.join(names)} from ZooKeeper every {minimum_interval_seconds}s: "
             f"health (heartbeat timeout {heartbeat_timeout_s:g}s), heartbeat ages, committed txids, rows/s, lag, "
             "dead letters; evaluates the heartbeat-freshness and txid-progress checks"
+            + ("; records each topology's health asset and topology_health check" if report_health else "")
             + (f"; {' and '.join(repairs)}." if repairs else ".")
         ),
     )
@@ -662,6 +695,7 @@ def build_heartbeat_sensor(
                     launch_grace_s=launch_grace_s,
                     spread=spread_policy,
                     log=context.log,
+                    report_health=report_health,
                 )
                 if worker_job is not None and tick.workers_wanted > 0:
                     live = live_workers(store)
@@ -712,7 +746,7 @@ def build_heartbeat_sensor(
                 )
 
         sink_events = observe_parquet_sinks(parquet_sinks, latest_sink_txids(context.instance)) if parquet_sinks else []
-        asset_events = [*tick.asset_events, *sink_events]
+        asset_events = [*tick.asset_events, *tick.health_events, *sink_events]
         if not asset_events and not run_requests:
             reason = "no live submission of " + ", ".join(names)
             if tick.failed:

@@ -17,13 +17,15 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
 
 import dagster as dg
 
+from stream_ops.sources import SourceSpec
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, StageSpec
 
-__all__ = ["StreamOpsTranslator", "python_identifier", "stage_summary"]
+__all__ = ["StreamOpsTranslator", "python_identifier", "source_key", "stage_summary"]
 
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 
@@ -31,6 +33,26 @@ _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
 def python_identifier(text: str) -> str:
     """``text`` with every character Dagster does not allow in names replaced by ``_``."""
     return _NOT_IDENTIFIER.sub("_", text)
+
+
+def source_key(prefix: tuple[str, ...] | list[str], source: SourceSpec) -> dg.AssetKey | None:
+    """The default key of a source's asset under ``prefix`` (see :class:`StreamOpsTranslator`).
+
+    Example:
+        >>> from stream_ops.sources import SourceSpec
+        >>> source_key(("stream_ops",), SourceSpec(kind="file_topic", path="/data/sentences", fields={"s": "string"}))
+        AssetKey(['stream_ops', 'topic', 'data', 'sentences'])
+    """
+    if source.kind == "kafka_topic":
+        topic = source.options.get("topic")
+        return dg.AssetKey([*prefix, "kafka", str(topic)]) if topic else None
+    if source.path is None:
+        return None  # generated records (a rate source): nothing upstream
+    # The directory and its parent: recognisable, and two inputs named alike in different
+    # places (input/sentences, wordcount-db/sentences) keep apart.
+    parts = [p for p in os.path.normpath(source.path).split(os.sep) if p][-2:] or [source.path]
+    group = "topic" if source.kind == "file_topic" else "files"
+    return dg.AssetKey([*prefix, group, *parts])
 
 
 def stage_summary(stage: StageSpec) -> str:
@@ -57,7 +79,12 @@ class StreamOpsTranslator:
     * stream asset of a stage: ``stream_ops/<topology>/<stage>``
     * state asset of a stage that keeps state: ``stream_ops/<topology>/<stage>_state``
       (partitioned by queue)
-    * group: the topology name with ``-`` replaced by ``_``
+    * health overview of a topology: ``stream_ops/<topology>/health``
+    * source of a source stage (an external asset, shared by every topology reading it):
+      ``stream_ops/kafka/<topic>`` for a Kafka topic, ``stream_ops/topic/<parent>/<directory>``
+      for a FileTopic (its directory and the one above), ``stream_ops/files/<parent>/<directory>``
+      for landed Parquet/CSV/JSON files; a generated source (``RateSource``) has none
+    * group: the topology name with ``-`` replaced by ``_``; sources: ``stream_ops_sources``
 
     Subclasses must keep keys unique per (topology, stage) and stable across deployments,
     since observation history in Dagster is keyed by them.
@@ -81,9 +108,25 @@ class StreamOpsTranslator:
         """Key of the queue-partitioned state snapshot asset of one stage that keeps state."""
         return dg.AssetKey([*self.key_prefix, topology_name, f"{stage_name}_state"])
 
+    def health_asset_key(self, topology_name: str) -> dg.AssetKey:
+        """Key of the health overview asset of ``topology_name`` (tasks table, one-word health)."""
+        return dg.AssetKey([*self.key_prefix, topology_name, "health"])
+
+    def source_asset_key(self, topology_name: str, source: SourceSpec) -> dg.AssetKey | None:
+        """Key of the external asset a source stage of ``topology_name`` reads; None: no asset.
+
+        The key does not name the topology, so every topology reading the same topic or
+        directory depends on the same asset.
+        """
+        return source_key(self.key_prefix, source)
+
     def group_name(self, topology_name: str) -> str | None:
         """Asset group holding all assets of ``topology_name`` (must be a valid Dagster name)."""
         return python_identifier(topology_name)
+
+    def source_group_name(self) -> str | None:
+        """Asset group of the source assets (shared by topologies, so not a topology's group)."""
+        return "stream_ops_sources"
 
     def state_description(self, plan: Plan, stage: StageSpec) -> str:
         """Description of the state snapshot asset of ``stage`` (a stage that keeps state)."""

@@ -8,6 +8,12 @@ submitted and fed some sentences.
   reads the rendered DOM: the heartbeat sensor's observation metadata (the live topology id,
   health, committed txids, the per-task table) and the check results are shown. A screenshot
   goes to ``test-artifacts/`` (gitignored).
+* The same for the topology's lineage (the asset's lineage tab: the FileTopic it reads, both
+  stages, the state and health assets), the stream asset's plots (the Events tab's "Metadata
+  plots", Dagster 1.13's place for them: rows/s, lag, committed txid, dead letters drawn from
+  the numeric observations; the Table/Plots switch of the asset page's metadata, clicked over the
+  DevTools protocol) and the health asset (one-word
+  health and the tasks table); screenshots of the lineage and the plots go to ``test-artifacts/``.
 * A worker is SIGKILLed: the heartbeat sensor, run by the real daemon, requests a rebalance
   and a worker run, which the daemon launches; the Dagster worker takes tasks over; terminating
   its run (GraphQL ``terminateRun``, what the UI's Terminate button sends) stops it and
@@ -19,9 +25,13 @@ Skipped, with the reason, only when ``/usr/bin/chromium`` is absent (CI must ins
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import html
 import json
+import os
 import re
+import select
 import shutil
 import subprocess
 import time
@@ -94,6 +104,133 @@ def visible_text(dom: str) -> str:
     return html.unescape(text)
 
 
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``).
+
+    Only what the tests need: open a page in a new target, evaluate JavaScript in it, take a
+    screenshot. Messages are JSON terminated by NUL, on fds 3 (to Chromium) and 4 (from it).
+    """
+
+    def __init__(self, profile: Path, window: str = "1400,1100") -> None:
+        to_chrome_r, self._to_chrome = (self._high(fd) for fd in os.pipe())
+        self._from_chrome, from_chrome_w = (self._high(fd) for fd in os.pipe())
+        self._log = profile.parent / f"{profile.name}-chromium.log"
+        command = " ".join(
+            [
+                str(CHROMIUM),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                "--remote-debugging-pipe",
+                f"--window-size={window}",
+                f"--user-data-dir={profile}",
+                f"3<&{to_chrome_r}",
+                f"4>&{from_chrome_w}",
+            ]
+        )
+        self._process = subprocess.Popen(
+            ["/bin/bash", "-c", f"exec {command}"],  # bash: dash refuses fds above 9
+            pass_fds=(to_chrome_r, from_chrome_w),
+            stdout=subprocess.DEVNULL,
+            stderr=self._log.open("wb"),
+        )
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buffer = b""
+        self._next_id = 0
+        self._session: str | None = None
+
+    @staticmethod
+    def _high(fd: int) -> int:
+        """``fd`` moved above 9, so the shell's ``3<&`` and ``4>&`` never overwrite it (bash takes such fds)."""
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(fd)
+        return high
+
+    def _log_tail(self) -> str:
+        return self._log.read_text(errors="replace")[-1500:] if self._log.exists() else ""
+
+    def call(self, method: str, timeout_s: float = 30, **params: Any) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if self._session is not None and not method.startswith("Target."):
+            message["sessionId"] = self._session
+        os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\0" not in self._buffer:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no answer from Chromium to {method} within {timeout_s:g}s: {self._log_tail()}")
+                if not select.select([self._from_chrome], [], [], 1.0)[0]:
+                    continue
+                chunk = os.read(self._from_chrome, 1 << 20)
+                if not chunk:
+                    raise AssertionError(f"Chromium closed its DevTools pipe during {method}: {self._log_tail()}")
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._next_id:
+                assert "error" not in reply, reply
+                return dict(reply.get("result", {}))
+
+    def open(self, url: str) -> None:
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def evaluate(self, expression: str) -> Any:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+
+    def close(self) -> None:
+        os.close(self._to_chrome)
+        try:
+            self._process.wait(10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(10)
+        os.close(self._from_chrome)
+
+
+def click_and_capture(url: str, profile: Path, button: str, wanted: tuple[str, ...], shot: Path, timeout_s: float = 90) -> Any:
+    """Open ``url``, click the button labelled ``button`` once it renders, wait for ``wanted`` texts, screenshot.
+
+    Returns ``{"clicked", "text", "charts"}``: the page's text and how many chart canvases or SVGs it shows.
+    """
+    probe = (
+        "(() => { const b = [...document.querySelectorAll('button')].find(e => e.textContent.trim() === "
+        + json.dumps(button)
+        + "); if (b && !window.__clicked) { b.click(); window.__clicked = true; }"
+        " return {clicked: !!window.__clicked, text: document.body.innerText,"
+        " charts: document.querySelectorAll('canvas, svg.recharts-surface').length}; })()"
+    )
+    browser = DevTools(profile)
+    try:
+        browser.open(url)
+        deadline = time.monotonic() + timeout_s
+        page: Any = {}
+        while time.monotonic() < deadline:
+            page = browser.evaluate(probe) or {}
+            if page.get("clicked") and all(w in page.get("text", "") for w in wanted) and page.get("charts"):
+                time.sleep(1.0)  # let the charts draw before the screenshot
+                browser.screenshot(shot)
+                return browser.evaluate(probe)
+            time.sleep(1.0)
+        missing = [w for w in wanted if w not in page.get("text", "")]
+        raise AssertionError(
+            f"{url}: after clicking {button!r}, missing {missing} (charts: {page.get('charts')}) in: {page.get('text', '')[:2000]}"
+        )
+    finally:
+        browser.close()
+
+
 def graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
     request = urllib.request.Request(
         f"{url}/graphql",
@@ -160,6 +297,8 @@ def test_stream_asset_page_shows_the_observations(stack: Stack, tmp_path: Path) 
         "min committed txid": r"\| min_committed_txid \| [^|]+ \| \d+ \|",
         "per-task table": r"\| 2 \| 0 \| yes \| 127\.0\.0\.1:\d+ \|",
         "check results": r"Latest check results",
+        # "Automation details": the heartbeat sensor targets the stream assets' observe job.
+        "automations": r"stream_ops_heartbeat_sensor",
     }
     last = {"text": ""}
 
@@ -181,6 +320,77 @@ def test_stream_asset_page_shows_the_observations(stack: Stack, tmp_path: Path) 
     chromium(page, tmp_path / "profile-shot", "--window-size=1400,1800", f"--screenshot={shot}")
     assert shot.exists() and shot.stat().st_size > 20_000, "no usable screenshot"
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _render(page: str, profile: Path, expected: dict[str, str], timeout_s: float = 90) -> str:
+    """The page's text once every pattern of ``expected`` is in it (retried: the UI renders in steps)."""
+    last = {"text": ""}
+
+    def rendered() -> str | None:
+        text = visible_text(chromium(page, profile, "--dump-dom"))
+        last["text"] = text
+        return text if all(re.search(pattern, text) for pattern in expected.values()) else None
+
+    try:
+        return str(wait_until(rendered, timeout_s, f"{sorted(expected)} on {page}", interval_s=2.0))
+    except AssertionError as e:
+        missing = [name for name, pattern in expected.items() if not re.search(pattern, last["text"])]
+        raise AssertionError(f"{e}; missing {missing} in: {last['text'][:3000]}") from None
+
+
+def _screenshot(page: str, profile: Path, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / name
+    shot.unlink(missing_ok=True)
+    chromium(page, profile, "--window-size=1400,1100", f"--screenshot={shot}")
+    assert shot.exists() and shot.stat().st_size > 20_000, f"no usable screenshot {name}"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lineage_plots_and_health_render(stack: Stack, tmp_path: Path) -> None:
+    # The lineage tab of the keyed stage: its input FileTopic (upstream of the source stage), both
+    # stages, the submission, and the state and health assets downstream.
+    lineage = f"{stack.url}/assets/stream_ops/wordcount/count?view=lineage&lineageScope=neighbors&lineageDepth=3"
+    _render(
+        lineage,
+        tmp_path / "profile-lineage",
+        {
+            "source stage": r"\| sentences \|",
+            "keyed stage": r"\| count \|",
+            "state": r"count_state",
+            "health": r"\| health \|",
+            "submission": r"\| submission \|",
+            # The FileTopic input/sentences: a node named `sentences` in group stream_ops_sources.
+            "input topic": r"\| stream_ops_sources \|",
+            "input and stage": r"\| sentences \|.*\| sentences \|",
+        },
+    )
+    _screenshot(lineage, tmp_path / "profile-lineage-shot", "dagster_ui_lineage.png")
+
+    # The plots of the numeric observations over time (several ticks have been recorded). In
+    # Dagster 1.13 they are behind the Table/Plots switch of the asset page's Metadata section:
+    # React state, not a URL, so the test clicks it over the DevTools protocol.
+    plots = f"{stack.url}/assets/stream_ops/wordcount/count"
+    labels = ("rows_per_s_in", "rows_per_s_out", "lag_records", "max_committed_txid", "dead_letters")
+    shot = ARTIFACTS / "dagster_ui_plots.png"
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot.unlink(missing_ok=True)
+    page = click_and_capture(plots, tmp_path / "profile-plots", "Plots", labels, shot)
+    assert page["charts"] >= len(labels), page
+    assert "No numeric metadata entries" not in page["text"]
+    assert shot.exists() and shot.stat().st_size > 20_000, "no usable screenshot of the plots"
+
+    # The health overview: one word and the tasks table, recorded by the sensor every tick.
+    _render(
+        f"{stack.url}/assets/stream_ops/wordcount/health",
+        tmp_path / "profile-health",
+        {
+            "health": r"\| health \| [^|]+ \| healthy \|",
+            "table": r"heartbeat_age_s",
+            "owner column": r"\| owner \|",
+            "check": r"topology_health",
+        },
+    )
 
 
 def test_sensor_repairs_a_killed_worker_and_a_terminated_worker_run_releases_its_tasks(stack: Stack) -> None:

@@ -191,4 +191,5 @@ def test_definitions_bind_spark_only_to_worker_runs(wordcount: Topology, resourc
         "stream_ops_compact_state",
     }
     heartbeat = defs.resolve_sensor_def("stream_ops_heartbeat_sensor")
-    assert {t.job_name for t in heartbeat.targets} == {"stream_ops_rebalance", "stream_ops_worker"}
+    # The observe job is a target it never requests: it makes the UI list the sensor on the stream assets.
+    assert {t.job_name for t in heartbeat.targets} == {"stream_ops_rebalance", "stream_ops_worker", "stream_ops_observe"}

@@ -285,6 +285,8 @@ def test_definitions_wire_sensor_assets_and_resources(
         SOURCE,
         KEYED,
         dg.AssetKey(["stream_ops", "wordcount", "count_state"]),
+        dg.AssetKey(["stream_ops", "wordcount", "health"]),
+        dg.AssetKey(["stream_ops", "topic", "input", "sentences"]),
     }
     sensor_def = defs.resolve_sensor_def("stream_ops_heartbeat_sensor")
     assert sensor_def.default_status == dg.DefaultSensorStatus.RUNNING
@@ -295,8 +297,15 @@ def test_definitions_wire_sensor_assets_and_resources(
     assert sensor_def.required_resource_keys == {"zookeeper"}
     with dg.build_sensor_context(resources={"zookeeper": defs.resources["zookeeper"]}, definitions=defs) as context:
         result = sensor_def(context)
-    assert {e.asset_key for e in result.asset_events} == {SOURCE, KEYED}
-    assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == {"heartbeat_freshness", "txid_progress"}
+    health = dg.AssetKey(["stream_ops", "wordcount", "health"])
+    assert {e.asset_key for e in result.asset_events} == {SOURCE, KEYED, health}
+    (report,) = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+    assert report.asset_key == health and report.metadata["health"].value == "healthy"
+    assert {k.name for k in defs.resolve_asset_graph().asset_check_keys} == {
+        "heartbeat_freshness",
+        "txid_progress",
+        "topology_health",
+    }
 
 
 def test_sensor_factory_validates_arguments() -> None:

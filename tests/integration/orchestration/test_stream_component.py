@@ -225,7 +225,8 @@ def test_components_with_their_own_prefix_group_and_schedules_merge_into_one_con
     assert sorted(s.name for s in repo.sensor_defs) == ["stream_ops_heartbeat_sensor", "stream_ops_worker_relaunch_sensor"]
     heartbeat = repo.get_sensor_def("stream_ops_heartbeat_sensor")
     assert all(name in (heartbeat.description or "") for name in ("pe-counter", "uuid-join", "windows"))
-    assert sorted(job.name for job in heartbeat.jobs) == ["stream_ops_rebalance", "stream_ops_worker"]
+    # It targets the observe job too, so the UI lists it among each stream asset's automations.
+    assert sorted(job.name for job in heartbeat.jobs) == ["stream_ops_observe", "stream_ops_rebalance", "stream_ops_worker"]
     resources = cluster_resources_from_env()
     assert all(defs.resources is not None and defs.resources[key] is value for key, value in resources.items())
 
@@ -256,6 +257,7 @@ def test_one_component_alone_is_a_whole_control_room(make_project: Callable[[dic
             "stream_ops_compact_state",
             "stream_ops_deactivate",
             "stream_ops_kill",
+            "stream_ops_observe",
             "stream_ops_rebalance",
             "stream_ops_worker",
         ]

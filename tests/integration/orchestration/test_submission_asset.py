@@ -94,7 +94,11 @@ def test_stream_specs_depend_on_the_submission_and_their_upstream_stages(wordcou
         dg.AssetKey(["stream_ops", "wordcount", "count"]),
     ]
     sentences, count = defs.stream_specs
-    assert [d.asset_key for d in sentences.deps] == [defs.submission_asset.key]
+    # The source stage also depends on the FileTopic it reads (input/sentences).
+    assert [d.asset_key for d in sentences.deps] == [
+        defs.submission_asset.key,
+        dg.AssetKey(["stream_ops", "topic", "input", "sentences"]),
+    ]
     assert [d.asset_key for d in count.deps] == [defs.submission_asset.key, sentences.key]
     for spec in defs.stream_specs:
         assert spec.group_name == "wordcount"
