@@ -402,7 +402,8 @@ def run_size(zookeeper: EmbeddedZooKeeper, home: Path, size: Size, args: Any) ->
     zk_config = ZooKeeperConfig(hosts=zookeeper.hosts, chroot=f"/bench-{size.label}", session_timeout_s=10.0, insecure=True)
     cluster = ClusterConfig(root=home / size.label / "cluster")
     names = [f"wordcount_{i:03d}" for i in range(size.topologies)]
-    expected_events = size.topologies * STAGES * 3  # per stage: 1 observation + 2 check evaluations
+    # per stage: 1 observation + 2 check evaluations; per topology: its health materialization + check
+    expected_events = size.topologies * (STAGES * 3 + 2)
     with ZkStore.connect(zk_config) as store:
         store.ensure_path(ZkPaths.WORKERS)
         for worker_id in WORKERS:
@@ -430,6 +431,7 @@ def run_size(zookeeper: EmbeddedZooKeeper, home: Path, size: Size, args: Any) ->
             launch_grace_s=0.0,
             rebalance_job=jobs.rebalance,
             worker_job=jobs.worker,
+            report_health=True,  # as build_definitions' sensor does
         )
         resource = ZooKeeperResource(hosts=zk_config.hosts, chroot=zk_config.chroot, session_timeout_s=10.0)
 
@@ -450,7 +452,7 @@ def run_size(zookeeper: EmbeddedZooKeeper, home: Path, size: Size, args: Any) ->
                 run_requests = result.run_requests or []
                 requests = len(run_requests)
                 observations = sum(isinstance(e, dg.AssetObservation) for e in result.asset_events or [])
-                if events != expected_events or observations != expected_events // 3:
+                if events != expected_events or observations != size.topologies * STAGES:
                     outcome.problems.append(
                         f"{label}: {events} asset events ({observations} observations), expected {expected_events}"
                     )
