@@ -54,13 +54,13 @@ def resolve_env_settings(
     return resolved
 
 
-def partition_count(bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> int:
-    """How many partitions ``topic`` has on the cluster at ``bootstrap``.
+def partition_count(bootstrap: str, topic: str, *, timeout_s: float = 10.0, config: Mapping[str, Any] | None = None) -> int:
+    """How many partitions ``topic`` has on the cluster at ``bootstrap`` (``config``: client settings).
 
     Raises:
         KafkaServerError: the cluster did not answer in ``timeout_s`` or has no such topic.
     """
-    found = topic_partitions(bootstrap, topic, timeout_s=timeout_s)
+    found = topic_partitions(bootstrap, topic, timeout_s=timeout_s, config=config)
     if found is None:
         raise KafkaServerError(f"Kafka at {bootstrap} has no topic {topic!r}")
     return found
@@ -142,19 +142,23 @@ class OffsetReader:
     serialises the calls: a confluent-kafka client is not documented as thread-safe)."""
 
     def __init__(self) -> None:
-        self._consumers: dict[str, Any] = {}
+        self._consumers: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._lock = threading.Lock()
 
-    def watermarks(self, bootstrap: str, topic: str, partition: int, *, timeout_s: float = 2.0) -> tuple[int, int] | None:
+    def watermarks(
+        self, bootstrap: str, topic: str, partition: int, *, timeout_s: float = 2.0, config: Mapping[str, str] | None = None
+    ) -> tuple[int, int] | None:
         """(low, high) offsets of the partition (high: the offset the next record gets), None
-        when the broker does not answer in time."""
+        when the broker does not answer in time. ``config``: client settings (SASL, TLS)."""
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+        settings = dict(config or {})
+        key = (bootstrap, tuple(sorted(settings.items())))
         with self._lock:
-            consumer = self._consumers.get(bootstrap)
+            consumer = self._consumers.get(key)
             if consumer is None:
-                config = client_config(bootstrap, **{"group.id": "stream-ops-offsets", "enable.auto.commit": False})
-                consumer = self._consumers[bootstrap] = Consumer(config)
+                options = client_config(bootstrap, **settings, **{"group.id": "stream-ops-offsets", "enable.auto.commit": False})
+                consumer = self._consumers[key] = Consumer(options)
             try:
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
             except KafkaException as e:

@@ -141,6 +141,13 @@ class KafkaTopic:
         fail_on_data_loss: fail the task when unread records are gone (retention, a deleted
             topic) instead of skipping them (Spark's ``failOnDataLoss``).
         max_offsets_per_trigger: at most this many records per batch; None: all available.
+        spark_options: Kafka consumer settings for Spark's connector (Java client names, e.g.
+            ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.config":
+            "env:KAFKA_JAAS"}``), passed as ``kafka.<name>``; ``env:NAME`` values are read from
+            the worker's environment.
+        client_config: librdkafka settings for stream_ops' own reads (partition count, lag),
+            e.g. ``{"security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password":
+            "env:KAFKA_PASSWORD"}``.
 
     Besides its own fields, every record has ``kafka_key``, ``kafka_partition``,
     ``kafka_offset``, ``kafka_timestamp`` (epoch ms) and ``kafka_headers``.
@@ -155,6 +162,8 @@ class KafkaTopic:
     encoding: str = "utf8"
     fail_on_data_loss: bool = True
     max_offsets_per_trigger: int | None = None
+    spark_options: Mapping[str, str] | None = None
+    client_config: Mapping[str, str] | None = None
 
     def to_source_spec(self, schema: SchemaArg | None) -> SourceSpec:
         """The plan's spec; ``schema`` is ``topology.source``'s ``schema=``."""
@@ -168,6 +177,8 @@ class KafkaTopic:
             encoding=self.encoding,
             fail_on_data_loss=self.fail_on_data_loss,
             max_offsets_per_trigger=self.max_offsets_per_trigger,
+            spark_options=self.spark_options,
+            client_config=self.client_config,
         )
 
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stream_ops.errors import KafkaServerError, SourceError, TopologyDefinitionError
-from stream_ops.kafka.client import OffsetReader, partition_count
+from stream_ops.kafka.client import OffsetReader, partition_count, resolve_env_settings
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
     SchemaArg,
@@ -103,6 +103,29 @@ def _starting_offsets(value: object, what: str) -> str | dict[str, int]:
     )
 
 
+SPARK_OWNED_OPTIONS = (
+    "bootstrap.servers",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "key.deserializer",
+    "value.deserializer",
+    "interceptor.classes",
+)
+"""Kafka consumer settings Spark's connector or this source sets itself (Spark refuses most of them)."""
+
+
+def _settings(value: Mapping[str, str] | None, what: str, name: str, owned: tuple[str, ...] = ()) -> dict[str, str]:
+    """A client-settings argument as a plain ``{str: str}``, refusing what the source owns."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TopologyDefinitionError(f"{what}: {name} must map setting names to strings (env:NAME reads a worker variable)")
+    taken = sorted(key for key in value if key.removeprefix("kafka.") in owned)
+    if taken:
+        raise TopologyDefinitionError(f"{what}: {name} may not set {taken}: the source sets them itself")
+    return {key.removeprefix("kafka."): v for key, v in value.items()}
+
+
 def kafka_spec(
     bootstrap: str,
     topic: str,
@@ -114,6 +137,8 @@ def kafka_spec(
     encoding: str = "utf8",
     fail_on_data_loss: bool = True,
     max_offsets_per_trigger: int | None = None,
+    spark_options: Mapping[str, str] | None = None,
+    client_config: Mapping[str, str] | None = None,
     timeout_s: float = 10.0,
 ) -> SourceSpec:
     """The spec of a source reading ``topic`` on the cluster at ``bootstrap``.
@@ -130,6 +155,14 @@ def kafka_spec(
         fail_on_data_loss: Spark's ``failOnDataLoss``.
         max_offsets_per_trigger: at most this many records per batch (Spark's
             ``maxOffsetsPerTrigger``); None: everything available.
+        spark_options: Kafka consumer settings (Java client names: ``security.protocol``,
+            ``sasl.mechanism``, ``sasl.jaas.config``, ``ssl.truststore.location``, ...) Spark's
+            connector gets as ``kafka.<name>`` options; ``env:NAME`` values are read from the
+            worker's environment when the task starts.
+        client_config: librdkafka settings (``security.protocol``, ``sasl.username``,
+            ``ssl.ca.location``, ...) for stream_ops' own reads of the topic: its partition
+            count at definition time and the end offsets behind the lag; ``env:NAME`` values
+            are read from the environment of the process that reads.
         timeout_s: how long to wait for the brokers when ``partitions`` is None.
 
     Raises:
@@ -164,9 +197,12 @@ def kafka_spec(
     clash = sorted(set(fields) & set(METADATA_FIELDS))
     if clash:
         raise TopologyDefinitionError(f"{what}: field(s) {clash} are reserved for the record's Kafka metadata")
+    spark_settings = _settings(spark_options, what, "spark_options", SPARK_OWNED_OPTIONS)
+    client_settings = _settings(client_config, what, "client_config", ("bootstrap.servers",))
     if partitions is None:
         try:
-            partitions = partition_count(bootstrap, topic, timeout_s=timeout_s)
+            config = resolve_env_settings(client_settings, what=what, error=KafkaServerError)
+            partitions = partition_count(bootstrap, topic, timeout_s=timeout_s, config=config)
         except KafkaServerError as e:
             raise TopologyDefinitionError(
                 f"{what}: cannot read the partition count ({e}); create the topic or pass partitions="
@@ -183,6 +219,10 @@ def kafka_spec(
     }
     if max_offsets_per_trigger is not None:
         options["max_offsets_per_trigger"] = max_offsets_per_trigger
+    if spark_settings:
+        options["spark_options"] = spark_settings
+    if client_settings:
+        options["client_config"] = client_settings
     return SourceSpec(kind=KIND, path=None, queues=partitions, fields={**fields, **METADATA_FIELDS}, options=options)
 
 
@@ -207,6 +247,14 @@ class KafkaKind(SourceKind):
         if spec.options.get("format", "json") == "json":
             return {**spec.fields, CORRUPT_COLUMN: "string"}
         return dict(spec.fields)
+
+    def _settings(self, spec: SourceSpec, name: str) -> dict[str, str]:
+        """The spec's ``spark_options`` or ``client_config`` with ``env:NAME`` values read here."""
+        raw = spec.options.get(name) or {}
+        if not isinstance(raw, Mapping):
+            raise SourceError(f"a kafka source spec's {name} must be a mapping")
+        settings = {str(k): str(v) for k, v in raw.items()}
+        return resolve_env_settings(settings, what=f"Kafka source {name}", error=SourceError)
 
     def _options(self, spec: SourceSpec) -> dict[str, Any]:
         options = spec.options
@@ -245,6 +293,8 @@ class KafkaKind(SourceKind):
             reader = reader.option("startingOffsets", str(starting))
         if options.get("max_offsets_per_trigger") is not None:
             reader = reader.option("maxOffsetsPerTrigger", int(str(options["max_offsets_per_trigger"])))
+        for name, setting in self._settings(spec, "spark_options").items():
+            reader = reader.option(f"kafka.{name}", setting)
         with self._lock:
             if not any(s is spark for s in self._sessions):
                 self._sessions.append(spark)
@@ -306,7 +356,12 @@ class KafkaKind(SourceKind):
         positions = self._positions().get((topic, queue), [])
         if len(set(positions)) != 1:
             return SourceLag(records=None, files=None)
-        marks = self._offsets.watermarks(str(options["bootstrap"]), topic, queue)
+        try:
+            config = self._settings(spec, "client_config")
+        except SourceError as e:
+            logger.debug("lag of %s-%d not read: %s", topic, queue, e)
+            return SourceLag(records=None, files=None)
+        marks = self._offsets.watermarks(str(options["bootstrap"]), topic, queue, config=config)
         if marks is None:
             return SourceLag(records=None, files=None)
         return SourceLag(records=max(marks[1] - positions[0], 0), files=None)

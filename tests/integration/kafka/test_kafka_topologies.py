@@ -183,3 +183,33 @@ def test_kafka_to_count_to_kafka_writes_every_new_value_once_for_read_committed_
     _wait(delivered, "the Kafka sink to deliver the final counts")
     for word, seen in per_word.items():
         assert seen == sorted(set(seen)), f"{word}: counts {seen} repeat or fall"
+
+
+def test_client_settings_reach_spark_and_env_values_are_read_on_the_worker(kafka, kafka_workers, kafka_store, topic_name) -> None:
+    kafka.create_topic(topic_name, partitions=1)
+    _produce(kafka, topic_name, [(0, json.dumps({"word": w})) for w in ("a", "b", "a")])
+
+    def count(name: str, **settings: Any) -> Topology:
+        topology = Topology(name)
+        source = KafkaTopic(kafka.bootstrap_servers, topic_name, partitions=1, **settings)
+        words = topology.source("words", source, schema={"word": "string"})
+        topology.query("counts", words.group_by("word").persistent_aggregate(Count(), out="count", state=OpaqueMapState))
+        return topology
+
+    given = count(
+        "kafka-settings",
+        spark_options={"security.protocol": "PLAINTEXT", "kafka.client.id": "stream-ops-settings-test"},
+        client_config={"client.id": "env:PATH"},
+    )
+    submit(kafka_store, kafka_workers.cluster, given, workers=1)
+    wait_for_counts(kafka_store, given.name, "counts", {"a": 2, "b": 1}, timeout_s=TIMEOUT_S)
+
+    # A setting naming a variable the worker does not have stops the task with that reason.
+    missing = count("kafka-settings-missing", spark_options={"security.protocol": "env:STREAM_OPS_TEST_UNSET_VARIABLE"})
+    topology_id = submit(kafka_store, kafka_workers.cluster, missing, workers=1)
+
+    def reason() -> str:
+        return " ".join(t.last_error or "" for t in describe_topology(kafka_store, topology_id).tasks)
+
+    _wait(lambda: "STREAM_OPS_TEST_UNSET_VARIABLE" in reason(), "the task to fail naming the unset variable")
+    assert "which is not set" in reason()

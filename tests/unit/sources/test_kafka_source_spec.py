@@ -124,3 +124,32 @@ def test_the_kind_has_no_directory_no_lag_without_a_query_and_describes_the_topi
     assert kind.describe(spec) == f"reads JSON records of the Kafka topic `words` at {BOOTSTRAP} (2 partitions)"
     with pytest.raises(SourceError, match="queue 2 out of range"):
         kind.queue_dir(spec, 2)
+
+
+def test_client_settings_are_kept_in_the_plan_without_resolving_env_values() -> None:
+    spec = source_spec(
+        KafkaTopic(
+            BOOTSTRAP,
+            "words",
+            partitions=1,
+            spark_options={"kafka.security.protocol": "SASL_SSL", "sasl.jaas.config": "env:KAFKA_JAAS"},
+            client_config={"sasl.password": "env:KAFKA_PASSWORD"},
+        ),
+        {"word": "string"},
+    )
+    assert spec.options["spark_options"] == {"security.protocol": "SASL_SSL", "sasl.jaas.config": "env:KAFKA_JAAS"}
+    assert spec.options["client_config"] == {"sasl.password": "env:KAFKA_PASSWORD"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"spark_options": {"bootstrap.servers": "x:1"}}, r"may not set \['bootstrap.servers'\]"),
+        ({"spark_options": {"kafka.auto.offset.reset": "latest"}}, "may not set"),
+        ({"spark_options": {"retries": 3}}, "must map setting names to strings"),
+        ({"client_config": ["security.protocol"]}, "must map setting names to strings"),
+    ],
+)
+def test_bad_client_settings_fail_at_definition_time(settings: dict, message: str) -> None:
+    with pytest.raises(TopologyDefinitionError, match=message):
+        source_spec(KafkaTopic(BOOTSTRAP, "words", partitions=1, **settings), {"word": "string"})
