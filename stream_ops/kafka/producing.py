@@ -46,10 +46,13 @@ def produce_json(
     count = 0
     for count, record in enumerate(records, start=1):
         value = json.dumps(record, separators=(",", ":")).encode("utf-8")
-        if partitions is None:
-            producer.produce(topic, value=value, on_delivery=delivered)
-        else:
-            producer.produce(topic, value=value, partition=(count - 1) % partitions, on_delivery=delivered)
+        partition = -1 if partitions is None else (count - 1) % partitions  # -1: librdkafka's partitioner
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=partition, on_delivery=delivered)
+                break
+            except BufferError:  # the local queue is full: let the broker acknowledge some first
+                producer.poll(0.1)
         producer.poll(0)
     left = producer.flush(timeout_s)
     if left or failures:
