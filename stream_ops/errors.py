@@ -230,3 +230,10 @@ class KafkaSinkFencedError(KafkaSinkError):
 class StateTopicTruncatedError(StateError):
     """The state-topic records asked for were deleted by a compaction meanwhile (a Kafka state
     topic's partition starts at a higher offset now): read again from the newer snapshot."""
+
+
+class KafkaShuffleError(KafkaSinkError):
+    """A shuffle between stages kept in Kafka could not be set up or written: its topic has
+    fewer partitions than the downstream stage has queues, or Kafka refused or did not answer.
+    Like a sink's batch, a committed upstream batch stays published and is delivered at the
+    task's next start."""

@@ -41,6 +41,16 @@ class TopologyLayout:
             durable=self.cluster.fsync,
         )
 
+    def shuffle_delivery_topic(self, from_stage: StageSpec, to_stage: StageSpec) -> DeliveryTopic:
+        """With the shuffle kept in Kafka: the staged batches of ``from_stage``'s tasks into
+        ``to_stage``, published after their commit and removed once Kafka has them (one queue
+        per task of ``from_stage``; see :mod:`stream_ops.kafka.shuffle_writer`)."""
+        return DeliveryTopic(
+            self.topics_dir / f"kafka-shuffle-{from_stage.index:03d}-to-{to_stage.index:03d}-{to_stage.name}",
+            from_stage.queues,
+            durable=self.cluster.fsync,
+        )
+
     def state_topic(self, keyed_stage: StageSpec) -> FileTopic:
         """The compacted state topic of a keyed stage (one queue per input queue)."""
         return FileTopic(

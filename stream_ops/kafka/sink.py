@@ -8,6 +8,10 @@ marks it delivered (``.delivered-t<task>``) once that returned. That path alone 
 per txid: a crash between the delivery and the marker delivers the batch again. The writer makes
 the second delivery a no-op:
 
+The delivery machinery (fencing, the progress record, the transaction per batch) is
+:class:`~stream_ops.kafka.transactions.TransactionalBatchWriter`, shared with the shuffle between
+stages kept in Kafka (:mod:`stream_ops.kafka.shuffle_writer`); the argument below holds for both.
+
 * **One transactional producer per (topology, sink, task)**, ``transactional.id`` =
   ``<prefix>.<topology id>.<sink>.t<task>`` (:func:`~stream_ops.kafka.sink_options.transactional_id`),
   the same for every owner of the task. A new owner's ``init_transactions()`` bumps the
@@ -55,39 +59,17 @@ it after ``transaction.timeout.ms`` (60 s here unless ``config`` sets it).
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stream_ops.errors import KafkaServerError, KafkaSinkError, KafkaSinkFencedError
-from stream_ops.kafka.client import client_config, ensure_topic, topic_partitions
-from stream_ops.kafka.progress import (
-    PROGRESS_TOPIC_CONFIG,
-    already_delivered,
-    progress_partition,
-    progress_record,
-    read_delivered_txid,
-)
+from stream_ops.errors import KafkaSinkError
+from stream_ops.kafka.client import ensure_topic, topic_partitions
 from stream_ops.kafka.sink_options import KafkaSinkSpec, resolve_config, transactional_id
-from stream_ops.kafka.sink_records import KafkaMessage, batch_headers, batch_messages
-
-logger = logging.getLogger(__name__)
-
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    "partitioner": "murmur2_random",
-    "linger.ms": 5,
-    "transaction.timeout.ms": 60_000,
-}
-"""Producer settings the sink's ``config`` may override: Java's key partitioning, a short linger
-(a batch is flushed at its commit anyway) and the broker's default transaction timeout."""
-PROGRESS_PARTITIONS = 1
-"""Partitions of a progress topic the sink creates (an existing one is used as it is)."""
-_FENCED_CODES = frozenset({-144, 90, 47})
-"""librdkafka's ``_FENCED``, Kafka's ``PRODUCER_FENCED`` and ``INVALID_PRODUCER_EPOCH``."""
+from stream_ops.kafka.sink_records import batch_headers, batch_messages
+from stream_ops.kafka.transactions import TransactionalBatchWriter
 
 
-class KafkaSinkWriter:
+class KafkaSinkWriter(TransactionalBatchWriter):
     """Delivers one task's committed batches of one Kafka sink, each exactly once (module docstring).
 
     Args:
@@ -99,85 +81,38 @@ class KafkaSinkWriter:
     """
 
     def __init__(self, spec: KafkaSinkSpec, *, topology_id: str, sink: str, task_id: int, timeout_s: float = 30.0) -> None:
+        super().__init__(
+            bootstrap=spec.bootstrap,
+            config=resolve_config(spec.config),
+            transactional_id=transactional_id(spec.transactional_id_prefix, topology_id, sink, task_id),
+            progress_topic=spec.progress_topic,
+            replication_factor=spec.replication_factor,
+            topology_id=topology_id,
+            output=sink,
+            task_id=task_id,
+            timeout_s=timeout_s,
+        )
         self.spec = spec
-        self.topology_id = topology_id
         self.sink = sink
-        self.task_id = task_id
-        self.timeout_s = timeout_s
-        self.transactional_id = transactional_id(spec.transactional_id_prefix, topology_id, sink, task_id)
-        self._producer: Any = None
-        self._delivered: int | None = None
-        self._progress_partition = 0
 
-    @property
-    def delivered_txid(self) -> int | None:
-        """The last txid in Kafka from this task (None until :meth:`start`)."""
-        return self._delivered
-
-    def start(self) -> int:
-        """Check the topics (creating what the spec allows), fence every earlier producer of the
-        task's transactional id and read what they delivered; returns the last delivered txid.
-
-        Raises:
-            KafkaSinkError: the output topic is missing (and ``partitions`` not given), or Kafka
-                refused or did not answer.
-        """
-        from confluent_kafka import KafkaException, Producer
-
+    def _prepare_topics(self) -> None:
+        """The output topic must exist, or is created when the spec gives its partitions."""
         spec = self.spec
-        config = resolve_config(spec.config)
-        try:
-            if spec.partitions is None:
-                if topic_partitions(spec.bootstrap, spec.topic, config=config, timeout_s=self.timeout_s) is None:
-                    raise KafkaSinkError(
-                        f"Kafka sink {self.sink!r}: topic {spec.topic!r} does not exist at {spec.bootstrap}; create it, "
-                        "or pass partitions= to to_kafka() to have it created"
-                    )
-            else:
-                ensure_topic(
-                    spec.bootstrap,
-                    spec.topic,
-                    partitions=spec.partitions,
-                    replication_factor=spec.replication_factor,
-                    config=config,
-                    timeout_s=self.timeout_s,
+        if spec.partitions is None:
+            if topic_partitions(spec.bootstrap, spec.topic, config=self.config, timeout_s=self.timeout_s) is None:
+                raise KafkaSinkError(
+                    f"Kafka sink {self.sink!r}: topic {spec.topic!r} does not exist at {spec.bootstrap}; create it, "
+                    "or pass partitions= to to_kafka() to have it created"
                 )
-            partitions = ensure_topic(
+        else:
+            ensure_topic(
                 spec.bootstrap,
-                spec.progress_topic,
-                partitions=PROGRESS_PARTITIONS,
+                spec.topic,
+                partitions=spec.partitions,
                 replication_factor=spec.replication_factor,
-                topic_config=PROGRESS_TOPIC_CONFIG,
-                config=config,
+                config=self.config,
                 timeout_s=self.timeout_s,
             )
-        except KafkaServerError as e:
-            raise KafkaSinkError(f"Kafka sink {self.sink!r}: {e}") from e
-        self._progress_partition = progress_partition(self.transactional_id, partitions)
-        settings = {**PRODUCER_DEFAULTS, **config, "transactional.id": self.transactional_id, "enable.idempotence": True}
-        producer = Producer(client_config(spec.bootstrap, **settings))
-        try:
-            producer.init_transactions(self.timeout_s)
-        except KafkaException as e:
-            raise KafkaSinkError(f"Kafka sink {self.sink!r}: init_transactions of {self.transactional_id!r} failed: {e}") from e
-        self._delivered = read_delivered_txid(
-            spec.bootstrap,
-            config,
-            spec.progress_topic,
-            self._progress_partition,
-            self.transactional_id,
-            timeout_s=self.timeout_s,
-        )
-        self._producer = producer
-        logger.info(
-            "Kafka sink %s of task %s/%d: producer %r ready, delivered up to txid %d",
-            self.sink,
-            self.topology_id,
-            self.task_id,
-            self.transactional_id,
-            self._delivered,
-        )
-        return self._delivered
 
     def deliver(self, txid: int, records: Sequence[Mapping[str, Any]]) -> bool:
         """Write batch ``txid`` in one transaction unless Kafka has it already; returns whether it wrote.
@@ -188,88 +123,6 @@ class KafkaSinkWriter:
             KafkaSinkError: Kafka refused the transaction or did not answer; the outcome is
                 settled when the next writer starts.
         """
-        if self._producer is None:
-            self.start()
-        assert self._delivered is not None
-        if already_delivered(txid, self._delivered):
-            logger.info(
-                "Kafka sink %s: txid %d of task %s/%d is in Kafka already (delivered up to %d); skipped",
-                self.sink,
-                txid,
-                self.topology_id,
-                self.task_id,
-                self._delivered,
-            )
-            return False
-        from confluent_kafka import KafkaException
-
-        spec = self.spec
         headers = batch_headers(self.topology_id, self.task_id, txid)
-        messages = batch_messages(records, key=spec.key, value=spec.value, headers=headers)
-        key, value = progress_record(
-            self.transactional_id, topology_id=self.topology_id, sink=self.sink, task_id=self.task_id, txid=txid
-        )
-        started = time.perf_counter()
-        try:
-            self._producer.begin_transaction()
-            for message in messages:
-                self._produce(spec.topic, message)
-            self._produce(spec.progress_topic, KafkaMessage(key, value, headers), partition=self._progress_partition)
-            self._commit()
-        except KafkaException as e:
-            self._abandon()
-            error = e.args[0] if e.args else None
-            code = error.code() if error is not None and hasattr(error, "code") else None
-            what = f"Kafka sink {self.sink!r}: txid {txid} of task {self.topology_id}/{self.task_id}"
-            if code in _FENCED_CODES:
-                raise KafkaSinkFencedError(f"{what}: producer {self.transactional_id!r} was fenced by a newer owner") from e
-            raise KafkaSinkError(f"{what} not delivered: {e}") from e
-        except BaseException:
-            self._abandon()
-            raise
-        self._delivered = txid
-        logger.debug(
-            "Kafka sink %s: txid %d of task %s/%d delivered, %d messages in %.1f ms",
-            self.sink,
-            txid,
-            self.topology_id,
-            self.task_id,
-            len(messages),
-            (time.perf_counter() - started) * 1000.0,
-        )
-        return True
-
-    def _produce(self, topic: str, message: KafkaMessage, partition: int | None = None) -> None:
-        extra = {} if partition is None else {"partition": partition}
-        while True:
-            try:
-                self._producer.produce(topic, value=message.value, key=message.key, headers=list(message.headers), **extra)
-                return
-            except BufferError:  # the local queue is full: let it drain into the transaction
-                self._producer.poll(0.05)
-
-    def _commit(self) -> None:
-        """Commit the open transaction (flushes its messages first)."""
-        self._producer.commit_transaction(self.timeout_s)
-
-    def _abandon(self) -> None:
-        """Abort the open transaction if the producer still can, and drop the producer: the next
-        delivery starts a new one, whose ``init_transactions()`` settles what this one left."""
-        producer, self._producer, self._delivered = self._producer, None, None
-        if producer is None:
-            return
-        try:
-            producer.abort_transaction(min(self.timeout_s, 5.0))
-        except Exception as e:  # noqa: BLE001 - a fenced or failed producer cannot abort; the next owner's init does
-            logger.debug("Kafka sink %s: abort of %r failed: %s", self.sink, self.transactional_id, e)
-            return  # dropped as it is: closing would try to abort again
-        try:
-            producer.close()
-        except Exception as e:  # noqa: BLE001 - closing is best effort on this path
-            logger.debug("Kafka sink %s: closing %r failed: %s", self.sink, self.transactional_id, e)
-
-    def close(self) -> None:
-        """Close the producer (no transaction is open between deliveries)."""
-        producer, self._producer, self._delivered = self._producer, None, None
-        if producer is not None:
-            producer.close()
+        messages = batch_messages(records, key=self.spec.key, value=self.spec.value, headers=headers)
+        return self.deliver_messages(txid, messages, self.spec.topic)

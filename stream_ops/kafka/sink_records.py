@@ -36,6 +36,8 @@ class KafkaMessage:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
+    partition: int | None = None
+    """The partition to write to; None: the producer's partitioner chooses by key."""
 
 
 def encode_value(value: Any) -> bytes | None:

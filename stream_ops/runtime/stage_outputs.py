@@ -11,6 +11,11 @@ published batch and deletes it once the function returned (so a crash in between
 again with the same txid and records); a Kafka sink delivers each published batch the same
 way, in one Kafka transaction whose progress record makes a second delivery of a txid a no-op
 (:mod:`stream_ops.kafka.sink`); and ``print`` logs the batch's records.
+
+With the shuffle kept in Kafka (the topology's conf, :class:`~stream_ops.kafka.shuffle_options.KafkaShuffle`)
+a shuffle is delivered like a Kafka sink: the batch's rows for every queue of the downstream stage
+are staged as one delivery batch of the task, published after the commit, then written in one
+Kafka transaction, each row to the partition of its queue (:mod:`stream_ops.kafka.shuffle_writer`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
 
 if TYPE_CHECKING:
+    from stream_ops.kafka.shuffle_options import KafkaShuffle
+    from stream_ops.kafka.shuffle_writer import ShuffleWriter
     from stream_ops.kafka.sink import KafkaSinkWriter
 
 logger = logging.getLogger(__name__)
@@ -47,7 +54,9 @@ Partial = tuple[str, Any]
 class StageOutputs:
     """The outputs of one task: what it stages per batch and what it does after a commit."""
 
-    def __init__(self, *, plan: Plan, stage: StageSpec, task: TaskSpec, layout: TopologyLayout) -> None:
+    def __init__(
+        self, *, plan: Plan, stage: StageSpec, task: TaskSpec, layout: TopologyLayout, kafka_shuffle: KafkaShuffle | None = None
+    ) -> None:
         self.plan = plan
         self.stage = stage
         self.task = task
@@ -60,8 +69,16 @@ class StageOutputs:
         self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
         """Sinks whose published batches are delivered after the publish: functions and Kafka."""
         self._kafka_writers: dict[str, KafkaSinkWriter] = {}
+        self.kafka_shuffle = kafka_shuffle
+        self._kafka_shuffles: dict[int, DeliveryTopic] = {}
+        """Downstream stage index -> the staged batches of the shuffle into it (Kafka shuffle only)."""
+        self._shuffle_writers: dict[int, ShuffleWriter] = {}
         for shuffle in stage.shuffles:
-            self._shuffles[shuffle.to_stage] = layout.shuffle_topic(plan.stage(shuffle.to_stage))
+            to_stage = plan.stage(shuffle.to_stage)
+            if kafka_shuffle is None:
+                self._shuffles[shuffle.to_stage] = layout.shuffle_topic(to_stage)
+            else:
+                self._kafka_shuffles[shuffle.to_stage] = layout.shuffle_delivery_topic(stage, to_stage)
         for output in stage.outputs:
             if isinstance(output, SinkSpec) and output.format == "parquet":
                 from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
@@ -81,6 +98,7 @@ class StageOutputs:
         """Every output this task stages files in (the dead-letter topic included)."""
         outputs: list[StagedOutput] = [self.layout.dead_letter_topic()]
         outputs += self._shuffles.values()
+        outputs += self._kafka_shuffles.values()
         outputs += self._sinks.values()
         outputs += [topic for topic, _ in self._functions.values()]
         return outputs
@@ -116,6 +134,9 @@ class StageOutputs:
                 sink_records[output.name].extend(records.get(index, []))
         rows = 0
         for to_stage, by_queue in shuffle_lines.items():
+            if to_stage in self._kafka_shuffles:
+                rows += self._stage_kafka_shuffle(to_stage, txid, epoch, by_queue)
+                continue
             for queue, lines in sorted(by_queue.items()):
                 self._shuffles[to_stage].stage_batch(queue, self.task.task_id, txid, epoch, lines)
                 rows += len(lines)
@@ -151,6 +172,15 @@ class StageOutputs:
         report = progress_row(self.stage.index, self.task.queue, max(times))
         for queue in range(spec.queues):
             by_queue[queue].append(report)
+
+    def _stage_kafka_shuffle(self, to_stage: int, txid: int, epoch: int, by_queue: dict[int, list[Record]]) -> int:
+        """Stage the rows for every queue of ``to_stage`` as one delivery batch of this task."""
+        from stream_ops.kafka.shuffle_writer import staged_rows
+
+        batch = staged_rows(by_queue)
+        if batch:
+            self._kafka_shuffles[to_stage].stage_batch(self.task.queue, self.task.task_id, txid, epoch, batch)
+        return len(batch)
 
     def _stage_sink(self, name: str, txid: int, epoch: int, batch: list[Record]) -> int:
         if not batch:
@@ -191,7 +221,10 @@ class StageOutputs:
 
     def after_publish(self) -> None:
         """Deliver what the published batches owe: function and Kafka sinks (every published
-        batch of this task not yet delivered, oldest first) and the ``print`` sink's records."""
+        batch of this task not yet delivered, oldest first), Kafka shuffles likewise, and the
+        ``print`` sink's records."""
+        for to_stage, shuffle_topic in self._kafka_shuffles.items():
+            self._deliver_shuffle(to_stage, shuffle_topic)
         for topic, spec in self._functions.values():
             self._deliver(topic, spec)
         for txid, name, batch in self._printed:
@@ -206,6 +239,39 @@ class StageOutputs:
             deliver(txid, records)
             topic.mark_delivered(queue, task_id, txid)
             logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)
+
+    def _deliver_shuffle(self, to_stage: int, topic: DeliveryTopic) -> None:
+        """Deliver this task's published, undelivered shuffle batches into ``to_stage``'s topic.
+        The writer starts (fencing the task's earlier owners' producers) at the first pass."""
+        writer = self._shuffle_writers.get(to_stage)
+        if writer is None:
+            from stream_ops.kafka.shuffle_writer import ShuffleWriter  # confluent-kafka, only with a Kafka shuffle
+
+            assert self.kafka_shuffle is not None
+            target = self.plan.stage(to_stage)
+            writer = ShuffleWriter(
+                self.kafka_shuffle,
+                topology_id=self.layout.topology_id,
+                stage_index=target.index,
+                stage_name=target.name,
+                queues=target.queues,
+                task_id=self.task.task_id,
+            )
+            self._shuffle_writers[to_stage] = writer
+        if writer.delivered_txid is None:
+            writer.start()
+        queue, task_id = self.task.queue, self.task.task_id
+        for txid, records in topic.undelivered(queue, task_id):
+            writer.deliver(txid, records)
+            topic.mark_delivered(queue, task_id, txid)
+            logger.debug("shuffle into stage %d: txid %d of task %d delivered", to_stage, txid, task_id)
+
+    def close(self) -> None:
+        """Close the Kafka producers of this task's shuffles and sinks (none is mid-transaction
+        between batches)."""
+        writers: list[Any] = [*self._shuffle_writers.values(), *self._kafka_writers.values()]
+        for writer in writers:
+            writer.close()
 
     def _function_delivery(self, spec: SinkSpec) -> Callable[[int, list[Record]], object]:
         assert spec.function is not None

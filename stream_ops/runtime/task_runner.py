@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -51,6 +51,7 @@ from stream_ops.config import QueryConfig
 from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
+from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.operators.aggregators import aggregator_from_spec
@@ -73,6 +74,9 @@ from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from stream_ops.kafka.shuffle_ticks import TickProducer
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +213,9 @@ class TaskRunner:
         self._last_input_ms = 0
         self._aggregator = aggregator_from_spec(self.stage.state.aggregator) if self.stage.state else None
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
+        self.kafka_shuffle: KafkaShuffle | None = None
+        """The topology's shuffle between stages when its conf keeps it in Kafka (set by :meth:`prepare`)."""
+        self._ticks: TickProducer | None = None
 
     @property
     def topology_id(self) -> str:
@@ -235,11 +242,25 @@ class TaskRunner:
         """Take ownership under a new epoch and open (or rebuild) the task's state."""
         self.ownership = acquire(self.zk, self.topology_id, self.task.task_id, self.worker_id, clock=self.clock)
         try:
+            self._choose_shuffle()
             self._prepare_state()
         except BaseException:
             self._close_state()
             release(self.zk, self.ownership)
             raise
+
+    def _choose_shuffle(self) -> None:
+        """Files or Kafka between the stages, as the topology's conf says (ConfigError if malformed)."""
+        self.kafka_shuffle = KafkaShuffle.from_conf(read_storm(self.zk, self.topology_id).conf)
+        if self.kafka_shuffle is not None:
+            self.outputs = StageOutputs(
+                plan=self.plan, stage=self.stage, task=self.task, layout=self.layout, kafka_shuffle=self.kafka_shuffle
+            )
+
+    def _shuffle_topic_name(self) -> str:
+        """This stage's Kafka shuffle topic (with the Kafka shuffle only)."""
+        assert self.kafka_shuffle is not None
+        return self.kafka_shuffle.topic_name(self.topology_id, self.stage.index, self.stage.name)
 
     def _prepare_state(self) -> None:
         assert self.ownership is not None
@@ -321,6 +342,13 @@ class TaskRunner:
             return False
         self._last_tick = now
         tick = {"stream": TICK_STREAM, "key": None, "record": "{}"}
+        if self.kafka_shuffle is not None:
+            if self._ticks is None:
+                from stream_ops.kafka.shuffle_ticks import TickProducer  # confluent-kafka, only with a Kafka shuffle
+
+                self._ticks = TickProducer(self.kafka_shuffle, self._shuffle_topic_name())
+            self._ticks.send(self.task.queue, tick)
+            return True
         topic = self.layout.shuffle_topic(self.stage)
         topic.write_file(self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-{time.time_ns()}.jsonl", [tick])
         return True
@@ -337,6 +365,14 @@ class TaskRunner:
         checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         remove_crashed_writes(checkpoint)
         self._last_input_ms = latest_file_timestamp(checkpoint)
+        kafka_input = None
+        if self.kafka_shuffle is not None and not self.stage.reads_source:
+            from stream_ops.kafka.shuffle_reader import KafkaShuffleInput
+            from stream_ops.kafka.shuffle_writer import ensure_shuffle_topic
+
+            kafka_input = KafkaShuffleInput(self.kafka_shuffle, self._shuffle_topic_name())
+            # Created here too, so Spark never meets a missing topic (nor auto-creates a wrong one).
+            ensure_shuffle_topic(self.kafka_shuffle, kafka_input.topic, self.stage.queues, self.kafka_shuffle.client_config())
         self.query = start_stage_query(
             self.spark,
             stage=self.stage,
@@ -348,6 +384,7 @@ class TaskRunner:
             trigger_seconds=self.settings.trigger_seconds,
             max_files_per_trigger=self.settings.max_files_per_trigger,
             max_file_age=self.settings.max_file_age,
+            kafka_input=kafka_input,
         )
 
     @property
@@ -410,9 +447,20 @@ class TaskRunner:
                 self.topology_id,
                 self.task.task_id,
             )
+        self._close_producers()
         if release_ownership and self.ownership is not None:
             release(self.zk, self.ownership)
         logger.info("task %s/%d stopped on %s", self.topology_id, self.task.task_id, self.worker_id)
+
+    def _close_producers(self) -> None:
+        """Close the task's Kafka producers (shuffles, sinks, ticks); best effort on the way out."""
+        try:
+            self.outputs.close()
+        except Exception as e:  # noqa: BLE001 - a stopping task must still release its ownership
+            logger.warning("task %s/%d: closing Kafka producers: %s", self.topology_id, self.task.task_id, e)
+        if self._ticks is not None:
+            self._ticks.close()
+            self._ticks = None
 
     def _close_state(self) -> None:
         if self.state is not None:
@@ -792,6 +840,8 @@ class TaskRunner:
         if self.stage.reads_source:
             assert self.stage.source is not None
             return source_kind(self.stage.source.kind).lag(self.stage.source, self.task.queue, self._last_input_ms)
+        if self.kafka_shuffle is not None:
+            return SourceLag(records=None, files=None)  # not measured for a Kafka shuffle
         files = files_newer_than(self.layout.shuffle_topic(self.stage).queue_path(self.task.queue), self._last_input_ms)
         return SourceLag(records=sum(count_lines(f) for f in files), files=len(files))
 

@@ -63,7 +63,9 @@ def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
 
     The file source logs each batch's files under ``sources/0/<batch>``; every
     ``compactInterval`` batches (10 by default) that log is ``<batch>.compact`` instead and
-    holds the entries of all batches so far, each with its ``batchId``.
+    holds the entries of all batches so far, each with its ``batchId``. Spark's Kafka source
+    keeps its starting offsets in ``sources/0/0`` (a JSON object without a ``path``): for it
+    this returns None, so batch 0's fingerprint is its offset range too.
     """
     log_dir = checkpoint_dir / "sources" / "0"
     for name in (str(batch_id), f"{batch_id}.compact"):
@@ -77,7 +79,9 @@ def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
                 entry = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(entry, dict) and entry.get("batchId", batch_id) == batch_id and "path" in entry:
+            if isinstance(entry, dict) and "path" not in entry:
+                return None  # not a file source's log: Kafka's initial offsets (its ``sources/0/0``)
+            if isinstance(entry, dict) and entry.get("batchId", batch_id) == batch_id:
                 files.append(str(entry["path"]))
         return sorted(files)
     return None

@@ -30,6 +30,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
+from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
@@ -58,6 +59,7 @@ def start_stage_query(
     trigger_seconds: float,
     max_files_per_trigger: int,
     max_file_age: str = "7d",
+    kafka_input: KafkaShuffleInput | None = None,
 ) -> StreamingQuery:
     """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch.
 
@@ -65,13 +67,17 @@ def start_stage_query(
     the newest file seen by more than this is never read (published batch files are touched
     when published, so only files landed with old times are concerned). A source stage reads
     as its source kind says (:mod:`stream_ops.sources`); other stages read the JSON lines of
-    their shuffle queue ``input_dir``.
+    their shuffle queue ``input_dir``, or with ``kafka_input`` (the topology keeps its shuffle in
+    Kafka) the rows of their queue's partition of the stage's shuffle topic, committed ones only
+    (:mod:`stream_ops.kafka.shuffle_reader`), parsed against the same fields.
     """
     if stage.reads_source:
         assert stage.source is not None
         df = source_kind(stage.source.kind).read_stream(
             spark, stage.source, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age
         )
+    elif kafka_input is not None:
+        df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     else:
         df = (
             spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)

@@ -29,7 +29,8 @@ def test_the_broker_serves_producers_and_consumers(kafka: EmbeddedKafka, topic_n
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": topic_name, "auto.offset.reset": "earliest"})
     try:
-        consumer.assign([TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)])
+        # explicit start offsets: no committed offsets to fetch from a group coordinator
+        consumer.assign([TopicPartition(topic_name, 0, 0), TopicPartition(topic_name, 1, 0)])
         received: set[tuple[int, str, str]] = set()
         for _ in range(100):
             message = consumer.poll(0.5)
