@@ -113,6 +113,9 @@ class TaskStatus:
     """The heartbeat znode's mzxid (changes with every beat); None: no heartbeat that counts."""
     standbys: tuple[StandbyStatus, ...] = ()
     """The task's standby replicas, as the assignment names them, with how far each is behind."""
+    committed_offsets: tuple[Any, ...] = ()
+    """The source offsets recorded with the committed txid (``TransactionalRecord.offsets``; a
+    Kafka source task: ``({"<topic>": {"<partition>": <end offset>}},)``); empty before the first."""
 
     @property
     def has_lag(self) -> bool:
@@ -265,6 +268,7 @@ def task_status(
         quarantined=error.quarantined if error else False,
         heartbeat_fingerprint=fingerprint,
         standbys=standbys,
+        committed_offsets=tuple(tx.offsets),
     )
 
 

@@ -55,6 +55,14 @@ from stream_ops.orchestration.component import (
     TopologyNamingTranslator,
     cluster_resources_from_env,
 )
+from stream_ops.orchestration.consumer_lag import (
+    CONSUMER_LAG,
+    DEFAULT_CONSUMER_LAG_THRESHOLD,
+    KafkaSourceWatch,
+    evaluate_consumer_lag,
+    kafka_source_watches,
+)
+from stream_ops.orchestration.consumer_lag_checks import build_consumer_lag_checks
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.definitions import (
     StreamClusterDefinitions,
@@ -114,6 +122,12 @@ from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
     "ACTIVATE_JOB_NAME",
+    "CONSUMER_LAG",
+    "DEFAULT_CONSUMER_LAG_THRESHOLD",
+    "KafkaSourceWatch",
+    "build_consumer_lag_checks",
+    "evaluate_consumer_lag",
+    "kafka_source_watches",
     "COMPACT_STATE_JOB_NAME",
     "DEACTIVATE_JOB_NAME",
     "DEFAULT_HEARTBEAT_SENSOR_NAME",

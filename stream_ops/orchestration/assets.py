@@ -46,6 +46,7 @@ from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.status import TopologyStatus, describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
 from stream_ops.orchestration.checks import build_stream_checks
+from stream_ops.orchestration.consumer_lag import DEFAULT_CONSUMER_LAG_THRESHOLD, KafkaSourceWatch, kafka_source_watches
 from stream_ops.orchestration.health import build_health_asset
 from stream_ops.orchestration.lineage import merge_source_specs, source_asset_specs
 from stream_ops.orchestration.observations import observation_schema
@@ -90,6 +91,10 @@ class TopologyDefinitions:
         state_assets: One queue-partitioned state snapshot asset per keyed stage.
         sink_specs: One external asset per sink, downstream of the stages that write it.
         parquet_sinks: The Parquet sinks the heartbeat sensor materializes.
+        kafka_sources: The Kafka topics the source stages read, whose consumer lag the
+            heartbeat sensor observes and checks (the ``consumer_lag`` checks are declared
+            once per code location, by
+            :func:`~stream_ops.orchestration.definitions.build_cluster_definitions`).
     """
 
     topology_name: str
@@ -103,6 +108,7 @@ class TopologyDefinitions:
     state_assets: tuple[dg.AssetsDefinition, ...] = ()
     sink_specs: tuple[dg.AssetSpec, ...] = ()
     parquet_sinks: tuple[ParquetSinkWatch, ...] = ()
+    kafka_sources: tuple[KafkaSourceWatch, ...] = ()
 
     @property
     def assets(self) -> list[dg.AssetsDefinition | dg.AssetSpec]:
@@ -232,6 +238,7 @@ def topology_assets(
     translator: StreamOpsTranslator | None = None,
     heartbeat_timeout_s: float = 10.0,
     progress_timeout_s: float = 60.0,
+    consumer_lag_threshold: int = DEFAULT_CONSUMER_LAG_THRESHOLD,
 ) -> TopologyDefinitions:
     """Build the submission asset, the stream assets with their checks and the state assets.
 
@@ -246,14 +253,16 @@ def topology_assets(
         heartbeat_timeout_s: The checks' heartbeat timeout when executed on demand (use the
             heartbeat sensor's).
         progress_timeout_s: The txid-progress check's stall limit when executed on demand.
+        consumer_lag_threshold: The ``consumer_lag`` check of a Kafka topic this topology reads
+            fails once it is this many records behind (over all partitions).
 
     Returns:
         The topology's definitions; pass ``.assets`` and ``.asset_checks`` to
         :class:`dagster.Definitions`.
 
     Raises:
-        TopologyDefinitionError: The topology cannot be planned, two stages share a name, or
-            ``workers`` is below 1.
+        TopologyDefinitionError: The topology cannot be planned, two stages share a name,
+            ``workers`` is below 1 or ``consumer_lag_threshold`` below 1.
 
     Example:
         >>> from stream_ops.examples.wordcount import build_wordcount
@@ -267,6 +276,8 @@ def topology_assets(
     """
     if workers < 1:
         raise TopologyDefinitionError(f"topology_assets(workers={workers}): ask for at least 1 worker")
+    if consumer_lag_threshold < 1:
+        raise TopologyDefinitionError(f"topology_assets(consumer_lag_threshold={consumer_lag_threshold}): must be at least 1")
     translator = translator or StreamOpsTranslator()
     plan = build_plan(topology)
     stage_names = [stage.name for stage in plan.stages]
@@ -351,7 +362,8 @@ def topology_assets(
             heartbeat_timeout_s=heartbeat_timeout_s,
             progress_timeout_s=progress_timeout_s,
         ),
-        state_assets=tuple(state_assets(plan=plan, translator=translator)),
+        state_assets=tuple(state_assets(plan=plan, translator=translator, conf=conf_dict)),
         sink_specs=tuple(sink_specs),
         parquet_sinks=tuple(parquet_sinks),
+        kafka_sources=tuple(kafka_source_watches(plan, translator, threshold=consumer_lag_threshold)),
     )

@@ -59,6 +59,7 @@ from stream_ops.orchestration.assets import (
     TopologyDefinitions,
     topology_assets,
 )
+from stream_ops.orchestration.consumer_lag import DEFAULT_CONSUMER_LAG_THRESHOLD
 from stream_ops.orchestration.definitions import (
     StreamClusterDefinitions,
     build_cluster_definitions,
@@ -345,6 +346,14 @@ class StreamTopologyComponent(dg.Component, dg.Resolvable, dg.Model):
     group: Annotated[
         str | None, Field(description="Asset group of the topology's assets; default the topology name ('-' -> '_').")
     ] = None
+    consumer_lag_threshold: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="The consumer_lag check of a Kafka topic this topology reads fails once the topology is this "
+            "many records behind (end offsets less committed offsets, over all partitions).",
+        ),
+    ] = DEFAULT_CONSUMER_LAG_THRESHOLD
 
     _package: str | None = PrivateAttr(default=None)
     _where: str | None = PrivateAttr(default=None)
@@ -409,6 +418,7 @@ class StreamTopologyComponent(dg.Component, dg.Resolvable, dg.Model):
                 standby_replicas=self.standby_replicas,
                 conf=self.conf,
                 translator=self.naming(topology.name),
+                consumer_lag_threshold=self.consumer_lag_threshold,
             )
             self._definitions = definitions
         return self._definitions
@@ -482,7 +492,7 @@ class StreamTopologyComponent(dg.Component, dg.Resolvable, dg.Model):
         first = self is leader
         return dg.Definitions(
             assets=own.assets,
-            asset_checks=own.asset_checks,
+            asset_checks=[*own.asset_checks, *(room.cluster.asset_checks if first else ())],
             jobs=room.cluster.all_jobs if first else [],
             sensors=list(room.cluster.sensors) if first else [],
             schedules=list(room.schedules) if first else [],

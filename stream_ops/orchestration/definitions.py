@@ -29,6 +29,8 @@ from stream_ops.orchestration.assets import (
     TopologyDefinitions,
     topology_assets,
 )
+from stream_ops.orchestration.consumer_lag import DEFAULT_CONSUMER_LAG_THRESHOLD
+from stream_ops.orchestration.consumer_lag_checks import build_consumer_lag_checks
 from stream_ops.orchestration.jobs import StreamOpsJobs, build_jobs
 from stream_ops.orchestration.lineage import merge_source_specs
 from stream_ops.orchestration.resources import (
@@ -81,12 +83,16 @@ class StreamClusterDefinitions:
             sensor targets it, so the UI lists the sensor among those assets' automations.
         sensors: The heartbeat sensor over all topologies and the worker relaunch sensor.
         resources: ``zookeeper``, ``stream_cluster`` and ``pyspark``.
+        asset_checks: The ``consumer_lag`` checks of the Kafka source assets (one definition
+            over every topology's topics, since topologies share a topic's asset); empty
+            without Kafka sources.
     """
 
     jobs: StreamOpsJobs
     observe_job: ObserveJob
     sensors: tuple[dg.SensorDefinition, ...]
     resources: Mapping[str, Any]
+    asset_checks: tuple[dg.AssetChecksDefinition, ...] = ()
 
     @property
     def all_jobs(self) -> list[dg.JobDefinition | ObserveJob]:
@@ -109,6 +115,7 @@ def build_cluster_definitions(
     heartbeat_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
     repair: bool = True,
     relaunch_sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    kafka_timeout_s: float = 2.0,
 ) -> StreamClusterDefinitions:
     """The jobs, sensors and resources a code location has once, whatever its topologies.
 
@@ -124,6 +131,8 @@ def build_cluster_definitions(
     translator = translator or StreamOpsTranslator()
     jobs = build_jobs(topology_names=names, translator=translator)
     observe_job = build_observe_job([key for defs in topologies for key in defs.stream_keys])
+    kafka_sources = [watch for defs in topologies for watch in defs.kafka_sources]
+    lag_checks = build_consumer_lag_checks(kafka_sources, kafka_timeout_s=kafka_timeout_s)
     sensors = (
         build_heartbeat_sensor(
             topology_names=names,
@@ -139,6 +148,8 @@ def build_cluster_definitions(
             parquet_sinks=[watch for defs in topologies for watch in defs.parquet_sinks],
             observe_job=observe_job,
             report_health=True,
+            kafka_sources=kafka_sources,
+            kafka_timeout_s=kafka_timeout_s,
         ),
         build_worker_relaunch_sensor(worker_job=jobs.worker, default_status=relaunch_sensor_status),
     )
@@ -151,6 +162,7 @@ def build_cluster_definitions(
             STREAM_CLUSTER_RESOURCE_KEY: stream_cluster,
             PYSPARK_RESOURCE_KEY: pyspark if pyspark is not None else pyspark_resource(stream_cluster),
         },
+        asset_checks=(lag_checks,) if lag_checks is not None else (),
     )
 
 
@@ -218,6 +230,8 @@ def build_definitions(
     rebalance_cron: str | None = "*/15 * * * *",
     compaction_cron: str | None = "0 * * * *",
     schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+    consumer_lag_threshold: int = DEFAULT_CONSUMER_LAG_THRESHOLD,
+    kafka_timeout_s: float = 2.0,
 ) -> dg.Definitions:
     """The Dagster control room for ``topologies``.
 
@@ -260,6 +274,11 @@ def build_definitions(
         compaction_cron: Cron of each topology's compaction schedule (topologies with keyed
             stages only); None: no schedule.
         schedule_status: Whether the schedules run as soon as the code loads.
+        consumer_lag_threshold: The ``consumer_lag`` check of a Kafka source asset fails when a
+            topology reading it is this many records behind (end offsets less committed
+            offsets, over all partitions).
+        kafka_timeout_s: Longest wait of the heartbeat sensor (and the on-demand check) for one
+            topic's offsets from the brokers.
 
     Returns:
         The definitions, ready to be a code location's ``defs``.
@@ -286,6 +305,7 @@ def build_definitions(
             translator=translator,
             heartbeat_timeout_s=heartbeat_timeout_s,
             progress_timeout_s=progress_timeout_s,
+            consumer_lag_threshold=consumer_lag_threshold,
         )
         for t in topologies
     ]
@@ -303,6 +323,7 @@ def build_definitions(
         heartbeat_sensor_status=heartbeat_sensor_status,
         repair=repair,
         relaunch_sensor_status=relaunch_sensor_status,
+        kafka_timeout_s=kafka_timeout_s,
     )
     schedules = [
         schedule
@@ -318,7 +339,7 @@ def build_definitions(
     merge_source_specs(spec for d in per_topology for spec in d.source_specs)  # refuses clashing inputs, naming both
     return dg.Definitions(
         assets=[asset for d in per_topology for asset in d.assets],
-        asset_checks=[check for d in per_topology for check in d.asset_checks],
+        asset_checks=[check for d in per_topology for check in d.asset_checks] + list(cluster.asset_checks),
         jobs=cluster.all_jobs,
         sensors=list(cluster.sensors),
         schedules=schedules,

@@ -13,7 +13,14 @@ read per znode; ~0.1 s per tick at 1,000 tasks, ~1 s at 10,000, ``bench/sensor.p
   (:mod:`stream_ops.orchestration.sinks`), and
 * with ``report_health``, a materialization of each topology's health asset (one-word health,
   tasks table, numeric totals) and its ``topology_health`` check evaluation
-  (:mod:`stream_ops.orchestration.health`).
+  (:mod:`stream_ops.orchestration.health`), and
+* for each Kafka topic an observed topology reads, one merged observation of its source asset
+  with the consumer lag per partition and its ``consumer_lag`` check evaluation
+  (:mod:`stream_ops.orchestration.consumer_lag`). The end offsets come from the brokers through
+  the sensor's :class:`~stream_ops.orchestration.kafka_offsets.EndOffsets` (one client per
+  bootstrap, kept across ticks, each read bounded by ``kafka_timeout_s``); a broker that does
+  not answer is reported in the observation and the check, never fails the tick. A code
+  location without Kafka sources does none of this.
 
 Its targets include the job observing the stream assets (``observe_job``), so Dagster lists
 the sensor under each stream asset's "Automation details"; the sensor never requests that job.
@@ -73,8 +80,10 @@ from stream_ops.nimbus.monitor import HeartbeatTracker, SlotTracker
 from stream_ops.nimbus.status import TopologyReads, TopologyStatus, describe_topology, read_topologies
 from stream_ops.nimbus.submission import find_topology_id, read_storm
 from stream_ops.orchestration.checks import evaluate_topology_checks
+from stream_ops.orchestration.consumer_lag import KafkaSourceWatch, TopologyLag, consumer_lag_events
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.health import absent_health_events, health_events
+from stream_ops.orchestration.kafka_offsets import EndOffsets, TickOffsets, read_topology_lags
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config
@@ -243,6 +252,8 @@ def observe_tick(
     wall_clock: Callable[[], float] = time.time,
     log: logging.Logger | logging.LoggerAdapter = logger,
     report_health: bool = False,
+    kafka_sources: Sequence[KafkaSourceWatch] = (),
+    end_offsets: EndOffsets | None = None,
 ) -> HeartbeatTick:
     """Observe the given topologies once (the body of a heartbeat sensor tick).
 
@@ -265,6 +276,11 @@ def observe_tick(
         log: Where to log state changes (the sensor passes ``context.log``).
         report_health: Also report each topology's health asset
             (:func:`~stream_ops.orchestration.health.health_events`).
+        kafka_sources: The Kafka topics the topologies read: each observed topology's lag on
+            them is read, and each source asset gets one merged observation and its
+            ``consumer_lag`` check evaluation (after the topologies' own events).
+        end_offsets: Reads the brokers' offsets (keep one across ticks); default a new one
+            (2 s timeout) when ``kafka_sources`` is not empty.
 
     Returns:
         The observations, check evaluations, health events, rebalance and spread needs and the
@@ -292,6 +308,11 @@ def observe_tick(
         new_cursor = new_cursor.model_copy(update={"slots": slots.export()})
     live_ids = _live_submissions(store, log)
     reads = _ReadAhead(store, order, live_ids)
+    kafka_by_topology: dict[str, list[KafkaSourceWatch]] = {}
+    for watch in kafka_sources:
+        kafka_by_topology.setdefault(watch.topology_name, []).append(watch)
+    tick_offsets = TickOffsets(end_offsets or EndOffsets()) if kafka_by_topology else None
+    lags: list[TopologyLag] = []
     for index, name in enumerate(order):
         if clock() - started >= tick_budget_s:
             deferred.extend(order[index:])
@@ -338,6 +359,8 @@ def observe_tick(
         )
         if report_health:
             health_reports.extend(health_events(status, translator=translator, heartbeat_timeout_s=heartbeat_timeout_s))
+        if tick_offsets is not None and name in kafka_by_topology:
+            lags.extend(read_topology_lags(status, kafka_by_topology[name], tick_offsets))
         now = wall_clock()
         old = previous if same_submission and previous is not None else None
         old_lost = old.lost_since if old else {}
@@ -411,6 +434,10 @@ def observe_tick(
             )
         new_cursor = new_cursor.with_topology(name, entry)
         observed.append(name)
+    if lags:
+        lag_observations, lag_outcomes = consumer_lag_events(lags)
+        events.extend(lag_observations)
+        checks.extend(outcome.to_evaluation() for outcome in lag_outcomes)
     return HeartbeatTick(
         asset_events=[*events, *checks],
         cursor=new_cursor,
@@ -598,6 +625,8 @@ def build_heartbeat_sensor(
     spread: SpreadPolicy | None = None,
     observe_job: ObserveJob | dg.JobDefinition | None = None,
     report_health: bool = False,
+    kafka_sources: Sequence[KafkaSourceWatch] = (),
+    kafka_timeout_s: float = 2.0,
 ) -> dg.SensorDefinition:
     """A sensor observing each topology's stream assets on every tick, and repairing them.
 
@@ -630,6 +659,11 @@ def build_heartbeat_sensor(
         report_health: Materialize each topology's health asset and evaluate its
             ``topology_health`` check on every tick (the code location must define the health
             assets: :func:`~stream_ops.orchestration.assets.topology_assets` does).
+        kafka_sources: Kafka topics the topologies read: each tick observes their consumer
+            lag and evaluates their ``consumer_lag`` checks (declared by
+            :func:`~stream_ops.orchestration.consumer_lag_checks.build_consumer_lag_checks`).
+        kafka_timeout_s: Longest wait for one topic's offsets; a bootstrap that failed is
+            not asked again for 30 s. The clients are kept across ticks.
 
     Returns:
         The sensor definition.
@@ -656,7 +690,11 @@ def build_heartbeat_sensor(
         )
     if launch_grace_s < 0:
         raise ValueError(f"build_heartbeat_sensor: launch_grace_s must not be negative, got {launch_grace_s}")
+    if kafka_timeout_s <= 0:
+        raise ValueError(f"build_heartbeat_sensor: kafka_timeout_s must be positive, got {kafka_timeout_s}")
     translator = translator or StreamOpsTranslator()
+    kafka_watches = tuple(kafka_sources)
+    end_offsets = EndOffsets(timeout_s=kafka_timeout_s) if kafka_watches else None
     jobs = [job for job in (rebalance_job, worker_job, observe_job) if job is not None]
     spread_policy = (spread or SpreadPolicy()) if rebalance_job is not None else None
 
@@ -676,6 +714,7 @@ def build_heartbeat_sensor(
             f"health (heartbeat timeout {heartbeat_timeout_s:g}s), heartbeat ages, committed txids, rows/s, lag, "
             "dead letters; evaluates the heartbeat-freshness and txid-progress checks"
             + ("; records each topology's health asset and topology_health check" if report_health else "")
+            + ("; observes the consumer lag of the Kafka topics read and their consumer_lag checks" if kafka_watches else "")
             + (f"; {' and '.join(repairs)}." if repairs else ".")
         ),
     )
@@ -696,6 +735,8 @@ def build_heartbeat_sensor(
                     spread=spread_policy,
                     log=context.log,
                     report_health=report_health,
+                    kafka_sources=kafka_watches,
+                    end_offsets=end_offsets,
                 )
                 if worker_job is not None and tick.workers_wanted > 0:
                     live = live_workers(store)

@@ -1,11 +1,13 @@
 """Dagster assets of a topology's sinks, and the materializations the heartbeat sensor records.
 
-Every sink of a plan (``to_parquet``, ``to_topic``, ``sink``, ``print``) is an external asset
+Every sink of a plan (``to_parquet``, ``to_topic``, ``to_kafka``, ``sink``, ``print``) is an external asset
 (:class:`dagster.AssetSpec`) downstream of the stream assets of the stages that write it, so
 the lineage graph runs from sources to sinks. A Parquet sink is *materialized* by the
 heartbeat sensor whenever a task committed new files: the metadata gives the committed rows
 and files, the last txid per task and a preview of the newest file, read from the sink's
-``_committed`` markers (only committed files count).
+``_committed`` markers (only committed files count). A Kafka sink's asset (kind ``kafka``) names
+its topic, bootstrap servers, progress topic and transactional-id prefix, and the names of the
+client settings it passes, never their values (they may hold secrets).
 
 Note: this module does not use ``from __future__ import annotations`` for symmetry with the
 other Dagster modules (Dagster reads annotations of decorated functions at definition time).
@@ -19,15 +21,16 @@ from typing import Any
 
 import dagster as dg
 
+from stream_ops.kafka.sink_options import KafkaSinkSpec
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.sinks import committed_files, committed_markers
 from stream_ops.topology.plan import Plan, SinkSpec
 
-__all__ = ["ParquetSinkWatch", "observe_parquet_sinks", "parquet_sink_metadata", "sink_asset_specs"]
+__all__ = ["ParquetSinkWatch", "kafka_sink_metadata", "observe_parquet_sinks", "parquet_sink_metadata", "sink_asset_specs"]
 
 logger = logging.getLogger(__name__)
 
-_KINDS = {"parquet": {"parquet"}, "topic": {"file"}, "function": {"python"}, "print": {"python"}}
+_KINDS = {"parquet": {"parquet"}, "topic": {"file"}, "function": {"python"}, "print": {"python"}, "kafka": {"kafka"}}
 _PREVIEW_ROWS = 5
 
 
@@ -53,6 +56,8 @@ def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[
     for name, sink in sinks.items():
         key = translator.sink_asset_key(plan.topology, name)
         where = f" at `{sink.path}`" if sink.path else ""
+        if sink.kafka is not None:
+            where = f" into Kafka topic `{sink.kafka.topic}` on `{sink.kafka.bootstrap}`"
         specs.append(
             dg.AssetSpec(
                 key=key,
@@ -67,6 +72,7 @@ def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[
                     "stream_ops/topology": dg.MetadataValue.text(plan.topology),
                     "stream_ops/sink_format": dg.MetadataValue.text(sink.format),
                     **({"stream_ops/path": dg.MetadataValue.path(sink.path)} if sink.path else {}),
+                    **(kafka_sink_metadata(sink.kafka) if sink.kafka is not None else {}),
                     "stream_ops/schema": dg.MetadataValue.table_schema(
                         dg.TableSchema(columns=[dg.TableColumn(name=f, type=t) for f, t in sink.fields.items()])
                     ),
@@ -76,6 +82,29 @@ def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[
         if sink.format == "parquet" and sink.path is not None:
             watches.append(ParquetSinkWatch(asset_key=key, path=sink.path))
     return specs, watches
+
+
+def kafka_sink_metadata(spec: KafkaSinkSpec) -> dict[str, Any]:
+    """Definition metadata of a ``to_kafka`` sink: where it writes; of its client settings only
+    the names (values may be secrets, or ``env:NAME`` references).
+
+    Example:
+        >>> meta = kafka_sink_metadata(KafkaSinkSpec(bootstrap="k:9092", topic="out", config={"sasl.password": "x"}))
+        >>> meta["stream_ops/kafka_topic"].value, meta["stream_ops/kafka_client_settings"].value
+        ('out', ['sasl.password'])
+    """
+    metadata: dict[str, Any] = {
+        "stream_ops/kafka_topic": dg.MetadataValue.text(spec.topic),
+        "stream_ops/kafka_bootstrap": dg.MetadataValue.text(spec.bootstrap),
+        "stream_ops/kafka_progress_topic": dg.MetadataValue.text(spec.progress_topic),
+        "stream_ops/kafka_transactional_id_prefix": dg.MetadataValue.text(spec.transactional_id_prefix),
+        "stream_ops/kafka_key_field": dg.MetadataValue.text(spec.key or "(none)"),
+        "stream_ops/kafka_value_field": dg.MetadataValue.text(spec.value or "(the record as JSON)"),
+        "stream_ops/kafka_client_settings": dg.MetadataValue.json(sorted(spec.config)),
+    }
+    if spec.partitions is not None:
+        metadata["stream_ops/kafka_partitions"] = dg.MetadataValue.int(spec.partitions)
+    return metadata
 
 
 def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
