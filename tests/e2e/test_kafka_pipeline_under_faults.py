@@ -1,6 +1,6 @@
-"""Kafka in, Kafka out, under faults: a word count reading a Kafka topic, keeping its state
-topic in Kafka and writing its ``new_values()`` to a Kafka topic (exactly-once sink) keeps
-exact results while workers are
+"""Kafka in, Kafka out, under faults: a word count reading a Kafka topic, shuffling through
+Kafka, keeping its state topic in Kafka and writing its ``new_values()`` to a Kafka topic
+(exactly-once sink) keeps exact results while workers are
 SIGKILLed, a worker is frozen past its ZooKeeper session (and thaws as a zombie) and the
 nimbus process is SIGKILLed and restarted.
 
@@ -32,6 +32,7 @@ from stream_ops.examples.wordcount import SAMPLE_SENTENCES
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.jars import broker_jar_set, cached_jar_set, connector_jar_set, find_mvn
 from stream_ops.kafka.producing import produce_json
+from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.runtime.processes import kill_group, spawn, stop_process
@@ -115,8 +116,8 @@ def test_kafka_word_count_stays_exact_through_kills_a_zombie_and_a_nimbus_restar
         sent: list[str] = []
         stop = threading.Event()
         with ZkStore.connect(stack.zk_config) as store:
-            state_topic = KafkaStateTopic(bootstrap=bootstrap).to_conf()
-            topology_id = submit(store, stack.cluster, topology, workers=3, conf=state_topic)
+            on_kafka = {**KafkaStateTopic(bootstrap=bootstrap).to_conf(), **KafkaShuffle(bootstrap=bootstrap).to_conf()}
+            topology_id = submit(store, stack.cluster, topology, workers=3, conf=on_kafka)
             feeder = threading.Thread(target=_feeder, args=(bootstrap, sent, stop))
             feeder.start()
             try:
@@ -163,8 +164,10 @@ def test_kafka_word_count_stays_exact_through_kills_a_zombie_and_a_nimbus_restar
             wait_for_counts(store, topology.name, "words", expected, timeout_s=180, query_config=stack.query)
             epochs = [t.owner_epoch or 0 for t in describe_topology(store, topology_id).tasks]
             assert max(epochs) >= 2, "tasks really changed owners"
-            state_files = [p for p in stack.home.rglob("*.jsonl") if any(part.startswith("state-") for part in p.parts)]
-            assert state_files == [], "the state topic went to files"
+            data_files = [
+                p for p in stack.home.rglob("*.jsonl") if any(part.startswith(("state-", "shuffle-")) for part in p.parts)
+            ]
+            assert data_files == [], "the state topic or the shuffle went to files"
 
             seen = wait_for(
                 lambda: (
