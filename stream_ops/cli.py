@@ -35,8 +35,10 @@ class _Context:
         query_token: str | None = None,
         query_token_file: Path | None = None,
         query_tls_ca: Path | None = None,
+        topology_defaults: dict[str, Any] | None = None,
     ) -> None:
         self.zookeeper = zookeeper
+        self.topology_defaults = dict(topology_defaults or {})
         self.chroot = chroot
         self.home = home
         self.session_timeout = session_timeout
@@ -92,6 +94,7 @@ class _Context:
         return ClusterConfig(
             root=self.home.resolve(),
             local_state_dir=self.local_dir.resolve() if self.local_dir is not None else None,
+            topology_defaults=self.topology_defaults,
         )
 
     @contextmanager
@@ -253,6 +256,15 @@ class _Group(click.Group):
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="PEM CA bundle of the workers' query certificates: state queries then use https; env STREAM_OPS_QUERY_TLS_CA.",
 )
+@click.option(
+    "--topology-default",
+    "topology_defaults",
+    multiple=True,
+    metavar="KEY=VALUE",
+    envvar="STREAM_OPS_TOPOLOGY_DEFAULTS",
+    help="Conf every topology submitted gets unless its own --conf sets the key (repeatable; env "
+    "STREAM_OPS_TOPOLOGY_DEFAULTS, space-separated), e.g. state_topic=kafka state_topic_bootstrap=kafka:9092.",
+)
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
 def main(
@@ -268,6 +280,7 @@ def main(
     query_token: str | None,
     query_token_file: Path | None,
     query_tls_ca: Path | None,
+    topology_defaults: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Run Storm/Trident-style topologies on Spark Structured Streaming."""
@@ -297,7 +310,17 @@ def main(
         if path is not None:
             os.environ[name] = str(path.resolve())
     ctx.obj = _Context(
-        zookeeper, chroot, home, session_timeout, zk_auth, zk_open_reads, local_dir, query_token, query_token_file, query_tls_ca
+        zookeeper,
+        chroot,
+        home,
+        session_timeout,
+        zk_auth,
+        zk_open_reads,
+        local_dir,
+        query_token,
+        query_token_file,
+        query_tls_ca,
+        topology_defaults=_parse_conf(topology_defaults, "--topology-default"),
     )
     # Files this process and its children create (dist store, topics, checkpoints) stay private.
     apply_umask(ctx.obj.cluster().umask)
@@ -410,12 +433,13 @@ _INSECURE_OPTION = click.option(
 )
 
 
-def _parse_conf(items: tuple[str, ...]) -> dict[str, Any]:
+def _parse_conf(items: tuple[str, ...], option: str = "--conf") -> dict[str, Any]:
+    """``key=value`` items as a dict, each value JSON if it parses as JSON, else the string."""
     conf: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not key=value", param_hint="--conf")
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint=option)
         try:
             conf[key] = json.loads(value)
         except json.JSONDecodeError:

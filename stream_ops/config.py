@@ -249,6 +249,14 @@ class ClusterConfig(BaseModel):
             "directories 0750 at most, and this can only take more away; 0o027 keeps others out"
         ),
     )
+    topology_defaults: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Conf every topology submitted to this cluster gets, unless its own conf sets the key: e.g. "
+            "KafkaStateTopic(bootstrap=...).to_conf() keeps every state topic in Kafka, KafkaShuffle(...).to_conf() "
+            "every shuffle"
+        ),
+    )
     fsync: bool = Field(
         True,
         description=(

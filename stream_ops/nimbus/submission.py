@@ -51,6 +51,8 @@ def submit(
 ) -> str:
     """Submit ``topology``: store plan/conf/code, create its znodes, assign its tasks.
 
+    The stored conf is ``cluster.topology_defaults`` overridden by ``conf``.
+
     ``standby_replicas``: for each stateful task, this many other workers (on other hosts
     first) keep a warm copy of its store by tailing the state topic, and a failover prefers
     them, so the new owner replays only the tail (Kafka Streams' ``num.standby.replicas``).
@@ -72,7 +74,7 @@ def submit(
     counter = store.next_counter(ZkPaths.ID_COUNTER)
     topology_id = f"{topology.name}-{counter}-{int(clock())}"
     layout = TopologyLayout(cluster, topology_id)
-    conf_dict = dict(conf or {})
+    conf_dict = {**cluster.topology_defaults, **dict(conf or {})}
     written = write_submission(layout.dist_dir, plan, conf_dict, code, topology_id=topology_id)
     for stage in plan.stages:
         layout.create_inputs(stage)

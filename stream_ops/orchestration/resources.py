@@ -209,6 +209,11 @@ class StreamClusterResource(dg.ConfigurableResource):
         default=None,
         description="Local RocksDB stores of the workers on this machine. Default: <root>/local.",
     )
+    topology_defaults: dict[str, str] = Field(
+        default_factory=dict,
+        description="Conf every topology submitted from Dagster gets unless its own conf sets the key, e.g. "
+        '{"state_topic": "kafka", "state_topic_bootstrap": "kafka:9092"}.',
+    )
 
     # --- how workers launched from Dagster run (-> WorkerSettings) ---------------------------
     worker_host: str = Field(
@@ -303,6 +308,7 @@ class StreamClusterResource(dg.ConfigurableResource):
             topics_root=path(self.topics_root),
             checkpoints_root=path(self.checkpoints_root),
             local_state_dir=path(self.local_state_dir),
+            topology_defaults=dict(self.topology_defaults),
         )
 
     def worker_settings(self, *, port: int, launched_by: str = "dagster") -> WorkerSettings:

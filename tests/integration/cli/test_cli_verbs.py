@@ -62,6 +62,20 @@ def test_submit_list_status_deactivate_activate_kill(cli, zk_store):
     assert missing.exit_code == 1 and "no running topology named 'wordcount'" in missing.output
 
 
+def test_cluster_wide_topology_defaults_apply_unless_the_topology_conf_sets_the_key(cli, zk_store, monkeypatch):
+    monkeypatch.setenv("STREAM_OPS_TOPOLOGY_DEFAULTS", "state_topic=kafka state_topic_bootstrap=kafka:9092")
+    topology_id = (
+        cli("submit", "stream_ops.examples.wordcount:topology", "--conf", "state_topic_bootstrap=other:9092")
+        .output.strip()
+        .splitlines()[-1]
+    )
+    conf = zk_store.get_json(ZkPaths.storm(topology_id))[0]["conf"]
+    assert conf == {"state_topic": "kafka", "state_topic_bootstrap": "other:9092"}
+    cli("kill", "wordcount")
+    bad = cli("--topology-default", "no-equals-sign", "list", ok=False)
+    assert bad.exit_code == 2 and "--topology-default" in bad.output
+
+
 def test_submit_of_a_bad_reference_is_one_clear_line(cli):
     result = cli("submit", "stream_ops.examples.nope:topology", ok=False)
     assert result.exit_code == 1
