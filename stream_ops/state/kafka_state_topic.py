@@ -44,16 +44,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from stream_ops.errors import ConfigError, ReplayError, StateTopicTruncatedError
+from stream_ops.errors import ReplayError, StateTopicTruncatedError
+from stream_ops.kafka.conf_choice import KafkaConfChoice
 from stream_ops.state.kafka_state_partition import StatePartition, resolved_client_config
 from stream_ops.state.kafka_state_records import KafkaStateBatches, batch_records
 from stream_ops.state.restore import restore_from_source
@@ -73,77 +71,22 @@ logger = logging.getLogger(__name__)
 
 TOPIC_PREFIX = "stream_ops-state"
 _RESTORE_ATTEMPTS = 3
-_ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
-_CONF_KEYS = {
-    "bootstrap": "state_topic_bootstrap",
-    "config": "state_topic_config",
-    "replication_factor": "state_topic_replication_factor",
-    "timeout_s": "state_topic_timeout_s",
-}
 
 
-class KafkaStateTopic(BaseModel):
+class KafkaStateTopic(KafkaConfChoice):
     """Keep a topology's state topics in Kafka (its conf says so, see :meth:`from_conf`).
+
+    Conf keys: ``state_topic`` (``"files"``, the default, or ``"kafka"``),
+    ``state_topic_bootstrap`` (required for Kafka), ``state_topic_config``,
+    ``state_topic_replication_factor``, ``state_topic_timeout_s``.
 
     Example:
         >>> submit(store, cluster, topology, conf={**KafkaStateTopic(bootstrap="kafka:9092").to_conf()})
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    bootstrap: str = Field(min_length=1, description="host:port[,host:port...] of the brokers, as workers reach them.")
-    config: dict[str, str] = Field(
-        default_factory=dict,
-        description="librdkafka settings for the clients (SASL, TLS); a value env:NAME is read from the worker's environment.",
-    )
-    replication_factor: int | None = Field(
-        None, ge=1, description="Replicas to create the topics with (None: the brokers' default)."
-    )
-    timeout_s: float = Field(30.0, gt=0, description="How long a batch's produce, a read or an admin call may take.")
-
-    @classmethod
-    def from_conf(cls, conf: Mapping[str, Any]) -> KafkaStateTopic | None:
-        """The Kafka state topic a topology's conf asks for, or None for the file state topic.
-
-        Keys: ``state_topic`` (``"files"``, the default, or ``"kafka"``), ``state_topic_bootstrap``
-        (required for Kafka), ``state_topic_config``, ``state_topic_replication_factor``,
-        ``state_topic_timeout_s``.
-
-        Raises:
-            ConfigError: an unknown ``state_topic``, or Kafka settings that are missing or malformed.
-        """
-        kind = conf.get("state_topic", "files")
-        if kind == "files":
-            return None
-        if kind != "kafka":
-            raise ConfigError(f"topology conf: state_topic must be 'files' or 'kafka', got {kind!r}")
-        values = {name: conf[key] for name, key in _CONF_KEYS.items() if key in conf}
-        if "bootstrap" not in values:
-            raise ConfigError("topology conf: state_topic='kafka' needs state_topic_bootstrap (host:port of the brokers)")
-        try:
-            return cls(**values)
-        except ValidationError as e:
-            raise ConfigError(f"topology conf: bad Kafka state topic settings: {e}") from None
-
-    def to_conf(self) -> dict[str, Any]:
-        """The conf entries that choose this state topic (merge them into ``submit(conf=...)``)."""
-        conf: dict[str, Any] = {"state_topic": "kafka"}
-        for name, key in _CONF_KEYS.items():
-            value = getattr(self, name)
-            if value is not None and value != {}:
-                conf[key] = value
-        return conf
-
-    def topic_name(self, topology_id: str, stage_index: int, stage_name: str) -> str:
-        """The Kafka topic of a stateful stage's state topic.
-
-        Raises:
-            ConfigError: the name would be longer than Kafka allows.
-        """
-        name = _ILLEGAL.sub("_", f"{TOPIC_PREFIX}.{topology_id}.{stage_index:03d}-{stage_name}")
-        if len(name) > 249:
-            raise ConfigError(f"the state topic name {name!r} is longer than Kafka's 249 characters; use a shorter name")
-        return name
+    KIND_KEY: ClassVar[str] = "state_topic"
+    WHAT: ClassVar[str] = "state topic"
+    TOPIC_PREFIX: ClassVar[str] = TOPIC_PREFIX
 
     def log(self, topic: str, partition: int, *, partitions: int) -> KafkaStateLog:
         """The :class:`KafkaStateLog` of one queue (no client connects before its first use)."""
