@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -9,7 +10,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+import pytest
 
+from stream_ops.errors import KafkaJarsError
+from stream_ops.kafka.jars import broker_jar_set, cached_jar_set, connector_jar_set, find_mvn
 from stream_ops.topics.producer import produce
 
 T = TypeVar("T")
@@ -41,3 +45,15 @@ def read_parquet(path: Path, columns: str) -> list[tuple]:
     if not path.exists() or not list(path.rglob("*.parquet")):
         return []
     return sorted(duckdb.sql(f"select {columns} from read_parquet('{path}/**/*.parquet')").fetchall())
+
+
+def skip_without_kafka_jars() -> None:
+    """Skip unless the Kafka jars are cached or Maven can fetch them (CI fetched them at
+    install: there this never skips)."""
+    cached = all(cached_jar_set(jar_set) is not None for jar_set in (broker_jar_set(), connector_jar_set()))
+    if cached or os.environ.get("CI"):
+        return
+    try:
+        find_mvn()
+    except KafkaJarsError as e:
+        pytest.skip(f"the Kafka jars are not cached and cannot be fetched: {e}")

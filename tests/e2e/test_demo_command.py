@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from stream_ops.errors import KafkaJarsError
-from stream_ops.kafka.jars import broker_jar_set, cached_jar_set, connector_jar_set, find_mvn
+from e2e_helpers import skip_without_kafka_jars
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,12 +33,7 @@ def test_demo_prints_exact_counts_and_leaves_nothing_running(tmp_path):
 
 
 def test_demo_with_kafka_counts_a_kafka_topic_exactly_and_stops_the_broker(tmp_path):
-    cached = all(cached_jar_set(jar_set) is not None for jar_set in (broker_jar_set(), connector_jar_set()))
-    if not cached and not os.environ.get("CI"):  # CI fetched them at install: it never skips
-        try:
-            find_mvn()
-        except KafkaJarsError as e:
-            pytest.skip(f"the Kafka jars are not cached and cannot be fetched: {e}")
+    skip_without_kafka_jars()
     summary = _demo(tmp_path / "home", "--kafka")
     assert summary["topology_id"].startswith("kafka_wordcount-")
     assert summary["counts"] == {"are": 5, "how": 10, "you": 15, "nice": 5, "day": 5}

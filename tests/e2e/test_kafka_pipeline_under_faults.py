@@ -23,14 +23,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from e2e_helpers import wait_for
+from e2e_helpers import skip_without_kafka_jars, wait_for
 
 from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import KafkaJarsError
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES
 from stream_ops.kafka.client import client_config
-from stream_ops.kafka.jars import broker_jar_set, cached_jar_set, connector_jar_set, find_mvn
 from stream_ops.kafka.producing import produce_json
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.local_stack import LocalStack, expected_word_counts, wait_for_counts
@@ -46,12 +44,7 @@ INPUT, OUTPUT = "sentences", "word-counts"
 
 @pytest.fixture(scope="module", autouse=True)
 def _kafka_jars() -> None:
-    cached = all(cached_jar_set(jar_set) is not None for jar_set in (broker_jar_set(), connector_jar_set()))
-    if not cached and not os.environ.get("CI"):  # CI fetched them at install: it never skips
-        try:
-            find_mvn()
-        except KafkaJarsError as e:
-            pytest.skip(f"the Kafka jars are not cached and cannot be fetched: {e}")
+    skip_without_kafka_jars()
 
 
 def _topology(bootstrap: str) -> Topology:
