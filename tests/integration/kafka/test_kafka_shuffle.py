@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from paused_commit import PausedCommit
 from topic_reader import Message, read_messages
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology, Tumbling
@@ -189,36 +189,13 @@ def test_a_crash_between_the_zookeeper_and_the_kafka_commit_loses_nothing(shuffl
 def test_a_zombie_upstream_owners_shuffle_transaction_is_fenced_and_never_read(shuffled, spark, monkeypatch):
     a = shuffled.runner("host-a:1")
     a.process_batch(_batch(spark, BATCHES[0]), 0)
-    real_commit = ShuffleWriter._commit
-    paused, resume = threading.Event(), threading.Event()
-    zombie = threading.current_thread()  # replaced by A's thread below
-
-    def pausing_commit(writer: ShuffleWriter) -> None:
-        if threading.current_thread() is zombie:
-            writer._producer.flush(10)
-            paused.set()
-            resume.wait(30)
-        real_commit(writer)
-
-    monkeypatch.setattr(ShuffleWriter, "_commit", pausing_commit)
-    errors: list[BaseException] = []
-
-    def run_a() -> None:
-        try:
-            a.process_batch(_batch(spark, BATCHES[1]), 1)
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            errors.append(e)
-
-    thread = threading.Thread(target=run_a)
-    zombie = thread
-    thread.start()
-    assert paused.wait(60), "A never reached its Kafka commit"
+    zombie = PausedCommit(monkeypatch, ShuffleWriter, lambda: a.process_batch(_batch(spark, BATCHES[1]), 1))
+    zombie.start()
     # A committed txid 1 in ZooKeeper and holds an open shuffle transaction when it loses the task.
     shuffled.admin.delete(ZkPaths.owner(shuffled.topology_id, a.task.task_id))
     b = shuffled.runner("host-b:2")  # init_transactions fences A and aborts its transaction; B delivers txid 1
     b.process_batch(_batch(spark, BATCHES[2]), 2)
-    resume.set()
-    thread.join(60)
+    errors = zombie.finish()
     assert len(errors) == 1 and isinstance(errors[0], KafkaSinkFencedError), errors
     b.stop()
     a._close_state()

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.topics.delivery_topic import DeliveryTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from paused_commit import PausedCommit
 from runners import make_runner
 from topic_reader import read_messages
 
@@ -197,36 +197,13 @@ def test_a_crash_after_the_kafka_commit_before_the_delivered_marker_is_not_deliv
 def test_a_zombie_owners_kafka_transaction_is_fenced_and_never_visible(owners, spark, kafka, topic_name, monkeypatch):
     a = owners.runner("host-a:1")
     a.process_batch(_batch(spark, BATCHES[0]), 0)
-    real_commit = KafkaSinkWriter._commit
-    paused, resume = threading.Event(), threading.Event()
-    zombie = threading.current_thread()  # replaced by A's thread below
-
-    def pausing_commit(writer: KafkaSinkWriter) -> None:
-        if threading.current_thread() is zombie:
-            writer._producer.flush(10)
-            paused.set()
-            resume.wait(30)
-        real_commit(writer)
-
-    monkeypatch.setattr(KafkaSinkWriter, "_commit", pausing_commit)
-    errors: list[BaseException] = []
-
-    def run_a() -> None:
-        try:
-            a.process_batch(_batch(spark, BATCHES[1]), 1)
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            errors.append(e)
-
-    thread = threading.Thread(target=run_a)
-    zombie = thread
-    thread.start()
-    assert paused.wait(60), "A never reached its Kafka commit"
+    zombie = PausedCommit(monkeypatch, KafkaSinkWriter, lambda: a.process_batch(_batch(spark, BATCHES[1]), 1))
+    zombie.start()
     # A committed txid 1 in ZooKeeper and holds an open Kafka transaction when it loses the task.
     owners.admin.delete(ZkPaths.owner(owners.topology_id, a.task.task_id))
     b = owners.runner("host-b:2")  # init_transactions fences A and aborts its transaction; B delivers txid 1
     b.process_batch(_batch(spark, BATCHES[2]), 2)
-    resume.set()
-    thread.join(60)
+    errors = zombie.finish()
     assert len(errors) == 1 and isinstance(errors[0], KafkaSinkFencedError), errors
     b.stop()
     a._close_state()
