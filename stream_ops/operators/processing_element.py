@@ -285,7 +285,7 @@ class ProcessingElement(ABC):
         name; a method ``on_<stream>(self, event)`` takes precedence for that stream. A PE
         whose every input stream has its ``on_<stream>`` need not define it.
         """
-        raise NotImplementedError(f"{type(self).__name__} defines neither on_event nor a handler for this stream")
+        raise TopologyDefinitionError(f"{type(self).__name__} defines neither on_event nor a handler for this stream")
 
     @classmethod
     def handles(cls, stream: str | None) -> bool:
