@@ -1,6 +1,6 @@
-"""Running an owner's batch until it holds an open Kafka transaction, for the zombie tests of the
-Kafka sink and the Kafka shuffle: the batch runs on a thread whose writer, once it has produced
-the batch, stops before committing its Kafka transaction until released."""
+"""An owner's batch stopped inside its open Kafka transaction, for the crash and zombie tests of
+the Kafka sink and the Kafka shuffle: :func:`crash_before_kafka_commit` makes the writer die
+after producing a batch, :class:`PausedCommit` holds it there on a thread until released."""
 
 from __future__ import annotations
 
@@ -9,6 +9,31 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+
+class SimulatedCrashError(Exception):
+    """Stands for the process dying at that point."""
+
+
+def crash_before_kafka_commit(monkeypatch: pytest.MonkeyPatch, writer_cls: Any, txid: int) -> Callable[[], None]:
+    """Make ``writer_cls`` die after producing batch ``txid`` and before committing its
+    transaction (raising :class:`SimulatedCrashError`, aborting nothing, as a dead process);
+    returns what undoes it (the next owner commits normally)."""
+    real_commit = writer_cls._commit
+
+    def crashing_commit(writer: Any) -> None:
+        if writer.delivered_txid == txid - 1:  # delivering txid: its messages are produced
+            writer._producer.flush(10)
+            raise SimulatedCrashError("after producing, before commit_transaction")
+        real_commit(writer)
+
+    monkeypatch.setattr(writer_cls, "_commit", crashing_commit)
+    monkeypatch.setattr(writer_cls, "_abandon", lambda writer: None)
+
+    def undo() -> None:
+        monkeypatch.setattr(writer_cls, "_commit", real_commit)
+
+    return undo
 
 
 class PausedCommit:

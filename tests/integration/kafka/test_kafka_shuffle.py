@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from paused_commit import PausedCommit
+from paused_commit import PausedCommit, SimulatedCrashError, crash_before_kafka_commit
 from topic_reader import Message, read_messages
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology, Tumbling
@@ -41,10 +41,6 @@ from runners import make_runner
 
 SOURCE_SCHEMA = "word string, _corrupt_record string"
 BATCHES = [["how", "are", "how"], ["you", "how"], ["nice", "day", "you"]]
-
-
-class SimulatedCrashError(Exception):
-    """Stands for the process dying at this point."""
 
 
 def _batch(spark: Any, words: list[str]) -> Any:
@@ -161,22 +157,13 @@ def test_a_replayed_upstream_batch_and_a_crash_before_the_zookeeper_commit_are_r
 def test_a_crash_between_the_zookeeper_and_the_kafka_commit_loses_nothing(shuffled, spark, monkeypatch):
     a = shuffled.runner("host-a:1")
     a.process_batch(_batch(spark, BATCHES[0]), 0)
-    real_commit = ShuffleWriter._commit
-
-    def crash_before_kafka_commit(writer: ShuffleWriter) -> None:
-        if writer.delivered_txid == 0:  # delivering txid 1: its rows are produced
-            writer._producer.flush(10)
-            raise SimulatedCrashError("after producing, before commit_transaction")
-        real_commit(writer)
-
-    monkeypatch.setattr(ShuffleWriter, "_commit", crash_before_kafka_commit)
-    monkeypatch.setattr(ShuffleWriter, "_abandon", lambda writer: None)  # a dead process aborts nothing
+    undo_crash = crash_before_kafka_commit(monkeypatch, ShuffleWriter, txid=1)
     with pytest.raises(SimulatedCrashError):
         a.process_batch(_batch(spark, BATCHES[1]), 1)
     shuffled.crash(a)
     assert ("you", 1, 1) in shuffled.rows(a, committed=False), "txid 1 sits in an open transaction"
 
-    monkeypatch.setattr(ShuffleWriter, "_commit", real_commit)
+    undo_crash()
     b = shuffled.runner("host-b:2")  # publishes committed txid 1 and delivers it, once: the recovery rule
     b.process_batch(_batch(spark, BATCHES[1]), 1)  # Spark re-delivers the committed batch: nothing more
     b.process_batch(_batch(spark, BATCHES[2]), 2)

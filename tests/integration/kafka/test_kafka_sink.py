@@ -36,16 +36,12 @@ from stream_ops.runtime import task_runner as task_runner_module
 from stream_ops.topics.delivery_topic import DeliveryTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from paused_commit import PausedCommit
+from paused_commit import PausedCommit, SimulatedCrashError, crash_before_kafka_commit
 from runners import make_runner
 from topic_reader import read_messages
 
 SOURCE_SCHEMA = "word string, _corrupt_record string"
 BATCHES = [["how", "are"], ["you", "how"], ["nice", "day"]]
-
-
-class SimulatedCrashError(Exception):
-    """Stands for the process dying at this point."""
 
 
 def _topology(tmp_path: Path, kafka: EmbeddedKafka, topic: str) -> Topology:
@@ -138,23 +134,14 @@ def test_a_crash_between_the_zookeeper_and_the_kafka_commit_is_delivered_once_by
 ):
     a = owners.runner("host-a:1")
     a.process_batch(_batch(spark, BATCHES[0]), 0)
-    real_commit = KafkaSinkWriter._commit
-
-    def crash_before_kafka_commit(writer: KafkaSinkWriter) -> None:
-        if writer.delivered_txid == 0:  # delivering txid 1: its messages are produced
-            writer._producer.flush(10)
-            raise SimulatedCrashError("after producing, before commit_transaction")
-        real_commit(writer)
-
-    monkeypatch.setattr(KafkaSinkWriter, "_commit", crash_before_kafka_commit)
-    monkeypatch.setattr(KafkaSinkWriter, "_abandon", lambda writer: None)  # a dead process aborts nothing
+    undo_crash = crash_before_kafka_commit(monkeypatch, KafkaSinkWriter, txid=1)
     with pytest.raises(SimulatedCrashError):
         a.process_batch(_batch(spark, BATCHES[1]), 1)
     owners.crash(a)
     assert owners.committed_txid(a) == 1, "ZooKeeper committed txid 1 before the sink delivered it"
     assert ("you", 1) in read_topic(kafka, topic_name, committed=False), "txid 1 sits in an open transaction"
 
-    monkeypatch.setattr(KafkaSinkWriter, "_commit", real_commit)
+    undo_crash()
     b = owners.runner("host-b:2")  # publishes committed txid 1 and delivers it: the recovery rule
     b.process_batch(_batch(spark, BATCHES[1]), 1)  # Spark re-delivers the committed batch: nothing more
     b.process_batch(_batch(spark, BATCHES[2]), 2)
