@@ -27,13 +27,20 @@ from stream_ops.durable_files import create_private_file, fsync_dir, fsync_dirs,
 from stream_ops.errors import TopicError
 from stream_ops.topics.publishing import publish_file
 
-_BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.jsonl$")
+_BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)(?P<suffix>\.jsonl|\.arrow|\.parquet)$")
+BATCH_FILE_SUFFIXES = (".jsonl", ".arrow", ".parquet")
+"""The formats a batch file can be in: JSON lines, Arrow IPC (stream format) or Parquet."""
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 
 
-def batch_file_name(task_id: int, txid: int, epoch: int) -> str:
-    """Name of the file a task writes for one batch; sorts by txid then epoch within a task."""
-    return f"t{task_id:05d}-x{txid:012d}-e{epoch:06d}.jsonl"
+def batch_file_name(task_id: int, txid: int, epoch: int, suffix: str = ".jsonl") -> str:
+    """Name of the file a task writes for one batch; sorts by txid then epoch within a task.
+
+    ``suffix`` names the file's format (one of :data:`BATCH_FILE_SUFFIXES`).
+    """
+    if suffix not in BATCH_FILE_SUFFIXES:
+        raise TopicError(f"batch file suffix must be one of {BATCH_FILE_SUFFIXES}, got {suffix!r}")
+    return f"t{task_id:05d}-x{txid:012d}-e{epoch:06d}{suffix}"
 
 
 @dataclass(frozen=True)
