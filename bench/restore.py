@@ -1,14 +1,16 @@
 """Benchmark of restoring keyed state: full state-topic replay vs. compacted snapshot + tail.
 
-For each state size it writes a state-topic queue of ``--files`` batch files (txids 1..F, one
-owner epoch, opaque word-count values; each batch adds new words, updates earlier ones and
-deletes a few) plus ``--tail`` later batches touching a small share of the keys, then times:
+For each state size it writes two state-topic queues with the same batches — one in the
+current format (Arrow IPC batch files, ``StateTopicQueue.append``) and one in the JSON-lines
+format queues were written in before it — of ``--files`` batch files (txids 1..F, one owner
+epoch, opaque word-count values; each batch adds new words, updates earlier ones and deletes a
+few) plus ``--tail`` later batches touching a small share of the keys, then times, per format:
 
   (a0) the restore path before snapshots: ``StateTopicQueue.replay`` (``entries()`` +
-       ``replay_state_topic``) then ``RocksDBBackingMap.restore`` (skip with ``--no-generic``);
-  (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots: each
-       winning value's stored text is cut out of its state-topic line, keys are encoded once,
-       and the bytes go to ``RocksDBBackingMap.restore_encoded`` in key order);
+       ``replay_state_topic``) then ``RocksDBBackingMap.restore`` (``--generic``, Arrow only);
+  (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots: the
+       counted files' key/value columns, the last row per key kept with Arrow, loaded in key
+       order as SST files by ``RocksDBBackingMap.restore_sorted``);
   (b)  the first compaction into a Parquet snapshot at txid F (reads every file);
   (c)  a rebuild from the snapshot at txid F + the tail into a fresh RocksDB store (the
        snapshot's key/value columns are the stored bytes: loaded without decoding);
@@ -16,11 +18,13 @@ deletes a few) plus ``--tail`` later batches touching a small share of the keys,
        only), deleting the covered files.
 
 (a) and (c) restore the same state at the same txid; the benchmark checks they agree, and that
-(a0), (a) and (c) leave byte-for-byte the same RocksDB contents (marker included). Each
-line shows wall time and keys/s, and the CPU seconds of the process (all threads) with keys
-per CPU second, which is the steadier figure on a shared machine.
+every store of both formats holds byte-for-byte the same RocksDB contents (marker included).
+Each line shows wall time and keys/s, the CPU seconds of the process (all threads) with keys
+per CPU second, which is the steadier figure on a shared machine, and the load average.
+Last, the commit's state-topic append (``StateLog.append_batch``: encode the file, write,
+fsync, rename, fsync the directory) of 1k and 100k keys in each format, median of a few runs.
 
-Run: ``.venv/bin/python bench/restore.py [--sizes 10000,1000000] [--files 100] [--tail 5] [--no-generic]``
+Run: ``.venv/bin/python bench/restore.py [--sizes 10000,1000000] [--files 100] [--tail 5] [--generic]``
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import pyarrow
 from rocksdict import Options, Rdict
 
 from stream_ops.state import (
+    FileStateLog,
     OpaqueValue,
     RocksDBBackingMap,
     StateTopicQueue,
@@ -53,7 +58,8 @@ from stream_ops.state import (
     rebuild_store,
     write_snapshot,
 )
-from stream_ops.topics.file_topic import FileTopic
+from stream_ops.state.state_topic import encode_items, json_batch_lines
+from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 T = TypeVar("T")
 
@@ -96,11 +102,21 @@ def mib(n: int) -> str:
     return f"{n / 2**20:8.1f} MiB"
 
 
-def build_queue(queue: StateTopicQueue, keys: int, files: int, tail: int, rng: random.Random) -> tuple[int, int]:
+def append_both(queues: tuple[StateTopicQueue, StateTopicQueue], txid: int, items: list[tuple[tuple[str], Any]]) -> None:
+    """Append one batch to the Arrow queue and, as JSON lines, to the JSON one."""
+    arrow, old = queues
+    encoded = encode_items(items)
+    arrow.append_encoded(7, txid, 1, encoded)
+    old.topic.write_lines(old.queue, batch_file_name(7, txid, 1), json_batch_lines(txid, 1, encoded))
+
+
+def build_queues(
+    queues: tuple[StateTopicQueue, StateTopicQueue], keys: int, files: int, tail: int, rng: random.Random
+) -> tuple[int, int]:
     """Write ``files`` batches creating ``keys`` words (plus updates and deletes), then ``tail`` small ones.
 
     Returns:
-        (entries written, the last txid).
+        (entries written to each queue, the last txid).
     """
     words = [word(i) for i in range(keys)]
     order = list(range(keys))
@@ -123,7 +139,7 @@ def build_queue(queue: StateTopicQueue, keys: int, files: int, tail: int, rng: r
                 prev = counts.get(i)
                 counts[i] = (prev or 0) + rng.randrange(1, 20)
                 items.append(((words[i],), OpaqueValue(txid, counts[i], prev)))
-        queue.append(task_id=7, txid=txid, epoch=1, items=items)
+        append_both(queues, txid, items)
         entries += len(items)
     live = list(counts)
     for t in range(tail):
@@ -135,7 +151,7 @@ def build_queue(queue: StateTopicQueue, keys: int, files: int, tail: int, rng: r
             counts[i] = (prev or 0) + 1
             items.append(((words[i],), OpaqueValue(txid, counts[i], prev)))
         items.append(((f"fresh-{txid}",), OpaqueValue(txid, 1, None)))
-        queue.append(task_id=7, txid=txid, epoch=1, items=items)
+        append_both(queues, txid, items)
         entries += len(items)
     return entries, files + tail
 
@@ -145,66 +161,100 @@ def generic_restore(store: RocksDBBackingMap, queue: StateTopicQueue, txid: int,
     return store.restore(queue.replay(txid).items(), txid, epoch)
 
 
+def load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def report(label: str, count: int, seconds: float, note: str = "") -> None:
-    """One result line: keys, wall time and keys/s, CPU time and keys per CPU second."""
+    """One result line: keys, wall time and keys/s, CPU time and keys per CPU second, load average."""
     cpu = CPU_SECONDS[-1]
     print(
-        f"{label:<28} {count:>10,} keys {seconds:7.2f}s {count / seconds:>10,.0f} keys/s"
-        f"   cpu {cpu:6.2f}s {count / cpu if cpu > 0 else float('inf'):>10,.0f} keys/cpu-s   {note}"
+        f"{label:<30} {count:>10,} keys {seconds:7.2f}s {count / seconds:>10,.0f} keys/s"
+        f"   cpu {cpu:6.2f}s {count / cpu if cpu > 0 else float('inf'):>10,.0f} keys/cpu-s   {load()}   {note}",
+        flush=True,
     )
 
 
 def run(size: int, files: int, tail: int, root: Path, generic: bool) -> None:
     rng = random.Random(size)
     work = root / f"keys-{size}"
-    topic = FileTopic(work / "state", queues=1)
-    queue = StateTopicQueue(topic, 0)
-    snaps = work / "snapshots"
+    queues = (StateTopicQueue(FileTopic(work / "arrow", queues=1), 0), StateTopicQueue(FileTopic(work / "json", queues=1), 0))
     print(f"\n== {size:,} keys: {files} batch files, then a tail of {tail} ==")
 
-    seconds, (entries, last_txid) = timed(lambda: build_queue(queue, size, files, tail, rng))
+    seconds, (entries, last_txid) = timed(lambda: build_queues(queues, size, files, tail, rng))
     head_txid = files
-    head_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid <= head_txid)
-    tail_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid > head_txid)
-    print(
-        f"state topic: {entries:,} entries written in {seconds:.2f}s; "
-        f"{mib(head_bytes).strip()} in {files} files + {mib(tail_bytes).strip()} in {tail} tail files"
-    )
+    print(f"state topics: {entries:,} entries written to each in {seconds:.2f}s (both formats)")
+    stores: list[Path] = []
+    for name, queue in zip(("arrow", "json"), queues, strict=True):
+        head_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid <= head_txid)
+        tail_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid > head_txid)
+        print(f"-- {name}: {mib(head_bytes).strip()} in {files} files + {mib(tail_bytes).strip()} in {tail} tail files")
+        stores += run_format(name, queue, work, entries, head_txid, last_txid, tail, generic=generic and name == "arrow")
+    check_same_bytes(stores)
+    shutil.rmtree(work, ignore_errors=True)
 
-    def restore_into(name: str, fn: Callable[[RocksDBBackingMap], int]) -> tuple[float, int, int]:
-        path = work / name
+
+def run_format(
+    name: str, queue: StateTopicQueue, work: Path, entries: int, head_txid: int, last_txid: int, tail: int, *, generic: bool
+) -> list[Path]:
+    """Time (a0), (a), (b), (c) and (b') on one queue; returns the stores it left for the byte check."""
+    snaps = work / f"snapshots-{name}"
+
+    def restore_into(db: str, fn: Callable[[RocksDBBackingMap], int]) -> tuple[float, int, int]:
+        path = work / db
         with RocksDBBackingMap(path) as store:
             seconds, count = timed(lambda: fn(store))
         return seconds, count, dir_bytes(path)
 
+    stores = []
     if generic:
         seconds, count, _ = restore_into("db-generic", lambda s: generic_restore(s, queue, last_txid, 1))
-        report("(a0) full replay, generic", count, seconds, f"{entries:,} entries; replay() + restore()")
+        report(f"(a0) full replay, generic, {name}", count, seconds, f"{entries:,} entries; replay() + restore()")
+        stores.append(work / "db-generic")
 
-    seconds, full_count, db_bytes = restore_into("db-full", lambda s: rebuild_store(s, queue, last_txid, 1))
-    report("(a)  full replay", full_count, seconds, f"{entries:,} entries; RocksDB {mib(db_bytes).strip()}")
+    seconds, full_count, db_bytes = restore_into(f"db-full-{name}", lambda s: rebuild_store(s, queue, last_txid, 1))
+    report(f"(a)  full replay, {name}", full_count, seconds, f"{entries:,} entries; RocksDB {mib(db_bytes).strip()}")
 
     seconds, info = timed(lambda: write_snapshot(queue, snaps, head_txid))
-    report("(b)  first compaction", info.keys, seconds, f"all {files} files -> snapshot {mib(info.bytes).strip()}")
+    report(f"(b)  first compaction, {name}", info.keys, seconds, f"all files -> snapshot {mib(info.bytes).strip()}")
 
-    seconds, count, _ = restore_into("db-snap", lambda s: rebuild_store(s, queue, last_txid, 1, snapshot_dir=snaps))
-    report("(c)  snapshot + tail", count, seconds, f"snapshot at txid {head_txid} + {tail} tail files")
+    seconds, count, _ = restore_into(f"db-snap-{name}", lambda s: rebuild_store(s, queue, last_txid, 1, snapshot_dir=snaps))
+    report(f"(c)  snapshot + tail, {name}", count, seconds, f"snapshot at txid {head_txid} + {tail} tail files")
     if count != full_count:
         raise SystemExit(f"MISMATCH: full replay restored {full_count} keys, snapshot + tail {count}")
-    check_same_state(work / "db-full", work / "db-snap", rng, sample=2_000 if size > 100_000 else None)
-    check_same_bytes([work / "db-generic"] if generic else [], work / "db-full", work / "db-snap")
-    if generic:
-        RocksDBBackingMap.destroy(work / "db-generic")
+    check_same_state(
+        work / f"db-full-{name}", work / f"db-snap-{name}", random.Random(1), sample=2_000 if count > 100_000 else None
+    )
 
     seconds, result = timed(lambda: compact_queue(queue, snaps, last_txid, delete_covered=True))
     report(
-        "(b') incremental compaction",
+        f"(b') incremental compaction, {name}",
         result.snapshot.keys,
         seconds,
         f"snapshot + {tail} tail files -> snapshot {mib(result.snapshot.bytes).strip()}; "
         f"deleted {result.deleted_files} covered files ({mib(result.deleted_bytes).strip()})",
     )
-    shutil.rmtree(work, ignore_errors=True)
+    return [*stores, work / f"db-full-{name}", work / f"db-snap-{name}"]
+
+
+def bench_append(root: Path, sizes: tuple[int, ...] = (1_000, 100_000), runs: int = 9) -> None:
+    """The commit's state-topic append of ``sizes`` keys, per format: median ms of ``runs``
+    (durable, fsynced), the formats taking turns so both see the same load."""
+    print("\n== commit: state-topic append (StateLog.append_batch; durable: fsync file + directory) ==")
+    for size in sizes:
+        encoded = encode_items([((word(i),), OpaqueValue(9, i, i - 1)) for i in range(size)])
+        arrow = FileStateLog(StateTopicQueue(FileTopic(root / f"append-arrow-{size}", queues=1), 0))
+        old = FileTopic(root / f"append-json-{size}", queues=1)
+        times: dict[str, list[float]] = {"arrow": [], "json": []}
+        for txid in range(runs):
+            started = time.perf_counter()
+            arrow.append_batch(7, txid, 1, encoded)
+            middle = time.perf_counter()
+            old.write_lines(0, batch_file_name(7, txid, 1), json_batch_lines(txid, 1, encoded))
+            times["arrow"].append((middle - started) * 1000)
+            times["json"].append((time.perf_counter() - middle) * 1000)
+        for name, ms in times.items():
+            print(f"append {size:>7,} keys, {name:<5}  median {sorted(ms)[runs // 2]:7.2f} ms  (min {min(ms):.2f})   {load()}")
 
 
 def check_same_state(a: Path, b: Path, rng: random.Random, sample: int | None) -> None:
@@ -222,19 +272,18 @@ def check_same_state(a: Path, b: Path, rng: random.Random, sample: int | None) -
     print(f"     check: full replay and snapshot + tail agree ({checked})")
 
 
-def check_same_bytes(others: list[Path], *paths: Path) -> None:
+def check_same_bytes(paths: list[Path]) -> None:
     """All stores hold exactly the same raw keys and values, marker included (a streaming compare)."""
-    stores = [Rdict(str(path), Options(raw_mode=True)) for path in [*others, *paths]]
+    stores = [Rdict(str(path), Options(raw_mode=True)) for path in paths]
     try:
         rows = 0
         for rows, items in enumerate(zip_longest(*(store.items() for store in stores)), 1):  # noqa: B007 - the count is used after the loop
             if any(item != items[0] for item in items[1:]):
-                raise SystemExit(f"MISMATCH in the raw contents of {', '.join(str(p) for p in [*others, *paths])}")
+                raise SystemExit(f"MISMATCH in the raw contents of {', '.join(str(p) for p in paths)}")
     finally:
         for store in stores:
             store.close()
-    names = ", ".join(["(a0)"] * bool(others) + ["(a)", "(c)"])
-    print(f"     check: {names} hold the same bytes ({rows:,} rows incl. the marker)")
+    print(f"     check: {', '.join(p.name for p in paths)} hold the same bytes ({rows:,} rows incl. the marker)")
 
 
 def main() -> None:
@@ -242,7 +291,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated key counts")
     parser.add_argument("--files", type=int, default=100, help="batch files before the snapshot")
     parser.add_argument("--tail", type=int, default=5, help="batch files after the snapshot")
-    parser.add_argument("--no-generic", dest="generic", action="store_false", help="skip the generic (old) replay path")
+    parser.add_argument("--generic", action="store_true", help="also time the generic (oldest) replay path")
+    parser.add_argument("--no-append", dest="append", action="store_false", help="skip the commit-append figures")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp directory)")
     args = parser.parse_args()
 
@@ -257,6 +307,8 @@ def main() -> None:
         started = time.perf_counter()
         for size in (int(s) for s in args.sizes.split(",")):
             run(size, args.files, args.tail, root, args.generic)
+        if args.append:
+            bench_append(root)
         print(f"\ntotal {time.perf_counter() - started:.1f}s")
     finally:
         shutil.rmtree(root, ignore_errors=True)

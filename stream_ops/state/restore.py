@@ -11,15 +11,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.snapshot import RestoreSource, open_restore_source
-from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc, replay_encoded_changes
+from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc, replay_arrow_changes
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 
 def rebuild_store(
@@ -41,9 +38,9 @@ def rebuild_store(
     of DESIGN invariant 5. When ``snapshot_dir`` is None but the queue has been compacted (its
     covered files deleted), the snapshot directory recorded by the compaction is used, so a
     caller that does not know about snapshots never replays a truncated queue. The store is
-    loaded with :meth:`RocksDBBackingMap.restore_encoded`: the snapshot's columns already are
-    the stored bytes, and the tail's come from :func:`replay_encoded_changes`, so for a queue
-    written by :meth:`StateTopicQueue.append` the store ends up byte for byte as
+    loaded with :meth:`RocksDBBackingMap.restore_sorted` (SST files, ingested): the snapshot's
+    columns already are the stored bytes, in key order, and so are the tail's
+    (:func:`replay_arrow_changes`), so the store ends up byte for byte as
     :meth:`RocksDBBackingMap.restore` of the replayed values leaves it.
 
     Example:
@@ -152,8 +149,8 @@ def catch_up_store(store: RocksDBBackingMap, queue: StateTopicQueue, committed_t
     if any(txid not in present for txid in range(start + 1, committed_txid + 1)):
         logger.info("state store %s: the state-topic tail above txid %d was compacted; rebuilding instead", store.path, start)
         return None
-    changes = replay_encoded_changes(queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch)
-    applied = store.apply_encoded(changes.encoded_items(queue.path), committed_txid, committed_epoch)
+    changes = replay_arrow_changes(queue, after_txid=start, committed_txid=committed_txid, committed_epoch=committed_epoch)
+    applied = store.apply_encoded(changes.encoded_items(), committed_txid, committed_epoch)
     logger.info(
         "state store %s: applied the state-topic tail txid %d..%d (%d files, %d changed keys) instead of a rebuild",
         store.path,
@@ -194,9 +191,10 @@ def restore_from_source(
             source.total,
             source.description,
         )
-        # the bytes the store keeps: snapshot columns as they are, tail values encoded once
-        pairs = _logging_progress(source.encoded_items(), source.total, store_path, clock, log_interval, started=clock())
-        return store.restore_encoded(pairs, committed_txid, committed_epoch)
+        # the bytes the store keeps, in sorted runs: snapshot columns as they are, then the tail
+        progress = _Progress(source.total, store_path, clock, log_interval)
+        runs = (progress.chunks(run) for run in source.sorted_runs())
+        return store.restore_sorted(runs, committed_txid, committed_epoch)
     finally:
         source.close()
 
@@ -217,21 +215,24 @@ class _RateLimit:
         return False
 
 
-def _logging_progress(
-    items: Iterable[_T],
-    total: int,
-    what: str,
-    clock: Callable[[], float],
-    interval: float,
-    *,
-    started: float | None = None,
-) -> Iterator[_T]:
-    """Pass ``items`` through, logging progress and keys/s at most once per ``interval`` seconds."""
-    start = last = clock() if started is None else started
-    for done, item in enumerate(items, 1):
-        yield item
-        now = clock()
-        if now - last >= interval:
-            rate = done / (now - start) if now > start else float("inf")
-            logger.info("rebuilding %s: %d/%d keys (%.0f keys/s)", what, done, total, rate)
-            last = now
+class _Progress:
+    """Logs a restore's progress and keys/s at most once per ``interval`` seconds, per chunk of keys."""
+
+    def __init__(self, total: int, what: str, clock: Callable[[], float], interval: float) -> None:
+        self._total = total
+        self._what = what
+        self._clock = clock
+        self._interval = interval
+        self._start = self._last = clock()
+        self._done = 0
+
+    def chunks(self, chunks: Iterable[tuple[list[bytes], list[bytes]]]) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """Pass ``chunks`` through, counting their keys."""
+        for chunk in chunks:
+            yield chunk
+            self._done += len(chunk[0])
+            now = self._clock()
+            if now - self._last >= self._interval:
+                rate = self._done / (now - self._start) if now > self._start else float("inf")
+                logger.info("rebuilding %s: %d/%d keys (%.0f keys/s)", self._what, self._done, self._total, rate)
+                self._last = now

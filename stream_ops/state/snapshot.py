@@ -16,8 +16,9 @@ stores, and only plain types, so Spark (``spark.read.parquet``), DuckDB and pand
 snapshot as a table, and a sorted key column lets them skip row groups on a key lookup.
 
 Compaction is incremental: the new snapshot is the previous one (S0) overlaid with the net
-changes of the batch files with S0 < txid <= S (:func:`~stream_ops.state.state_topic.replay_changes`),
-done with Arrow column operations, so each compaction reads only what is new.
+changes of the batch files with S0 < txid <= S (:func:`~stream_ops.state.state_topic.replay_arrow_changes`,
+whose columns already are the stored bytes), done with Arrow column operations, so each
+compaction reads only what is new.
 :func:`compact_queue` then deletes the batch files with txid <= S: they are covered.
 Before deleting it records ``_compacted.json`` in the queue directory (hidden from FileTopic
 and Spark) naming the txid and the snapshot directory, so a replay can never mistake a
@@ -50,13 +51,14 @@ from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_file, make_dirs
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.state_topic import (
+    ArrowChanges,
     EncodedChanges,
     ReplayedChanges,
     StateTopicQueue,
     key_text,
     paused_cyclic_gc,
+    replay_arrow_changes,
     replay_changes,
-    replay_encoded_changes,
     stored_value_text,
 )
 from stream_ops.state.values import from_json_obj
@@ -265,8 +267,7 @@ def write_snapshot(
         return base
 
     after = base.txid if base is not None else -1
-    with paused_cyclic_gc():
-        changes = replay_changes(queue, after_txid=after, committed_txid=committed_txid, committed_epoch=committed_epoch)
+    changes = replay_arrow_changes(queue, after_txid=after, committed_txid=committed_txid, committed_epoch=committed_epoch)
     return store_snapshot(snapshot_dir, snapshots, base, changes, committed_txid, where=queue.path, started=started)
 
 
@@ -292,7 +293,7 @@ def store_snapshot(
     snapshot_dir: Path,
     snapshots: list[SnapshotInfo],
     base: SnapshotInfo | None,
-    changes: ReplayedChanges,
+    changes: ReplayedChanges | ArrowChanges,
     committed_txid: int,
     *,
     where: object,
@@ -390,7 +391,7 @@ def compact_queue(
             the snapshot and the marker are durable.
     """
     snapshot = write_snapshot(queue, snapshot_dir, committed_txid, committed_epoch=committed_epoch)
-    files = queue.batch_files()
+    files = queue.batch_files(include_superseded=True)  # a .jsonl twin an .arrow file superseded goes too
     if not delete_covered:
         return CompactionResult(snapshot=snapshot, deleted_files=0, deleted_bytes=0, kept_files=len(files))
     _write_marker(queue, snapshot.txid, Path(snapshot_dir))
@@ -437,7 +438,7 @@ class RestoreSource:
         self,
         snapshot: SnapshotInfo | None,
         parquet: pq.ParquetFile | None,
-        tail: ReplayedChanges | EncodedChanges,
+        tail: ReplayedChanges | EncodedChanges | ArrowChanges,
         where: object,
     ) -> None:
         """``where`` names the state-topic queue the tail was read from, for errors."""
@@ -446,9 +447,13 @@ class RestoreSource:
         self._tail = tail
         self._where = where
         # the keys the tail changes, to leave out of the snapshot rows (none without a snapshot)
-        changed = [key_text(key) for key in tail.changes] if snapshot is not None else []
-        self._tail_keys = pa.array(changed, type=pa.string())
-        live = sum(1 for value in tail.changes.values() if value is not None)
+        if isinstance(tail, ArrowChanges):
+            self._tail_keys = tail.keys if snapshot is not None else pa.array([], type=pa.string())
+            live = tail.table.num_rows - tail.table["value"].null_count
+        else:
+            changed = [key_text(key) for key in tail.changes] if snapshot is not None else []
+            self._tail_keys = pa.array(changed, type=pa.string())
+            live = sum(1 for value in tail.changes.values() if value is not None)
         # an upper bound: a tail key that is also in the snapshot counts twice
         self.total = (snapshot.keys if snapshot is not None else 0) + live
 
@@ -470,7 +475,7 @@ class RestoreSource:
             exclude = self._tail_keys if len(self._tail_keys) else None
             for keys, values in _decoded_batches(self._parquet, self.snapshot.path, exclude=exclude):
                 yield from zip(keys, values, strict=True)
-        if isinstance(self._tail, EncodedChanges):
+        if isinstance(self._tail, EncodedChanges | ArrowChanges):
             yield from self._tail.live_items(self._where)
         else:
             for key, obj in self._tail.live_items():
@@ -481,19 +486,37 @@ class RestoreSource:
 
         Snapshot rows are passed on as they are — their columns hold exactly the stored bytes —
         after cheap column-wide checks (no nulls, keys JSON lists, values tagged JSON
-        objects); the tail's live values come as :func:`~stream_ops.state.state_topic.replay_encoded_changes`
-        cut them out of their lines, or are encoded once each.
+        objects); the tail's live values come as :func:`~stream_ops.state.state_topic.replay_arrow_changes`
+        read them (the stored bytes), or are encoded once each.
 
         Raises:
             ReplayError: a snapshot row fails the checks, or a tail value is not a stored value.
         """
+        for run in self.sorted_runs():
+            for keys, values in run:
+                yield from zip(keys, values)
+
+    def sorted_runs(self) -> Iterator[Iterator[tuple[list[bytes], list[bytes]]]]:
+        """The pairs of :meth:`encoded_items` as :meth:`RocksDBBackingMap.restore_sorted` takes
+        them: the snapshot rows (in key order, the tail's keys left out), then the tail's live
+        values in key order, each run as chunks of (key bytes, value bytes).
+
+        Raises:
+            ReplayError: see :meth:`encoded_items`.
+        """
         if self._parquet is not None and self.snapshot is not None:
             exclude = self._tail_keys if len(self._tail_keys) else None
-            for keys, values in _encoded_batches(self._parquet, self.snapshot.path, exclude=exclude):
-                yield from zip(keys, values)
+            yield _encoded_batches(self._parquet, self.snapshot.path, exclude=exclude)
+        yield self._tail_chunks()
+
+    def _tail_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        if isinstance(self._tail, ArrowChanges):
+            yield from self._tail.encoded_live_chunks()
+            return
         # in key order: RocksDB loads sorted keys about three times cheaper (its memtable
         # flushes then do not overlap, so nothing needs compacting), far more than the sort costs
-        yield from sorted(self._tail.encoded_live_items(self._where), key=itemgetter(0))
+        pairs = sorted(self._tail.encoded_live_items(self._where), key=itemgetter(0))
+        yield [key for key, _ in pairs], [value for _, value in pairs]
 
     def close(self) -> None:
         if self._parquet is not None:
@@ -515,7 +538,7 @@ def open_restore_source(
     The snapshot directory is ``snapshot_dir``, or the one the queue's compaction marker
     names. If a compaction deletes files while the tail is read, the read starts again from
     the newer snapshot. With ``encoded`` the tail is read for
-    :meth:`RestoreSource.encoded_items` (:func:`~stream_ops.state.state_topic.replay_encoded_changes`);
+    :meth:`RestoreSource.encoded_items` (:func:`~stream_ops.state.state_topic.replay_arrow_changes`);
     both :meth:`RestoreSource.items` and :meth:`RestoreSource.encoded_items` work either way.
 
     With ``committed_epoch`` (the epoch ZooKeeper recorded for ``committed_txid``) the tail
@@ -544,8 +567,8 @@ def open_restore_source(
             parquet = _open_parquet(base.path) if base is not None else None
             try:
                 start = base.txid if base else -1
-                tail: ReplayedChanges | EncodedChanges = (
-                    replay_encoded_changes(
+                tail: ReplayedChanges | ArrowChanges = (
+                    replay_arrow_changes(
                         queue,
                         after_txid=start,
                         committed_txid=committed_txid,
@@ -583,7 +606,9 @@ def open_restore_source(
     )
 
 
-def open_snapshot_source(base: SnapshotInfo | None, tail: ReplayedChanges | EncodedChanges, where: object) -> RestoreSource:
+def open_snapshot_source(
+    base: SnapshotInfo | None, tail: ReplayedChanges | EncodedChanges | ArrowChanges, where: object
+) -> RestoreSource:
     """A :class:`RestoreSource` of ``base`` (opened now, None for a full replay) and ``tail``.
 
     Raises:
@@ -637,28 +662,30 @@ def _value_of(obj: Any, where: object) -> Any:
         raise ReplayError(f"state topic {where}: {e}") from e
 
 
-def _merged_table(base: SnapshotInfo | None, changes: ReplayedChanges, where: object) -> pa.Table:
+def _merged_table(base: SnapshotInfo | None, changes: ReplayedChanges | ArrowChanges, where: object) -> pa.Table:
     """The rows of ``base`` overlaid with ``changes``, sorted by key (Arrow column operations)."""
-    tail: dict[str, str | None] = {}
-    for key, obj in changes.changes.items():
-        tail[key_text(key)] = None if obj is None else stored_value_text(obj, where)
-    live = [(key, text) for key, text in tail.items() if text is not None]
-    new = pa.table(
-        {
-            "key": pa.array([key for key, _ in live], type=pa.string()),
-            "value": pa.array([text for _, text in live], type=pa.string()),
-        },
-        schema=_SCHEMA,
-    )
-    if base is None:
-        merged = new
+    if isinstance(changes, ArrowChanges):
+        new = changes.live_table().cast(_SCHEMA)  # sorted by key already
+        changed = changes.keys
     else:
-        previous = _read_table(base.path)
-        if tail:
-            changed = pa.array(list(tail), type=pa.string())
-            previous = previous.filter(pc.invert(pc.is_in(previous["key"], value_set=changed)))
-        merged = pa.concat_tables([previous, new])
-    return merged.sort_by([("key", "ascending")])
+        tail: dict[str, str | None] = {}
+        for key, obj in changes.changes.items():
+            tail[key_text(key)] = None if obj is None else stored_value_text(obj, where)
+        live = [(key, text) for key, text in tail.items() if text is not None]
+        new = pa.table(
+            {
+                "key": pa.array([key for key, _ in live], type=pa.string()),
+                "value": pa.array([text for _, text in live], type=pa.string()),
+            },
+            schema=_SCHEMA,
+        ).sort_by([("key", "ascending")])
+        changed = pa.array(list(tail), type=pa.string())
+    if base is None:
+        return new
+    previous = _read_table(base.path)
+    if len(changed):
+        previous = previous.filter(pc.invert(pc.is_in(previous["key"], value_set=changed)))
+    return pa.concat_tables([previous, new]).sort_by([("key", "ascending")])
 
 
 def _write_atomically(target: Path, table: pa.Table, meta: dict[str, Any]) -> None:
@@ -796,7 +823,7 @@ def _encoded_batches(
     with ``[`` and ends with ``]``, every value starts with ``{"k":"`` and ends with ``}``, as
     ``encode_key`` and ``encode_stored`` make them) and handed over as bytes.
     """
-    for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=["key", "value"]):
+    for batch in parquet.iter_batches(batch_size=_ROW_GROUP_ROWS, columns=["key", "value"]):
         if exclude is not None:
             batch = batch.filter(pc.invert(pc.is_in(batch.column("key"), value_set=exclude)))
         if batch.num_rows == 0:

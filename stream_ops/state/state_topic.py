@@ -3,16 +3,27 @@
 Each queue of the state topic belongs to one source queue. For every batch a task writes one
 file, named by (task, txid, owner epoch), holding the wrapped values the batch wrote — so a
 replayed batch overwrites its own file instead of adding to the log. Every batch writes its
-file, an empty one when nothing changed, and ends it with an end record
-``{"end":{"txid":T,"epoch":E,"entries":N}}``, so a file cut short (an OS crash on storage that
-ignored fsync) is detected instead of read as fewer changes. Replay keeps, per key, the entry
-with the largest offset among entries of committed txids, where for each txid only the highest
-owner epoch that wrote a file counts: the committing epoch always wrote one, and any lower
-epoch is the work of an owner that lost the task.
+file, an empty one when nothing changed, with its end information (txid, epoch, number of
+entries), so a file cut short (an OS crash on storage that ignored fsync) is detected instead
+of read as fewer changes. Replay keeps, per key, the entry with the largest offset among
+entries of committed txids, where for each txid only the highest owner epoch that wrote a file
+counts: the committing epoch always wrote one, and any lower epoch is the work of an owner that
+lost the task.
+
+Batch files come in two formats, read alike in one queue:
+
+- ``.arrow``: what :meth:`StateTopicQueue.append` writes, an Arrow IPC file of the stored
+  bytes (:mod:`stream_ops.state.state_batch_arrow`);
+- ``.jsonl``: what it wrote before, JSON lines ending with the end record
+  ``{"end":{"txid":T,"epoch":E,"entries":N}}``; still read, never written.
+
+An ``.arrow`` file supersedes a ``.jsonl`` file of the same (task, txid, epoch): it can only be
+a later write of that batch. The writer deletes the ``.jsonl`` once its ``.arrow`` is durable,
+and a reader that still finds both (a crash between the two) reads the ``.arrow`` only.
 
 :func:`stream_ops.state.restore.rebuild_store` restores a store from the latest compacted
-snapshot of the queue plus the batches above it, or from the whole queue, with the bytes
-:func:`replay_encoded_changes` cuts out of the lines.
+snapshot of the queue plus the batches above it, or from the whole queue, with the columns
+:func:`replay_arrow_changes` keeps per key.
 """
 
 from __future__ import annotations
@@ -20,21 +31,29 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream_ops.durable_files import fsync_dir
 from stream_ops.errors import ReplayError, StateError, TopicError
 from stream_ops.hashing import normalise_key_value
 from stream_ops.state.keys import Key, as_key
+from stream_ops.state.state_batch_arrow import ARROW_SUFFIX, SCHEMA, encode_arrow_batch, last_per_key, read_arrow_batch
 from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
 from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name, parse_batch_file_name
 
 logger = logging.getLogger(__name__)
 
 _FIELDS = ("key", "value", "offset", "txid", "epoch")
+JSON_SUFFIX = ".jsonl"
+"""The suffix of the JSON-lines batch files written before Arrow ones (read, never written)."""
+_FORMATS = (ARROW_SUFFIX, JSON_SUFFIX)
 _END = "end"
 """The member of a batch file's last line, its end record."""
 
@@ -152,6 +171,18 @@ def encode_items(items: Iterable[tuple[Key, Any | None]], *, where: object = "")
         ]
     except (TypeError, ValueError, StateError) as e:
         raise TopicError(f"state topic {where}: a value is not JSON-serialisable: {e}") from e
+
+
+def json_batch_lines(txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> list[str]:
+    """The lines of the JSON-lines batch file (``.jsonl``) state topics were written in before
+    Arrow files: one ``{"key":<key text>,"value":<stored text or null>,"txid":T,"epoch":E}``
+    per entry, then the end record. Nothing writes this format any more; it is the reference
+    the tests and ``bench/restore.py`` write queues of the old format with.
+    """
+    tail = f',"txid":{txid},"epoch":{epoch}}}'
+    lines = [f'{{"key":{key},"value":{"null" if value is None else value}{tail}' for key, value in encoded]
+    lines.append(json.dumps({_END: {"txid": txid, "epoch": epoch, "entries": len(lines)}}, separators=(",", ":")))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -274,8 +305,9 @@ class StateTopicQueue:
         """Write the state changes of batch ``txid`` as one durable file (a replay overwrites it).
 
         Every batch of a stateful task appends, with no items when nothing changed: the file
-        marks the epoch that committed the txid (see :func:`replay_changes`). Its last line is
-        the end record with the number of entries.
+        marks the epoch that committed the txid (see :func:`replay_changes`). It is an Arrow
+        IPC file recording its txid, epoch and number of entries (see
+        :mod:`~stream_ops.state.state_batch_arrow`).
 
         Args:
             task_id: the task that ran the batch.
@@ -292,11 +324,35 @@ class StateTopicQueue:
     def append_encoded(self, task_id: int, txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> Path:
         """:meth:`append` for items already encoded by :func:`encode_items` (the commit path
         encodes each value once, for the state topic and RocksDB)."""
-        # Lines framed as the encoded replay cuts them: {"key":<key text>,"value":<stored text>,...}
-        tail = f',"txid":{txid},"epoch":{epoch}}}'
-        lines = [f'{{"key":{key},"value":{"null" if value is None else value}{tail}' for key, value in encoded]
-        lines.append(json.dumps({_END: {"txid": txid, "epoch": epoch, "entries": len(lines)}}, separators=(",", ":")))
-        return self._topic.write_lines(self._queue, batch_file_name(task_id, txid, epoch), lines, overwrite=True)
+        pairs = encoded if isinstance(encoded, Sequence) else list(encoded)
+        # two comprehensions: zip(*pairs) passes every pair as an argument, ten times slower
+        return self.append_columns(task_id, txid, epoch, [key for key, _ in pairs], [value for _, value in pairs])
+
+    def append_columns(self, task_id: int, txid: int, epoch: int, keys: Sequence[str], values: Sequence[str | None]) -> Path:
+        """:meth:`append_encoded` with the key texts and stored value texts (None deletes) as two
+        lists: the batch's Arrow IPC file, durable when this returns; a ``.jsonl`` file of the
+        same batch (written before the upgrade) is deleted after it.
+
+        Raises:
+            TopicError: the file could not be written, or a key or value is not text.
+        """
+        if len(keys) != len(values):
+            raise TopicError(f"state topic {self._dir}: {len(keys)} keys but {len(values)} values")
+        try:
+            data = encode_arrow_batch(txid, epoch, keys, values)
+        except (pa.ArrowException, TypeError) as e:
+            raise TopicError(f"state topic {self._dir}: a key or value of txid {txid} is not text: {e}") from e
+        path = self._topic.write_bytes(self._queue, batch_file_name(task_id, txid, epoch, ARROW_SUFFIX), data, overwrite=True)
+        old = path.with_suffix(JSON_SUFFIX)
+        try:
+            old.unlink()
+        except FileNotFoundError:
+            return path
+        except OSError as e:
+            raise TopicError(f"state topic {self._dir}: could not delete {old.name}, superseded by {path.name}: {e}") from e
+        if self._topic.durable:
+            fsync_dir(self._dir)
+        return path
 
     def entries(self) -> Iterator[StateTopicEntry]:
         """Every entry, offsets counting up across files then lines.
@@ -309,15 +365,16 @@ class StateTopicQueue:
                 file name.
         """
         offset = 0
-        for file_id, path in self._batch_files():
-            for entry in _file_entries(path, file_id, offset):
+        for file_id, path in self.batch_files():
+            read = _arrow_entries if path.suffix == ARROW_SUFFIX else _file_entries
+            for entry in read(path, file_id, offset):
                 yield entry
                 offset += 1
 
     def replay(self, committed_txid: int) -> dict[Key, Any]:
         """The queue's state at ``committed_txid``: key -> TransactionalValue / OpaqueValue / plain value."""
         epochs: dict[int, int] = {}
-        for file_id, _ in self._batch_files():
+        for file_id, _ in self.batch_files():
             epochs[file_id.txid] = max(file_id.epoch, epochs.get(file_id.txid, file_id.epoch))
         state = replay_state_topic(self.entries(), committed_txid, epochs=epochs)
         try:
@@ -331,19 +388,34 @@ class StateTopicQueue:
         epochs = [file_id.epoch for file_id, _ in self.batch_files() if file_id.txid == txid]
         return max(epochs) if epochs else None
 
-    def batch_files(self) -> list[tuple[BatchFileId, Path]]:
-        """The queue's batch files with their (task, txid, epoch), in replay order (txid, epoch, task)."""
-        return self._batch_files()
+    def batch_files(self, *, include_superseded: bool = False) -> list[tuple[BatchFileId, Path]]:
+        """The queue's batch files with their (task, txid, epoch), in replay order (txid, epoch, task).
 
-    def _batch_files(self) -> list[tuple[BatchFileId, Path]]:
-        found = []
+        A ``.jsonl`` file with an ``.arrow`` file of the same (task, txid, epoch) is left out
+        (superseded; see the module doc), unless ``include_superseded`` (to delete it too).
+
+        Raises:
+            ReplayError: a batch file is in another format (e.g. ``.parquet``).
+        """
+        found: dict[BatchFileId, list[Path]] = {}
         for path in self._topic.files(self._queue):
             file_id = parse_batch_file_name(path.name)
             if file_id is None:
                 logger.debug("state topic %s: skipping %s (not a batch file)", self._dir, path.name)
-            else:
-                found.append((file_id, path))
-        return sorted(found, key=lambda item: (item[0].txid, item[0].epoch, item[0].task_id, item[1].name))
+                continue
+            if path.suffix not in _FORMATS:
+                raise ReplayError(
+                    f"state topic {self._dir}: {path.name} is not a state-topic batch format (.arrow or .jsonl); "
+                    "move it out of the queue directory"
+                )
+            found.setdefault(file_id, []).append(path)
+        chosen: list[tuple[BatchFileId, Path]] = []
+        for file_id, paths in found.items():
+            if len(paths) > 1 and not include_superseded:
+                paths = [path for path in paths if path.suffix == ARROW_SUFFIX]
+                logger.info("state topic %s: reading %s, which supersedes its .jsonl twin", self._dir, paths[0].name)
+            chosen.extend((file_id, path) for path in paths)
+        return sorted(chosen, key=lambda item: (item[0].txid, item[0].epoch, item[0].task_id, item[1].name))
 
 
 def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[StateTopicEntry]:
@@ -382,6 +454,27 @@ def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterat
             "storage that did not honour fsync, or a copy that stopped midway). Its batch is committed, so the "
             "state cannot be rebuilt exactly; restore the file from a backup"
         )
+
+
+def _arrow_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[StateTopicEntry]:
+    """The entries of one Arrow batch file, offsets from ``first_offset`` (see :func:`_file_entries`)."""
+    for offset, (key, value) in enumerate(_arrow_pairs(path, file_id), first_offset):
+        yield StateTopicEntry(key, value, offset, file_id.txid, file_id.epoch)
+
+
+def _arrow_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[str, Any] | None]]:
+    """(key, value object or None) of each row of one Arrow batch file, each column decoded with one ``json.loads``."""
+    table = read_arrow_batch(path, file_id)
+    texts = table["value"].to_pylist()
+    try:
+        keys = json.loads("[" + ",".join(table["key"].to_pylist()) + "]")
+        values = json.loads("[" + ",".join("null" if text is None else text for text in texts) + "]")
+    except json.JSONDecodeError as e:
+        raise ReplayError(f"state-topic file {path}: a key or value is not JSON text ({e}); the file is corrupt") from e
+    try:
+        return [(as_key(key), value) for key, value in zip(keys, values, strict=True)]
+    except (StateError, ValueError) as e:
+        raise ReplayError(f"state-topic file {path}: {e}; the file is corrupt") from e
 
 
 def _check_end(record: dict[str, Any], file_id: BatchFileId, count: int, where: str) -> None:
@@ -437,7 +530,7 @@ class ReplayedChanges:
         """(key bytes, value bytes) of every changed key that is not deleted: what a store holds.
 
         Each key and value is encoded once (:func:`key_text`, :func:`stored_value_text`);
-        :func:`replay_encoded_changes` gives the same pairs for less.
+        :func:`replay_arrow_changes` gives the same pairs for less.
 
         Raises:
             ReplayError: a value is not a stored state value (``where`` names the queue).
@@ -495,7 +588,8 @@ def replay_changes(
 
 @dataclass(frozen=True)
 class EncodedChanges:
-    """:class:`ReplayedChanges` with each value as the bytes a store keeps (see :func:`replay_encoded_changes`).
+    """:class:`ReplayedChanges` with each value as the bytes a store keeps: what the Kafka state
+    topic's replay gives (the file state topic's is :class:`ArrowChanges`).
 
     Attributes:
         changes: key -> the winning value's stored bytes (``encode_stored``), or its JSON
@@ -556,28 +650,149 @@ class EncodedChanges:
                 raise ReplayError(f"state topic {where}: {e}") from e
 
 
-def replay_encoded_changes(
+@dataclass(frozen=True)
+class ArrowChanges:
+    """The net changes of a range of txids of one queue as Arrow columns (see :func:`replay_arrow_changes`).
+
+    Attributes:
+        table: ``key`` and ``value`` string columns (:data:`~stream_ops.state.state_batch_arrow.SCHEMA`),
+            one row per changed key in ascending key (byte) order; the texts are the bytes a
+            store keeps, a null value a winning tombstone (the key must be deleted).
+        top_epochs: txid -> the owner epoch whose entries counted for it.
+        files: batch files read.
+        entries: entries read (of the counted epochs).
+    """
+
+    table: pa.Table
+    top_epochs: dict[int, int]
+    files: int
+    entries: int
+
+    @property
+    def keys(self) -> pa.Array:
+        """Every changed key's text, deleted ones included, in key order."""
+        return self.table["key"].combine_chunks()
+
+    def live_table(self) -> pa.Table:
+        """The rows of the keys that are not deleted, in key order."""
+        values = self.table["value"]
+        return self.table if values.null_count == 0 else self.table.filter(pc.is_valid(values))
+
+    def encoded_live_chunks(self, rows: int = 65_536) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """(key bytes, value bytes) of the keys that are not deleted, in key order, ``rows`` at a time."""
+        live = self.live_table()
+        for start in range(0, live.num_rows, rows):
+            chunk = live.slice(start, rows)
+            yield chunk["key"].cast(pa.binary()).to_pylist(), chunk["value"].cast(pa.binary()).to_pylist()
+
+    def encoded_items(self) -> Iterator[tuple[bytes, bytes | None]]:
+        """(key bytes, value bytes or None for a deleted key) of every changed key, in key order:
+        what applying the changes to a store writes and deletes."""
+        keys = self.table["key"].cast(pa.binary()).to_pylist()
+        return zip(keys, self.table["value"].cast(pa.binary()).to_pylist(), strict=True)
+
+    def live_items(self, where: object) -> Iterator[tuple[Key, Any]]:
+        """(key, wrapped value) of every changed key that is not deleted, in key order.
+
+        Raises:
+            ReplayError: a value is not a stored state value (``where`` names the queue).
+        """
+        live = self.live_table()
+        for key, value in zip(live["key"].to_pylist(), live["value"].cast(pa.binary()).to_pylist(), strict=True):
+            try:
+                yield as_key(json.loads(key)), decode_stored(value)
+            except StateError as e:
+                raise ReplayError(f"state topic {where}: {e}") from e
+
+
+def replay_arrow_changes(
     queue: StateTopicQueue,
     *,
     after_txid: int,
     committed_txid: int,
     committed_epoch: int | None = None,
     on_file: Callable[[int, int, int], None] | None = None,
-) -> EncodedChanges:
-    """:func:`replay_changes`, with each winning value as the bytes a store keeps — for a restore.
+) -> ArrowChanges:
+    """:func:`replay_changes` in Arrow columns of stored bytes — for a restore, a catch-up or a compaction.
 
-    The same files are read and the same rule applied (the same code), so the keys and the
-    values they decode to are exactly those of :func:`replay_changes`. A line as
-    :meth:`StateTopicQueue.append` writes it already holds the stored text of its value
-    (``encode_stored`` and the line use the same JSON settings), so that text is cut out of
-    the line instead of re-encoding the decoded object later; any other line's value is
-    encoded from its object (:func:`stored_value_text`).
+    The same files are counted (the same code) and the same rule applied, vectorised: the
+    counted files' columns are concatenated in offset order and :func:`~stream_ops.state.state_batch_arrow.last_per_key`
+    keeps each key's last row. An Arrow file's columns are its stored bytes, read as they are
+    (checked for shape, never decoded); a JSON-lines file's lines are cut or encoded into
+    stored texts as before (:func:`_load_encoded_pairs`), and a value there that is not a
+    stored state value fails the replay only if it wins.
+
+    Example:
+        >>> replay_arrow_changes(queue, after_txid=-1, committed_txid=7).table.to_pylist()
+        [{'key': '["apple"]', 'value': '{"k":"tx","txid":7,"val":5}'}, {'key': '["pear"]', 'value': None}]
 
     Raises:
         ReplayError: see :func:`replay_changes`.
     """
-    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, committed_epoch, on_file, _load_encoded_pairs)
-    return EncodedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
+    selected, total = _counted_files(queue, after_txid, committed_txid, committed_epoch)
+    tables: list[pa.Table] = []
+    errors: dict[int, ReplayError] = {}
+    top_epochs: dict[int, int] = {}
+    read = rows = 0
+    for txid, epoch, files in selected:
+        for file_id, path in files:
+            if path.suffix == ARROW_SUFFIX:
+                table = read_arrow_batch(path, file_id)
+            else:
+                table = _json_batch_table(path, file_id, rows, errors, queue.path)
+            tables.append(table)
+            rows += table.num_rows
+            read += 1
+            if on_file is not None:
+                on_file(read, total, rows)
+        top_epochs[txid] = epoch
+    entries = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+    winners = last_per_key(entries["key"])
+    if errors:
+        bad = pc.filter(winners, pc.is_in(winners, pa.array(list(errors), pa.int64()))).to_pylist()
+        if bad:
+            raise errors[min(bad)]
+    return ArrowChanges(table=entries.take(winners), top_epochs=top_epochs, files=read, entries=rows)
+
+
+def _json_batch_table(
+    path: Path, file_id: BatchFileId, first_row: int, errors: dict[int, ReplayError], where: object
+) -> pa.Table:
+    """A JSON-lines batch file as a (key, value) table of stored texts; a value that is not a
+    stored state value becomes null, its error kept in ``errors`` under its row number."""
+    keys: list[str] = []
+    values: list[str | None] = []
+    encode_key_text = _encode_key_text
+    for row, (key, value) in enumerate(_load_encoded_pairs(path, file_id), first_row):
+        keys.append(encode_key_text(key))
+        if value is None or value.__class__ is str:
+            values.append(value)
+            continue
+        try:
+            values.append(stored_value_text(value, where))
+        except ReplayError as e:
+            errors[row] = e
+            values.append(None)
+    return pa.Table.from_arrays([pa.array(keys, pa.string()), pa.array(values, pa.string())], schema=SCHEMA)
+
+
+def _counted_files(
+    queue: StateTopicQueue, after_txid: int, committed_txid: int, committed_epoch: int | None
+) -> tuple[list[tuple[int, int, list[tuple[BatchFileId, Path]]]], int]:
+    """The files the replay rule counts for ``after_txid < txid <= committed_txid``: per txid
+    in order, (txid, the highest epoch with a file, its files), and the number of batch files
+    in the range (see :func:`replay_changes` for ``committed_epoch``)."""
+    by_txid: dict[int, list[tuple[BatchFileId, Path]]] = {}
+    for file_id, path in queue.batch_files():
+        if after_txid < file_id.txid <= committed_txid:
+            by_txid.setdefault(file_id.txid, []).append((file_id, path))
+    if committed_epoch is not None:
+        _check_complete(queue, by_txid, after_txid, committed_txid, committed_epoch)
+    selected = []
+    for txid in sorted(by_txid):
+        epoch = max(file_id.epoch for file_id, _ in by_txid[txid])  # the committing epoch wrote a file
+        selected.append((txid, epoch, [(file_id, path) for file_id, path in by_txid[txid] if file_id.epoch == epoch]))
+    return selected, sum(len(files) for files in by_txid.values())
 
 
 def _replay(
@@ -593,26 +808,17 @@ def _replay(
     Returns:
         (key -> value as ``load`` gives it, counted epoch per txid, files read, entries read).
     """
-    by_txid: dict[int, list[tuple[BatchFileId, Path]]] = {}
-    for file_id, path in queue.batch_files():
-        if after_txid < file_id.txid <= committed_txid:
-            by_txid.setdefault(file_id.txid, []).append((file_id, path))
-    if committed_epoch is not None:
-        _check_complete(queue, by_txid, after_txid, committed_txid, committed_epoch)
-    total = sum(len(files) for files in by_txid.values())
+    selected, total = _counted_files(queue, after_txid, committed_txid, committed_epoch)
     changes: dict[Key, Any] = {}
     top_epochs: dict[int, int] = {}
     read = entries = 0
-    for txid in sorted(by_txid):
-        files = by_txid[txid]
-        epoch = max(file_id.epoch for file_id, _ in files)  # the committing epoch wrote a file
+    for txid, epoch, files in selected:
         pairs: list[tuple[Key, Any]] = []
         for file_id, path in files:
-            if file_id.epoch == epoch:
-                pairs.extend(load(path, file_id))
-                read += 1
-                if on_file is not None:
-                    on_file(read, total, entries + len(pairs))
+            pairs.extend(load(path, file_id))
+            read += 1
+            if on_file is not None:
+                on_file(read, total, entries + len(pairs))
         changes.update(pairs)  # in offset order: the largest offset per key wins
         top_epochs[txid] = epoch
         entries += len(pairs)
@@ -653,6 +859,8 @@ def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[
     list key and a value) sends the file through the line-by-line reader, which raises the
     precise :class:`ReplayError`.
     """
+    if path.suffix == ARROW_SUFFIX:
+        return _arrow_pairs(path, file_id)
     with open(path, encoding="utf-8") as file:
         # split on "\n" only: JSON escapes line breaks inside strings, but str.splitlines()
         # would also split on U+2028 and friends, which ensure_ascii=False leaves raw.
@@ -690,7 +898,7 @@ _VALUE_MEMBER = ',"value":'
 
 
 def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any]]:
-    """:func:`_load_batch_pairs` with each value as its stored bytes where the line holds them.
+    """:func:`_load_batch_pairs` of a JSON-lines file with each value as its stored text where the line holds it.
 
     Every line is decoded and checked exactly as :func:`_load_batch_pairs` does. A value is
     then cut out of its line, without being encoded again, when the line is framed as
@@ -748,9 +956,9 @@ def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any
                         if cut and line.startswith(head) and line.endswith(tail):
                             at = line.find(member, 8)
                             if at > 0 and line.find("{", 8, at) < 0:
-                                append((key, line[at + skip : end].encode("utf-8")))
+                                append((key, line[at + skip : end]))
                                 continue
-                        append((key, encode_value(value).encode("utf-8")))
+                        append((key, encode_value(value)))
                         continue
             append((key, value))  # not canonical: encoded (or rejected) only if it wins
         else:

@@ -1,4 +1,4 @@
-"""FileTopic: a partitioned, append-only log of JSON-lines files on a shared path.
+"""FileTopic: a partitioned, append-only log of JSON-lines (or binary) files on a shared path.
 
 One directory per queue (``queue-00000``, ...). Every file is written under a hidden temporary
 name and renamed into place, so a Spark file stream never sees half a file. Files a task writes
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream_ops.durable_files import create_private_file, fsync_dir, fsync_dirs, make_dirs
+from stream_ops.durable_files import FILE_MODE, create_private_file, fsync_dir, fsync_dirs, make_dirs
 from stream_ops.errors import TopicError
 from stream_ops.topics.publishing import publish_file
 
@@ -98,6 +98,30 @@ def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool 
     return count
 
 
+def write_bytes_atomically(target: Path, data: bytes | memoryview, *, durable: bool = True) -> int:
+    """Write ``data`` to ``target`` via a hidden temp file and a rename (see
+    :func:`write_json_lines_atomically` for ``durable``); returns the bytes written."""
+    make_dirs(target.parent)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        if durable:
+            fsync_dir(target.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise TopicError(f"could not write {target}: {e}") from e
+    return len(memoryview(data))
+
+
 @dataclass(frozen=True)
 class FileTopic:
     """A topic of ``queues`` queues under ``path``.
@@ -155,6 +179,16 @@ class FileTopic:
         if not overwrite and target.exists():
             return target
         write_lines_atomically(target, lines, durable=self.durable)
+        return target
+
+    def write_bytes(self, queue: int, name: str, data: bytes | memoryview, *, overwrite: bool = True) -> Path:
+        """:meth:`write_file` for a file already encoded as bytes (e.g. an Arrow IPC file)."""
+        if name.startswith((".", "_")):
+            raise TopicError(f"file name {name!r} would be ignored by Spark (starts with '.' or '_')")
+        target = self.queue_path(queue) / name
+        if not overwrite and target.exists():
+            return target
+        write_bytes_atomically(target, data, durable=self.durable)
         return target
 
     # --- staged batches: written before a commit, published (renamed into place) after it ----

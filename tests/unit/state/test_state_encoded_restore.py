@@ -34,7 +34,7 @@ from stream_ops.state import (
     write_snapshot,
 )
 from stream_ops.state.snapshot import open_restore_source
-from stream_ops.state.state_topic import key_text, replay_encoded_changes, stored_value_text
+from stream_ops.state.state_topic import encode_items, json_batch_lines, key_text, replay_arrow_changes, stored_value_text
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 KEYS: list[tuple[Any, ...]] = [
@@ -212,26 +212,30 @@ def test_the_shared_encoders_fall_back_to_the_public_encoder(monkeypatch: pytest
     assert state_topic._one_shot(encoder) == encoder.encode
 
 
-# --- replay_encoded_changes ----------------------------------------------------------------
+# --- replay_arrow_changes ------------------------------------------------------------------
+
+
+def stored_texts(changes: dict[Any, Any]) -> dict[str, str | None]:
+    """key text -> stored value text (None: deleted) of replay_changes' objects."""
+    return {key_text(key): None if obj is None else encode_stored(from_json_obj(obj)).decode() for key, obj in changes.items()}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_replay_encoded_changes_equals_replay_changes_with_the_stored_bytes(queue: StateTopicQueue, seed: int) -> None:
+def test_replay_arrow_changes_equals_replay_changes_with_the_stored_bytes(queue: StateTopicQueue, seed: int) -> None:
     random_history(queue, random.Random(seed), txids=30)
     for after, committed in [(-1, 30), (-1, 12), (7, 25), (29, 30), (30, 30)]:
         plain = replay_changes(queue, after_txid=after, committed_txid=committed)
-        encoded = replay_encoded_changes(queue, after_txid=after, committed_txid=committed)
+        arrow = replay_arrow_changes(queue, after_txid=after, committed_txid=committed)
 
-        assert list(encoded.changes) == list(plain.changes)  # same keys, same order
-        assert (encoded.top_epochs, encoded.files, encoded.entries) == (plain.top_epochs, plain.files, plain.entries)
-        for key, obj in plain.changes.items():
-            value = encoded.changes[key]
-            if obj is None:
-                assert value is None
-            else:  # every line here is as append writes it: cut out of the line, exactly encode_stored
-                assert value == encode_stored(from_json_obj(obj))
-        assert list(encoded.encoded_live_items("q")) == list(plain.encoded_live_items("q"))
-        assert list(encoded.live_items("q")) == [(key, from_json_obj(obj)) for key, obj in plain.live_items()]
+        expected = stored_texts(plain.changes)
+        rows = arrow.table.to_pylist()
+        assert [row["key"] for row in rows] == sorted(expected)  # one row per key, in key order
+        assert {row["key"]: row["value"] for row in rows} == expected
+        assert (arrow.top_epochs, arrow.files, arrow.entries) == (plain.top_epochs, plain.files, plain.entries)
+        live = [pair for keys, values in arrow.encoded_live_chunks(rows=3) for pair in zip(keys, values, strict=True)]
+        assert live == sorted(plain.encoded_live_items("q"))
+        expected_live = sorted(((key, from_json_obj(obj)) for key, obj in plain.live_items()), key=lambda kv: key_text(kv[0]))
+        assert list(arrow.live_items("q")) == expected_live
 
 
 def write_lines(queue: StateTopicQueue, txid: int, lines: list[str], *, task: int = 4, epoch: int = 1) -> None:
@@ -241,7 +245,7 @@ def write_lines(queue: StateTopicQueue, txid: int, lines: list[str], *, task: in
     (queue.path / batch_file_name(task, txid, epoch)).write_text("".join(line + "\n" for line in [*lines, end]), "utf-8")
 
 
-def test_values_of_lines_append_wrote_are_cut_out_not_encoded_again(
+def test_values_of_json_lines_as_append_wrote_them_are_cut_out_not_encoded_again(
     queue: StateTopicQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = random.Random(8)
@@ -249,18 +253,17 @@ def test_values_of_lines_append_wrote_are_cut_out_not_encoded_again(
     plain = [value for value in PLAIN if "\\u" not in json.dumps(value, ensure_ascii=False)]
     for txid in range(1, 11):
         values = [TransactionalValue(txid, rng.choice(plain)), OpaqueValue(txid, rng.choice(plain), None), None]
-        queue.append(3, txid, 1, [(rng.choice(keys), rng.choice(values + plain)) for _ in range(8)])
+        items = [(rng.choice(keys), rng.choice(values + plain)) for _ in range(8)]
+        queue.topic.write_lines(queue.queue, batch_file_name(3, txid, 1), json_batch_lines(txid, 1, encode_items(items)))
     expected = replay_changes(queue, after_txid=-1, committed_txid=10)
 
     def no_encoding(obj: Any) -> str:
         raise AssertionError(f"re-encoded {obj!r}")
 
     monkeypatch.setattr(state_topic, "_encode_value_text", no_encoding)
-    encoded = replay_encoded_changes(queue, after_txid=-1, committed_txid=10)
+    arrow = replay_arrow_changes(queue, after_txid=-1, committed_txid=10)
     monkeypatch.undo()
-    assert {key: None if obj is None else encode_stored(from_json_obj(obj)) for key, obj in expected.changes.items()} == (
-        encoded.changes
-    )
+    assert {row["key"]: row["value"] for row in arrow.table.to_pylist()} == stored_texts(expected.changes)
 
 
 def test_lines_of_other_writers_restore_to_the_same_bytes(queue: StateTopicQueue, tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_incremental_compaction_equals_a_full_replay_and_reads_only_new_files(qu
     random_history(queue, rng, txids=10)
     first = write_snapshot(queue, snaps, committed_txid=10)
     for path in queue.path.iterdir():  # the covered files are not read again: make them unreadable
-        if path.name.endswith(".jsonl"):
+        if path.name.endswith(".arrow"):
             shutil.copy(path, path.with_suffix(".bak"))
             path.write_text("{corrupt\n")
     for txid in range(11, 16):
@@ -119,7 +119,7 @@ def test_incremental_compaction_equals_a_full_replay_and_reads_only_new_files(qu
     second = write_snapshot(queue, snaps, committed_txid=15)
 
     for path in queue.path.glob("*.bak"):
-        path.replace(path.with_suffix(".jsonl"))
+        path.replace(path.with_suffix(".arrow"))
     assert snapshot_state(second.path) == queue.replay(committed_txid=15)
     assert ("k0",) not in snapshot_state(second.path)
     assert list_snapshots(snaps) == [second]  # the older snapshot was removed
@@ -373,7 +373,7 @@ def test_rebuild_from_a_snapshot_logs_progress_with_keys_per_second_at_a_bounded
     queue.append(3, 1, 1, [((f"k{i}",), i) for i in range(200)])
     compact_queue(queue, snaps, committed_txid=1)
     queue.append(3, 2, 1, [(("k0",), None), (("new",), 1)])
-    clock = SteppingClock(0.3)
+    clock = SteppingClock(1.0)  # progress is checked per chunk of keys: here, one per run
     with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.state_topic"):
         assert rebuild_store(store, queue, committed_txid=2, committed_epoch=1, snapshot_dir=snaps, clock=clock) == 200
     progress = [r.getMessage() for r in caplog.records if "keys/s)" in r.getMessage() and "/201 keys" in r.getMessage()]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from stream_ops.errors import ReplayError
@@ -18,7 +20,7 @@ from stream_ops.state import (
     rebuild_store,
     replay_state_topic,
 )
-from stream_ops.state.state_topic import replay_changes
+from stream_ops.state.state_topic import encode_items, json_batch_lines, replay_changes
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 
@@ -98,7 +100,7 @@ def queue(tmp_path: Path) -> StateTopicQueue:
 
 def test_append_writes_one_batch_file_and_entries_read_it_back(queue: StateTopicQueue) -> None:
     path = queue.append(4, txid=1, epoch=2, items=[(("a",), TransactionalValue(1, 3)), (("b", 1), None)])
-    assert path == queue.path / batch_file_name(4, 1, 2)
+    assert path == queue.path / batch_file_name(4, 1, 2, ".arrow")
     assert list(queue.entries()) == [
         StateTopicEntry(("a",), {"k": "tx", "txid": 1, "val": 3}, offset=0, txid=1, epoch=2),
         StateTopicEntry(("b", 1), None, offset=1, txid=1, epoch=2),
@@ -170,7 +172,7 @@ def test_rebuild_store_logs_progress_at_a_bounded_rate(
     queue: StateTopicQueue, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue.append(4, txid=1, epoch=1, items=[((f"k{i}",), i) for i in range(100)])
-    clock = SteppingClock(0.25)
+    clock = SteppingClock(1.0)  # progress is checked per chunk of keys: here, one chunk
     with RocksDBBackingMap(tmp_path / "db") as store, caplog.at_level(logging.INFO, "stream_ops.state.state_topic"):
         rebuild_store(store, queue, committed_txid=1, committed_epoch=1, clock=clock)
     progress = [r for r in caplog.records if "/100 keys" in r.getMessage()]
@@ -185,10 +187,16 @@ def _cut(path: Path, keep_bytes: int) -> None:
     path.write_bytes(data[:keep_bytes])
 
 
+def append_json(queue: StateTopicQueue, task: int, txid: int, epoch: int, items: list[tuple[Any, Any]]) -> Path:
+    """A batch file as state topics were written before Arrow files (JSON lines)."""
+    name = batch_file_name(task, txid, epoch)
+    return queue.topic.write_lines(queue.queue, name, json_batch_lines(txid, epoch, encode_items(items)))
+
+
 @pytest.mark.parametrize("where", ["before the end record", "in the middle of a line", "to nothing"])
-def test_a_committed_file_cut_short_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, where: str) -> None:
-    queue.append(4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
-    path = queue.append(4, txid=1, epoch=1, items=[(("a",), 3), (("c",), 4)])
+def test_a_committed_json_file_cut_short_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, where: str) -> None:
+    append_json(queue, 4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
+    path = append_json(queue, 4, txid=1, epoch=1, items=[(("a",), 3), (("c",), 4)])
     lines = path.read_text().splitlines(keepends=True)
     keep = {"before the end record": len("".join(lines[:-1])), "in the middle of a line": len(lines[0]) + 5, "to nothing": 0}[
         where
@@ -204,8 +212,11 @@ def test_a_committed_file_cut_short_fails_every_reader(queue: StateTopicQueue, t
 
 def test_an_empty_batch_writes_a_file_that_marks_its_epoch(queue: StateTopicQueue) -> None:
     path = queue.append(4, txid=0, epoch=2, items=[])
-    assert path.read_text() == '{"end":{"txid":0,"epoch":2,"entries":0}}\n'
+    reader = pa.ipc.open_file(path.read_bytes())
+    assert reader.read_all().num_rows == 0
+    assert json.loads(reader.schema.metadata[b"stream_ops.state_batch"]) == {"format": 1, "txid": 0, "epoch": 2, "entries": 0}
     assert queue.replay(0) == {}
+    assert queue.top_epoch(0) == 2
 
 
 def test_a_missing_committed_file_fails_the_rebuild(queue: StateTopicQueue, tmp_path: Path) -> None:

@@ -1,0 +1,142 @@
+"""State-topic batch files in Arrow IPC, and the replay rule over their columns.
+
+A batch file ``t{task}-x{txid}-e{epoch}.arrow`` is an Arrow IPC *file* (random-access format)
+of two columns::
+
+    key    string, not null   the key's bytes in a store (``encode_key``), UTF-8
+    value  string, nullable   the stored value's bytes (``encode_stored``); null deletes the key
+
+in the order the batch wrote them, with the schema metadata ``stream_ops.state_batch`` =
+``{"format":1,"txid":T,"epoch":E,"entries":N}``. The IPC file format ends with a footer
+(schema and record-batch index) and a trailing magic, so a file cut short anywhere fails to
+open; the reader also requires the metadata's txid and epoch to be the file name's and the
+row count to be N. Either failure is a :class:`~stream_ops.errors.ReplayError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream_ops.errors import ReplayError
+from stream_ops.topics.file_topic import BatchFileId
+
+ARROW_SUFFIX = ".arrow"
+BATCH_FORMAT = 1
+"""Version of the Arrow batch layout, recorded in every file's metadata."""
+_META_KEY = b"stream_ops.state_batch"
+SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
+"""The columns of a batch file and of the tables :func:`read_arrow_batch` returns."""
+
+
+def encode_arrow_batch(txid: int, epoch: int, keys: Sequence[str], values: Sequence[str | None]) -> pa.Buffer:
+    """The bytes of the Arrow batch file of (``txid``, ``epoch``) holding ``keys`` and ``values``.
+
+    Raises:
+        pyarrow.ArrowException: a key or value is not text (or a key is None).
+    """
+    meta = {"format": BATCH_FORMAT, "txid": txid, "epoch": epoch, "entries": len(keys)}
+    schema = SCHEMA.with_metadata({_META_KEY: json.dumps(meta, separators=(",", ":")).encode("utf-8")})
+    table = pa.Table.from_arrays([pa.array(keys, pa.string()), pa.array(values, pa.string())], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        if len(keys):
+            writer.write_table(table)
+    return sink.getvalue()
+
+
+def read_arrow_batch(path: Path, file_id: BatchFileId) -> pa.Table:
+    """The (key, value) table of one Arrow batch file, checked against its name and end information.
+
+    Raises:
+        ReplayError: the file is cut short or corrupt, names another (txid, epoch), has another
+            row count than it records, or holds a null or malformed key or a malformed value.
+        FileNotFoundError: the file is gone (compacted meanwhile).
+    """
+    data = path.read_bytes()
+    try:
+        reader = pa.ipc.open_file(pa.py_buffer(data))
+        table = reader.read_all()
+    except pa.ArrowException as e:
+        raise ReplayError(
+            f"state-topic file {path} is not a complete Arrow IPC file ({e}): it was cut short (an OS crash on "
+            "storage that did not honour fsync, or a copy that stopped midway) or is corrupt. Its batch is "
+            "committed, so the state cannot be rebuilt exactly; restore the file from a backup"
+        ) from e
+    meta = _metadata(reader.schema, path)
+    expected = {"txid": file_id.txid, "epoch": file_id.epoch}
+    if {name: meta.get(name) for name in expected} != expected:
+        raise ReplayError(
+            f"state-topic file {path} records txid {meta.get('txid')!r} epoch {meta.get('epoch')!r}, but is named "
+            f"for txid {file_id.txid} epoch {file_id.epoch}; the file is corrupt"
+        )
+    if table.num_rows != meta.get("entries"):
+        raise ReplayError(
+            f"state-topic file {path} holds {table.num_rows} entries but records {meta.get('entries')!r}: it was "
+            "cut short or is corrupt; restore the file from a backup"
+        )
+    return _checked_columns(table, path)
+
+
+def _metadata(schema: pa.Schema, path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((schema.metadata or {})[_META_KEY])
+        if meta["format"] != BATCH_FORMAT:
+            raise ValueError(f"format {meta['format']!r}, expected {BATCH_FORMAT}")
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+        return meta
+    except (KeyError, ValueError, TypeError) as e:
+        raise ReplayError(f"{path} is not a stream_ops state-topic batch ({e}); the file is corrupt") from e
+
+
+def _checked_columns(table: pa.Table, path: Path) -> pa.Table:
+    """``table``'s key and value columns as strings, every key a JSON list and every value a tagged object."""
+    columns = []
+    for name in ("key", "value"):
+        if name not in table.column_names:
+            raise ReplayError(f"state-topic file {path} lacks the {name} column; the file is corrupt")
+        column = table[name]
+        if column.type != pa.string():
+            try:
+                column = column.cast(pa.string())  # large_string or binary from another writer
+            except pa.ArrowException as e:
+                raise ReplayError(f"state-topic file {path}: the {name} column is {column.type}, not text: {e}") from e
+        columns.append(column)
+    keys, values = columns
+    if not _all_true(pc.and_(pc.starts_with(keys, "["), pc.ends_with(keys, "]"))):  # a null key fails too
+        raise ReplayError(f"state-topic file {path}: a key is not a JSON list (encode_key text); the file is corrupt")
+    if not _all_true(pc.and_kleene(pc.starts_with(values, '{"k":"'), pc.ends_with(values, "}")), nulls_pass=True):
+        raise ReplayError(f"state-topic file {path}: a value is not a stored state value; the file is corrupt")
+    return pa.Table.from_arrays([keys, values], schema=SCHEMA)
+
+
+def _all_true(mask: pa.ChunkedArray | pa.Array, *, nulls_pass: bool = False) -> bool:
+    """Every element of a boolean column is true (nulls count as ``nulls_pass``)."""
+    if len(mask) == 0:
+        return True
+    if nulls_pass:
+        mask = pc.fill_null(mask, True)
+    elif mask.null_count:
+        return False
+    return bool(pc.all(mask).as_py())
+
+
+def last_per_key(keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The replay rule on a key column in offset order: the row number of each key's last row,
+    in ascending key order.
+
+    Vectorised: the row numbers are grouped by key keeping the largest, then the surviving
+    keys are sorted (byte order, RocksDB's order).
+    """
+    if len(keys) == 0:
+        return pa.array([], pa.int64())
+    numbered = pa.table({"key": keys, "row": pa.array(np.arange(len(keys), dtype=np.int64))})
+    groups = numbered.group_by("key").aggregate([("row", "max")])
+    return groups["row_max"].take(pc.sort_indices(groups["key"])).combine_chunks()

@@ -1,0 +1,175 @@
+"""Arrow IPC state-topic batch files: cut-short detection, queues mixing them with JSON-lines
+files written before the upgrade, the rule for both formats of one batch, and the SST restore."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from rocksdict import Options, Rdict
+
+from stream_ops.errors import ReplayError, StateError
+from stream_ops.state import OpaqueValue, RocksDBBackingMap, StateTopicQueue, TransactionalValue, compact_queue, rebuild_store
+from stream_ops.state.restore import catch_up_store
+from stream_ops.state.state_topic import encode_items, json_batch_lines, replay_arrow_changes, replay_changes
+from stream_ops.topics.file_topic import FileTopic, batch_file_name
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> StateTopicQueue:
+    return StateTopicQueue(FileTopic(tmp_path / "state", queues=1), queue=0)
+
+
+def append_json(queue: StateTopicQueue, txid: int, epoch: int, items: list[tuple[Any, Any]], *, task: int = 4) -> Path:
+    """A batch file as the state topic wrote it before the upgrade."""
+    name = batch_file_name(task, txid, epoch)
+    return queue.topic.write_lines(queue.queue, name, json_batch_lines(txid, epoch, encode_items(items)))
+
+
+def raw_items(path: Path) -> list[tuple[bytes, bytes]]:
+    db = Rdict(str(path), Options(raw_mode=True))
+    try:
+        return list(db.items())
+    finally:
+        db.close()
+
+
+def history(queue: StateTopicQueue, rng: random.Random, *, txids: int, json_until: int) -> None:
+    """Batches 0..txids, JSON lines up to ``json_until`` and Arrow after, with tombstones and
+    owners that lost the task just before and just after the upgrade."""
+
+    def write(txid: int, epoch: int, items: list[tuple[Any, Any]]) -> None:
+        if txid <= json_until:
+            append_json(queue, txid, epoch, items)
+        else:
+            queue.append(4, txid, epoch, items)
+
+    epoch = 1
+    for txid in range(txids + 1):
+        if txid in (json_until, json_until + 1):
+            write(txid, epoch, [((f"k{rng.randrange(20)}",), "zombie")])
+            epoch += 1
+        items: list[tuple[Any, Any]] = []
+        for _ in range(rng.randrange(1, 8)):
+            key, roll = (f"k{rng.randrange(20)}",), rng.random()
+            value = (
+                None if roll < 0.2 else OpaqueValue(txid, rng.randrange(99)) if roll < 0.6 else TransactionalValue(txid, [roll])
+            )
+            items.append((key, value))
+        write(txid, epoch, items)
+
+
+def generic_restore(path: Path, queue: StateTopicQueue, txid: int, epoch: int) -> None:
+    """The reference: entries() -> replay_state_topic -> restore (encode_key + encode_stored)."""
+    with RocksDBBackingMap(path) as store:
+        store.restore(queue.replay(txid).items(), txid, epoch)
+
+
+# --- cut short, or not the file it is named for ----------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [0, 6, 8, 100, 0.5, -1, -8, -20])
+def test_an_arrow_file_cut_short_anywhere_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, keep: float) -> None:
+    queue.append(4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
+    path = queue.append(4, txid=1, epoch=1, items=[((f"k{i}",), TransactionalValue(1, i)) for i in range(50)])
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep])
+
+    with pytest.raises(ReplayError, match="t00004-x000000000001-e000001.arrow is not a complete Arrow IPC file"):
+        list(queue.entries())
+    with pytest.raises(ReplayError, match="cut short"):
+        replay_changes(queue, after_txid=-1, committed_txid=1)
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="cut short"):
+        rebuild_store(store, queue, committed_txid=1, committed_epoch=1, require_complete=True)
+    with RocksDBBackingMap(tmp_path / "db") as store:
+        assert store.applied_marker() is None
+
+
+def test_an_arrow_file_of_another_batch_or_with_fewer_rows_than_recorded_fails(queue: StateTopicQueue) -> None:
+    first = queue.append(4, txid=1, epoch=1, items=[(("a",), 1)])
+    first.with_name(batch_file_name(4, 2, 1, ".arrow")).write_bytes(first.read_bytes())
+    with pytest.raises(ReplayError, match="records txid 1 epoch 1, but is named for txid 2 epoch 1"):
+        replay_arrow_changes(queue, after_txid=-1, committed_txid=2)
+
+    table = pa.ipc.open_file(first.read_bytes()).read_all()
+    meta = {b"stream_ops.state_batch": json.dumps({"format": 1, "txid": 1, "epoch": 1, "entries": 2}).encode()}
+    with pa.ipc.new_file(str(first), table.schema.with_metadata(meta)) as writer:
+        writer.write_table(table)
+    with pytest.raises(ReplayError, match="holds 1 entries but records 2"):
+        replay_arrow_changes(queue, after_txid=-1, committed_txid=1)
+
+
+# --- a queue written before the upgrade and appended after it -------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_queue_of_json_then_arrow_files_restores_catches_up_and_compacts_like_the_reference(
+    queue: StateTopicQueue, tmp_path: Path, seed: int
+) -> None:
+    history(queue, random.Random(seed), txids=20, json_until=9)
+    assert {path.suffix for _, path in queue.batch_files()} == {".jsonl", ".arrow"}
+    generic_restore(tmp_path / "generic", queue, 20, 3)
+    with RocksDBBackingMap(tmp_path / "full") as store:
+        rebuild_store(store, queue, committed_txid=20, committed_epoch=3, require_complete=True)
+    with RocksDBBackingMap(tmp_path / "behind") as store:  # a standby at txid 5 (JSON) takes the mixed tail
+        rebuild_store(store, queue, committed_txid=5, committed_epoch=1, require_complete=True)
+        assert catch_up_store(store, queue, committed_txid=20, committed_epoch=3) is not None
+    snaps = tmp_path / "snapshots"
+    compact_queue(queue, snaps, committed_txid=12)  # across the upgrade; deletes both kinds of files
+    assert all(file_id.txid > 12 for file_id, _ in queue.batch_files())
+    with RocksDBBackingMap(tmp_path / "snap") as store:
+        rebuild_store(store, queue, committed_txid=20, committed_epoch=3, snapshot_dir=snaps, require_complete=True)
+
+    expected = raw_items(tmp_path / "generic")
+    assert raw_items(tmp_path / "full") == expected
+    assert raw_items(tmp_path / "behind") == expected
+    assert raw_items(tmp_path / "snap") == expected
+
+
+# --- both formats for one (task, txid, epoch) -------------------------------------------------
+
+
+def test_an_arrow_file_supersedes_the_json_file_of_its_batch(queue: StateTopicQueue, tmp_path: Path) -> None:
+    old = append_json(queue, 1, 1, [(("a",), "before the upgrade")])
+    arrow = queue.append(4, 1, 1, [(("a",), "replayed after it")])
+    assert not old.exists()  # the writer deletes it once its Arrow file is durable
+
+    append_json(queue, 1, 1, [(("a",), "left by a crash between the two")])
+    append_json(queue, 2, 1, [(("b",), 2)])
+    assert [path.name for _, path in queue.batch_files()] == [arrow.name, batch_file_name(4, 2, 1)]
+    assert queue.replay(committed_txid=2) == {("a",): "replayed after it", ("b",): 2}
+    with RocksDBBackingMap(tmp_path / "db") as store:
+        rebuild_store(store, queue, committed_txid=2, committed_epoch=1)
+        assert store.multi_get([("a",)]) == ["replayed after it"]
+
+    result = compact_queue(queue, tmp_path / "snapshots", committed_txid=1)
+    assert result.deleted_files == 2 and not old.exists() and not arrow.exists()
+
+
+def test_a_batch_file_in_another_format_fails_the_replay(queue: StateTopicQueue) -> None:
+    queue.append(4, 1, 1, [(("a",), 1)])
+    (queue.path / batch_file_name(4, 2, 1, ".parquet")).write_bytes(b"PAR1")
+    with pytest.raises(ReplayError, match="not a state-topic batch format"):
+        replay_arrow_changes(queue, after_txid=-1, committed_txid=2)
+
+
+# --- RocksDBBackingMap.restore_sorted --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [([b'["b"]', b'["a"]'], "strictly ascending"), ([b'["a"]', b"\x00meta"], "expected"), ([b'["a"]', '["b"]'], "bytes")],
+)
+def test_restore_sorted_rejects_unsorted_or_unencoded_keys_and_sets_no_marker(
+    tmp_path: Path, keys: list[Any], message: str
+) -> None:
+    value = b'{"k":"raw","val":1}'
+    with RocksDBBackingMap(tmp_path / "db") as store:
+        with pytest.raises(StateError, match=message):
+            store.restore_sorted([[(keys, [value] * len(keys))]], txid=3, epoch=1)
+        assert store.applied_marker() is None
+    assert not list(tmp_path.glob(".db.ingest-*"))  # the staged SST files are gone
