@@ -23,7 +23,11 @@ The fsync cost of the commit path is measured twice: stream_ops runs once with i
 fsynced (the default) and once with ``ClusterConfig(fsync=False)`` (``--fsync``), and one
 staged batch file is timed with and without fsync on the same file system.
 
-Run: ``.venv/bin/python bench/wordcount.py [--sentences N] [--state opaque transactional] [--split sql arrow row]``
+Each input size (``--sentences``, default 200,000 and 1,000,000 sentences: 1.2M and 6M words)
+runs plain Spark and every stream_ops split on its own input; the last lines sum up the ratio of
+each split's words/s to plain Spark's per size, with the load average during the runs.
+
+Run: ``.venv/bin/python bench/wordcount.py [--sentences N ...] [--state opaque transactional] [--split sql arrow row]``
 """
 
 from __future__ import annotations
@@ -325,6 +329,7 @@ def _si(x: float) -> str:
 def report(
     spark: SparkSession,
     args: argparse.Namespace,
+    n_sentences: int,
     n_files: int,
     n_words: int,
     results: list[RunResult],
@@ -343,7 +348,7 @@ def report(
         f"(above ~0.5 other processes shared the {os.cpu_count()} cpus and the figures are low)"
     )
     print(
-        f"input:    {args.sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
+        f"input:    {n_sentences:,} sentences, {n_words:,} words, vocabulary {args.vocabulary:,} (seed {args.seed}); "
         f"{n_files} files of <= {args.records_per_file:,} sentences in {QUEUES} queues"
     )
     print(
@@ -405,7 +410,7 @@ def report(
     )
     print("|---|---|---|---|---|---|")
     machine = f"{os.cpu_count()} cpus, {SPARK_MASTER}, trigger {args.trigger} s"
-    inp = f"{args.sentences:,} sentences / {n_words:,} words"
+    inp = f"{n_sentences:,} sentences / {n_words:,} words"
     for r in results[1:]:
         print(
             f"| {machine} | {inp} | {_si(plain.words_per_s)} ({plain.seconds:.1f} s) | "
@@ -419,9 +424,92 @@ def report(
 # --- main --------------------------------------------------------------------------------
 
 
+def run_size(
+    rig: BenchRig, args: argparse.Namespace, n_sentences: int, *, warm_up: bool
+) -> tuple[list[RunResult], tuple[float, ...], tuple[float, float], int, int]:
+    """Plain Spark and every stream_ops run on ``n_sentences`` sentences: (results, load average
+    before the runs, fsync probe, input files, words)."""
+    work, spark, store = rig.work / f"size-{n_sentences}", rig.spark, rig.store
+    t = time.perf_counter()
+    sentences = make_sentences(n_sentences, args.vocabulary, args.seed)
+    expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
+    topic = write_input(work / "input", sentences, args.records_per_file)
+    n_files = sum(len(topic.files(q)) for q in range(QUEUES))
+    n_words = sum(expected.values())
+    print(
+        f"input: {len(sentences):,} sentences, {n_words:,} words, {len(expected):,} distinct, {n_files} files "
+        f"written in {time.perf_counter() - t:.1f} s",
+        flush=True,
+    )
+    del sentences
+
+    common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+    load_before = os.getloadavg()
+    results: list[RunResult] = []
+    for mode in args.fsync:
+        cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
+        worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+        if warm_up and args.warmup_sentences > 0 and not results:
+            t = time.perf_counter()
+            warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
+            warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
+            warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
+            run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
+            for split_with in args.split:
+                run_stream_ops(
+                    store,
+                    cluster,
+                    worker,
+                    warm_topic.root,
+                    warm_expected,
+                    name=f"wc-warmup-{split_with}",
+                    state=args.state[0],
+                    n_sentences=len(warm),
+                    poll_s=args.poll,
+                    timeout_s=args.timeout,
+                    label="warmup",
+                    split_with=split_with,
+                )
+            print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
+            load_before = os.getloadavg()
+        if not results:
+            results.append(
+                run_plain(spark, topic, work, expected, label=f"main-{n_sentences}", n_sentences=n_sentences, **common)
+            )
+            print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
+        for state in args.state:
+            for split_with in args.split:
+                result = run_stream_ops(
+                    store,
+                    cluster,
+                    worker,
+                    topic.root,
+                    expected,
+                    name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}",
+                    state=state,
+                    n_sentences=n_sentences,
+                    poll_s=args.poll,
+                    timeout_s=args.timeout,
+                    label=f"{split_with}, {state}, fsync {mode}",
+                    split_with=split_with,
+                )
+                print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
+                results.append(result)
+        rig.stop_worker(worker)
+    probe = measure_file_fsync(work, lines=args.vocabulary, repeats=args.fsync_repeats)
+    shutil.rmtree(work / "input", ignore_errors=True)
+    return results, load_before, probe, n_files, n_words
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=200_000, help="input sentences (~6 words each)")
+    parser.add_argument(
+        "--sentences",
+        type=int,
+        nargs="+",
+        default=[200_000, 1_000_000],
+        help="input sizes in sentences (~6 words each), one full comparison per size",
+    )
     parser.add_argument("--records-per-file", type=int, default=10_000, help="sentences per input file")
     parser.add_argument("--vocabulary", type=int, default=1_000, help="distinct words")
     parser.add_argument("--seed", type=int, default=42)
@@ -451,77 +539,21 @@ def main() -> None:
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary: list[tuple[int, int, list[RunResult], tuple[float, ...], float]] = []
     with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep) as rig:
-        work, spark, store = rig.work, rig.spark, rig.store
-        t = time.perf_counter()
-        sentences = make_sentences(args.sentences, args.vocabulary, args.seed)
-        expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
-        topic = write_input(work / "input", sentences, args.records_per_file)
-        n_files = sum(len(topic.files(q)) for q in range(QUEUES))
-        n_words = sum(expected.values())
+        for n_sentences in args.sentences:
+            results, load, probe, n_files, n_words = run_size(rig, args, n_sentences, warm_up=not summary)
+            report(rig.spark, args, n_sentences, n_files, n_words, results, load, probe)
+            summary.append((n_sentences, n_words, results, load, os.getloadavg()[0]))
+    print()
+    print("words/s of stream_ops / plain Spark, per input size (counts verified exactly in every run):")
+    for n_sentences, n_words, results, load, load_after in summary:
+        plain = results[0]
+        ratios = ", ".join(f"{r.label.split('(')[1].rstrip(')')}: {r.words_per_s / plain.words_per_s:.2f}x" for r in results[1:])
         print(
-            f"input: {len(sentences):,} sentences, {n_words:,} words, {len(expected):,} distinct, {n_files} files "
-            f"written in {time.perf_counter() - t:.1f} s",
-            flush=True,
+            f"  {n_words / 1e6:.1f}M words ({n_sentences:,} sentences; plain Spark {_si(plain.words_per_s)} words/s): "
+            f"{ratios}  [1-min load average {load[0]:.2f} before, {load_after:.2f} after]"
         )
-        del sentences
-
-        common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        load_before = os.getloadavg()
-        results: list[RunResult] = []
-        for mode in args.fsync:
-            cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
-            worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-            if args.warmup_sentences > 0 and not results:
-                t = time.perf_counter()
-                warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
-                warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
-                warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
-                run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-                for split_with in args.split:
-                    run_stream_ops(
-                        store,
-                        cluster,
-                        worker,
-                        warm_topic.root,
-                        warm_expected,
-                        name=f"wc-warmup-{split_with}",
-                        state=args.state[0],
-                        n_sentences=len(warm),
-                        poll_s=args.poll,
-                        timeout_s=args.timeout,
-                        label="warmup",
-                        split_with=split_with,
-                    )
-                print(
-                    f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s",
-                    flush=True,
-                )
-                load_before = os.getloadavg()
-            if not results:
-                results.append(run_plain(spark, topic, work, expected, label="main", n_sentences=args.sentences, **common))
-                print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
-            for state in args.state:
-                for split_with in args.split:
-                    result = run_stream_ops(
-                        store,
-                        cluster,
-                        worker,
-                        topic.root,
-                        expected,
-                        name=f"wc-{state}-{split_with}-fsync-{mode}",
-                        state=state,
-                        n_sentences=args.sentences,
-                        poll_s=args.poll,
-                        timeout_s=args.timeout,
-                        label=f"{split_with}, {state}, fsync {mode}",
-                        split_with=split_with,
-                    )
-                    print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
-                    results.append(result)
-            rig.stop_worker(worker)
-        probe = measure_file_fsync(work, lines=args.vocabulary, repeats=args.fsync_repeats)
-        report(spark, args, n_files, n_words, results, load_before, probe)
 
 
 if __name__ == "__main__":

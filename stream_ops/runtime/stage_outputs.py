@@ -4,7 +4,9 @@ A stage's outputs (shuffles into other stages, sinks) are written per batch as f
 under (task, txid, epoch), recorded in the ZooKeeper commit and published after it (see
 :mod:`stream_ops.topics.staged_output`). Outputs of one stage that share a destination (two
 branches into the same keyed stage, a merged stream into one sink) are written as one file,
-since a file name is per (task, txid, epoch).
+since a file name is per (task, txid, epoch). Partial aggregates go to a keyed stage as Parquet
+files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`) when its plan says so
+(``StageSpec.shuffle_format``), else as JSON lines like whole records.
 
 Three sinks act after the publish: a function sink calls the user's function with each
 published batch and deletes it once the function returned (so a crash in between calls it
@@ -34,6 +36,7 @@ from stream_ops.runtime.stage_processors import progress_row
 from stream_ops.sinks import ParquetSink
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topics.shuffle_files import PartialsShuffle
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_function
@@ -65,6 +68,10 @@ class StageOutputs:
             i: aggregator_from_spec(o.aggregator) for i, o in enumerate(stage.outputs) if isinstance(o, ShuffleSpec)
         }
         self._shuffles: dict[int, FileTopic] = {}
+        """Downstream stage index -> its shuffle topic of JSON lines (records, or partials of
+        plans stored before Parquet shuffles)."""
+        self._partial_shuffles: dict[int, PartialsShuffle] = {}
+        """Downstream stage index -> its Parquet partials files (``shuffle_format`` parquet)."""
         self._sinks: dict[str, StagedOutput] = {}
         self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
         """Sinks whose published batches are delivered after the publish: functions and Kafka."""
@@ -75,7 +82,10 @@ class StageOutputs:
         self._shuffle_writers: dict[int, ShuffleWriter] = {}
         for shuffle in stage.shuffles:
             to_stage = plan.stage(shuffle.to_stage)
-            if kafka_shuffle is None:
+            if kafka_shuffle is None and isinstance(shuffle, ShuffleSpec) and to_stage.shuffle_format == "parquet":
+                value_type = to_stage.input_fields["value"]
+                self._partial_shuffles[shuffle.to_stage] = PartialsShuffle(layout.shuffle_topic(to_stage), value_type)
+            elif kafka_shuffle is None:
                 self._shuffles[shuffle.to_stage] = layout.shuffle_topic(to_stage)
             else:
                 self._kafka_shuffles[shuffle.to_stage] = layout.shuffle_delivery_topic(stage, to_stage)
@@ -98,6 +108,7 @@ class StageOutputs:
         """Every output this task stages files in (the dead-letter topic included)."""
         outputs: list[StagedOutput] = [self.layout.dead_letter_topic()]
         outputs += self._shuffles.values()
+        outputs += self._partial_shuffles.values()
         outputs += self._kafka_shuffles.values()
         outputs += self._sinks.values()
         outputs += [topic for topic, _ in self._functions.values()]
@@ -119,10 +130,18 @@ class StageOutputs:
         partials outputs Spark computed already (others are computed here from ``records``);
         ``emitted`` are the records a partition_persist updater emitted, per output index."""
         shuffle_lines: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
+        partial_columns: dict[int, dict[int, tuple[list[str], list[Any]]]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
         sink_records: dict[str, list[Record]] = defaultdict(list)
         for index, output in enumerate(self.stage.outputs):
             if isinstance(output, ShuffleSpec):
                 pairs = partials[index] if index in partials else self._partials_of(index, records.get(index, []), dead)
+                if output.to_stage in self._partial_shuffles:
+                    columns = partial_columns[output.to_stage]
+                    for key, value in pairs:
+                        keys, values = columns[partition_for(json.loads(key), output.queues)]
+                        keys.append(key)
+                        values.append(value)
+                    continue
                 for key, value in pairs:
                     queue = partition_for(json.loads(key), output.queues)
                     shuffle_lines[output.to_stage][queue].append({"key": key, "value": value})
@@ -133,6 +152,10 @@ class StageOutputs:
             elif isinstance(output, SinkSpec):
                 sink_records[output.name].extend(records.get(index, []))
         rows = 0
+        for to_stage, by_column in partial_columns.items():
+            for queue, (keys, values) in sorted(by_column.items()):
+                self._partial_shuffles[to_stage].stage_batch(queue, self.task.task_id, txid, epoch, keys, values)
+                rows += len(keys)
         for to_stage, by_queue in shuffle_lines.items():
             if to_stage in self._kafka_shuffles:
                 rows += self._stage_kafka_shuffle(to_stage, txid, epoch, by_queue)

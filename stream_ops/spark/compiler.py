@@ -7,24 +7,29 @@ the callback (the runtime's commit protocol) asks this module for the batch's re
   column), the operation tree applied in ``mapInArrow``, and per stage output its records or
   its partial aggregate per key (computed by Spark when the stage has that one output),
   collected to the driver together with the dead letters and the input count;
-* keyed stage: the shuffled partial aggregates combined per key by Spark.
+* keyed stage: the shuffled partial aggregates combined per key: read from the batch's Parquet
+  shuffle files and combined in Arrow on the driver (no Spark job), or by Spark for JSON
+  shuffle files (topologies submitted before Parquet shuffles) and shuffles through Kafka.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import operator
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -33,9 +38,12 @@ from stream_ops.hashing import encode_key
 from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
+from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
+from stream_ops.spark.checkpoint import batch_input_files
+from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
@@ -69,7 +77,10 @@ def start_stage_query(
     as its source kind says (:mod:`stream_ops.sources`); other stages read the JSON lines of
     their shuffle queue ``input_dir``, or with ``kafka_input`` (the topology keeps its shuffle in
     Kafka) the rows of their queue's partition of the stage's shuffle topic, committed ones only
-    (:mod:`stream_ops.kafka.shuffle_reader`), parsed against the same fields.
+    (:mod:`stream_ops.kafka.shuffle_reader`), parsed against the same fields. A stage whose
+    partials shuffle is Parquet (``stage.shuffle_format``) streams its ``*.parquet`` files, and
+    its batches' files (from the file source's log in ``checkpoint_dir``) are noted for
+    :func:`keyed_batch`, which reads them itself.
     """
     if stage.reads_source:
         assert stage.source is not None
@@ -79,12 +90,16 @@ def start_stage_query(
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     else:
-        df = (
+        files = (
             spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
             .option("maxFileAge", max_file_age)
             .schema(schema_ddl(stage.input_fields))
-            .json(str(input_dir))
         )
+        if _reads_parquet_partials(stage):
+            df = files.option("pathGlobFilter", "*.parquet").parquet(str(input_dir))
+            on_batch = _noting_batch_files(on_batch, checkpoint_dir)
+        else:
+            df = files.json(str(input_dir))
     return (
         df.writeStream.queryName(query_name)
         .foreachBatch(on_batch)
@@ -92,6 +107,40 @@ def start_stage_query(
         .trigger(processingTime=f"{trigger_seconds} seconds")
         .start()
     )
+
+
+def _reads_parquet_partials(stage: StageSpec) -> bool:
+    return stage.kind_info.reads == "partials" and stage.shuffle_format == "parquet"
+
+
+_BATCH_FILES: weakref.WeakKeyDictionary[DataFrame, list[Path]] = weakref.WeakKeyDictionary()
+"""The input files of the batch DataFrames a Parquet partials query is handing to its callback
+(``DataFrame.inputFiles()`` is empty for a ``foreachBatch`` DataFrame)."""
+
+
+def _noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_dir: Path) -> Callable[[DataFrame, int], None]:
+    """``on_batch`` with each batch's files noted for :func:`keyed_batch` while it runs: those the
+    file source logged for the batch id (a replay re-plans the same ones)."""
+
+    def run(df: DataFrame, batch_id: int) -> None:
+        files = batch_input_files(checkpoint_dir, batch_id)
+        paths = [_local_path(uri) for uri in files] if files is not None else None
+        if paths is not None and all(p is not None for p in paths):
+            _BATCH_FILES[df] = [p for p in paths if p is not None]
+        try:
+            on_batch(df, batch_id)
+        finally:
+            _BATCH_FILES.pop(df, None)
+
+    return run
+
+
+def _local_path(uri: str) -> Path | None:
+    """The local path of a file URI Spark logged (None for another file system)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    return Path(unquote(parsed.path))
 
 
 @dataclass(frozen=True)
@@ -177,6 +226,7 @@ def _stage_rows(
             if op.kind in BATCH_OPERATIONS
         ]
         counted = _arrow_count(operations, outputs, mode) if batch_operations else None
+        tallied = _python_count(outputs, mode)
         for batch in batches:
             columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
@@ -199,6 +249,7 @@ def _stage_rows(
             else:
                 records = batch.to_pylist()
             partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
+            tally: dict[Any, int] = {}
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
@@ -211,6 +262,19 @@ def _stage_rows(
                 by_tap, letter = pipeline.run_taps(record)
                 if letter is not None:
                     add(None, None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
+                    continue
+                if tallied is not None:
+                    try:
+                        slots = [tallied.key_of(out) for out in by_tap[tallied.tap]]
+                    except Exception as e:  # noqa: BLE001 - a missing key field must not stop the task
+                        error = {"record": record, "error": f"partials: {type(e).__name__}: {e}"}
+                        add(None, None, None, json.dumps(error, default=str), None)
+                        continue
+                    for slot in slots:
+                        try:
+                            tally[slot] = tally.get(slot, 0) + 1
+                        except TypeError:  # unhashable key values (lists, dicts)
+                            _combine_into(partials[tallied.index], aggregators[tallied.index], tallied.values(slot), 1)
                     continue
                 # A record whose outputs fail to aggregate is dead-lettered whole, from every output.
                 staged: list[tuple[int, Any, Any]] = []
@@ -232,6 +296,9 @@ def _stage_rows(
                         add(index, None, None, None, json.dumps(item, default=str))
                     else:
                         _combine_into(partials[index], aggregators[index], key_values, item)
+            if tallied is not None:
+                for slot, n in tally.items():
+                    add(tallied.index, encode_key(list(tallied.values(slot))), n, None, None)
             for index, partial in partials.items():
                 for slot, value in partial.items():
                     key = slot if isinstance(slot, str) else encode_key(list(slot))
@@ -255,6 +322,31 @@ def _stage_rows(
             )
 
     return run
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """A stage's one partials output when it counts per top-level key fields: the Python path
+    then counts key values in a dict (no ``init``/``combine`` call per record)."""
+
+    index: int
+    tap: int
+    key_of: Callable[[Any], Any]
+    """The key of an output record: the value of the one key field, or a tuple of them."""
+    single: bool
+
+    def values(self, slot: Any) -> tuple[Any, ...]:
+        return (slot,) if self.single else tuple(slot)
+
+
+def _python_count(outputs: list[_OutputPlan], mode: str) -> _Tally | None:
+    if mode != "typed" or len(outputs) != 1:
+        return None
+    output = outputs[0]
+    fields = output.key_fields
+    if not fields or (output.aggregator or {}).get("kind") != "Count" or any("." in f for f in fields):
+        return None
+    return _Tally(output.index, output.tap, operator.itemgetter(*fields), len(fields) == 1)
 
 
 def _arrow_count(
@@ -315,9 +407,7 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     if not sql:
         return _source_batch(df, stage)
     try:
-        data = _with_sql(df, sql)
-        in_jvm = _jvm_partials(data, stage)
-        return in_jvm if in_jvm is not None else _source_batch(data, stage)
+        return _sql_batch(df, stage, sql)
     except (PySparkException, Py4JJavaError) as e:
         rows = df.collect()
         failing = _failing_rows(df.sparkSession, rows, df.schema, sql)
@@ -328,6 +418,29 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
         result = _source_batch(_with_sql(df.sparkSession.createDataFrame(kept, df.schema), sql), stage)
         letters = [{"record": rows[i].asDict(recursive=True), "error": failing[i]} for i in sorted(failing)]
         return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows, result.inputs)
+
+
+def _sql_batch(df: DataFrame, stage: StageSpec, sql: list[OperationSpec]) -> SourceBatchResult:
+    """The stage's batch with its SQL operations in the JVM, reading the input once.
+
+    Lines that did not parse are counted on the way (an observation, no extra pass) and only
+    when there are some does a second job read their text for the dead letters: the
+    micro-batch's input is computed anew by every job reading it, so a union of the parsed
+    and the unparsed lines would parse the whole batch twice.
+    """
+    if CORRUPT_COLUMN not in df.columns:
+        data = _with_sql(df, sql)
+        return _jvm_partials(data, stage) or _source_batch(data, stage)
+    unparsed = Observation()
+    corrupt = F.col(CORRUPT_COLUMN)
+    watched = df.observe(unparsed, F.count(corrupt).alias("n"))
+    data = _with_sql(watched.where(corrupt.isNull()).drop(CORRUPT_COLUMN), sql)
+    result = _jvm_partials(data, stage) or _source_batch(data, stage)
+    if not unparsed.get["n"]:
+        return result
+    texts = [row[0] for row in df.where(corrupt.isNotNull()).select(corrupt).collect()]
+    letters = [{"record": text, "error": "does not parse against the source schema"} for text in texts]
+    return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows + len(texts), result.inputs)
 
 
 _JVM_KEY_TYPES = ("string", "bigint", "int", "boolean", "double")
@@ -470,6 +583,10 @@ def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]
 def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]], int]:
     """Combine the shuffled partial aggregates of one micro-batch per key.
 
+    A batch of a Parquet partials query (:func:`start_stage_query`) is read from its files with
+    pyarrow and combined in Arrow (:func:`~stream_ops.operators.partials_combine.combine_partials`);
+    any other DataFrame (JSON shuffle files, a Kafka shuffle) is combined by Spark.
+
     Returns ((encoded key, combined partial) per key, number of shuffled rows read).
     """
     spec = (
@@ -477,6 +594,9 @@ def keyed_batch(df: DataFrame, stage: StageSpec) -> tuple[list[tuple[str, Any]],
     )
     assert spec is not None, f"stage {stage.name} reads partials but has no aggregator"
     aggregator = aggregator_from_spec(spec)
+    files = _BATCH_FILES.get(df)
+    if files is not None:  # the batch's Parquet shuffle files: read and combined here, no Spark job
+        return combine_partials(read_partials(sorted(files), stage.input_fields["value"]), aggregator)
     spark_fn = getattr(aggregator, "spark_function", None)
     if spark_fn is not None:
         rows = df.groupBy("key").agg(getattr(F, spark_fn)("value").alias("value"), F.count(F.lit(1)).alias("n")).collect()

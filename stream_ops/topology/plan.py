@@ -31,6 +31,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+ShuffleFormat = Literal["json", "parquet"]
+"""The file formats of a partial-aggregate shuffle: JSON lines or Parquet."""
+
 INPUT = -1
 """The tap of a stage's input records (for a records stage: what its processor emits)."""
 
@@ -241,6 +244,11 @@ class StageSpec(_Frozen):
     progress_channels: tuple[str, ...] = ()
     """An event-time window stage's upstream tasks (``"<stage>/<queue>"``): its watermark is
     the least event time they all reported (see :class:`~stream_ops.operators.windows.Watermark`)."""
+    shuffle_format: ShuffleFormat = "json"
+    """The format of the partial-aggregate shuffle files a stage reading partials reads (its
+    upstream stages write them so): ``parquet`` in plans built now, ``json`` (JSON lines) in
+    plans stored before the field existed, so a topology keeps the format it was submitted with
+    (:mod:`stream_ops.topics.shuffle_files`)."""
 
     @field_validator("kind")
     @classmethod
@@ -512,6 +520,7 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         process=process,
         window_aggregate=window_aggregate,
         progress_channels=_progress_channels(segment, topology),
+        shuffle_format="parquet" if stage_kind(segment.kind).reads == "partials" else "json",
     )
 
 

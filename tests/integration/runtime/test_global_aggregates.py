@@ -23,7 +23,8 @@ def cluster(tmp_path) -> ClusterConfig:
 
 
 def _shuffled(spark, runner):
-    return spark.read.schema(", ".join(f"{f} {t}" for f, t in runner.stage.input_fields.items())).json(str(runner.input_dir))
+    reader = spark.read.schema(", ".join(f"{f} {t}" for f, t in runner.stage.input_fields.items()))
+    return reader.format("parquet" if runner.stage.shuffle_format == "parquet" else "json").load(str(runner.input_dir))
 
 
 def test_a_batch_aggregate_emits_one_record_and_a_global_count_keeps_one_value(spark, zk_config, cluster, tmp_path, caplog):

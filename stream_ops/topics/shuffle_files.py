@@ -1,0 +1,191 @@
+"""Partial-aggregate shuffle files in Parquet: what a stage sends a keyed stage per batch.
+
+A source task's partial aggregates for one queue of a keyed stage are one Parquet file of
+two columns, ``key`` (the encoded key, text) and ``value`` (the partial, typed as the keyed
+stage reads it), named and staged like every batch file of a
+:class:`~stream_ops.topics.file_topic.FileTopic`: ``t<task>-x<txid>-e<epoch>.parquet`` under
+the topic's ``.pending/`` directory until the batch commits, then published into its queue with
+the size the commit recorded. A replay writes the same name again.
+
+The keyed stage reads these files with pyarrow on the driver (no Spark job); Spark can still
+stream them (``readStream.schema(...).parquet(dir)``). Which format a topology's partial
+shuffles use is fixed when it is submitted (``StageSpec.shuffle_format``): topologies
+submitted before Parquet shuffles keep their JSON-lines files.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stream_ops.arrow_types import ARROW_TYPES
+from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_dirs, make_dirs
+from stream_ops.errors import TopicError
+from stream_ops.sources.base import count_lines
+from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.topics.publishing import publish_file
+
+
+def partials_schema(value_type: str) -> pa.Schema:
+    """The schema of a partials file whose values have Spark type ``value_type``."""
+    return pa.schema([("key", pa.string()), ("value", ARROW_TYPES[value_type])])
+
+
+def partials_table(keys: Sequence[str], values: Sequence[Any], value_type: str) -> pa.Table:
+    """(key, partial) pairs as a table of :func:`partials_schema`.
+
+    A value the type cannot hold (a user combiner's float declared ``long``, an integer beyond
+    its range, a number declared ``boolean``) is stored as null, as Spark reads such a value
+    from JSON; the keyed stage then dead-letters the key's partial.
+    """
+    schema = partials_schema(value_type)
+    fits = _FITS[value_type]
+    column = values if all(fits(v) or v is None for v in values) else [v if fits(v) else None for v in values]
+    return pa.Table.from_arrays([pa.array(keys, pa.string()), pa.array(column, schema.field("value").type)], schema=schema)
+
+
+def _integer(bits: int) -> Callable[[Any], bool]:
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+_FITS: dict[str, Callable[[Any], bool]] = {
+    "long": _integer(64),
+    "int": _integer(32),
+    "double": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+}
+"""Whether a partial can be stored as each value type (pyarrow would truncate 1.5 to 1)."""
+
+
+def write_table_atomically(target: Path, table: pa.Table, *, durable: bool = True) -> None:
+    """Write ``table`` as a Parquet file at ``target`` via a hidden temp file and a rename
+    (the temp name is a :class:`FileTopic` temp name, so owners clean up a crashed write);
+    with ``durable`` the file is fsynced before the rename and its directory after it."""
+    make_dirs(target.parent)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            # Uncompressed: a batch's partials are small, and compressing them costs more than it saves.
+            pq.write_table(table, out, compression="none")
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, target)
+        if durable:
+            fsync_dir(target.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise TopicError(f"could not write {target}: {e}") from e
+
+
+def read_partials(paths: Sequence[Path], value_type: str) -> pa.Table:
+    """The (key, value) rows of partials files, in the order of ``paths``.
+
+    Raises:
+        TopicError: a file cannot be read or is not a partials file.
+    """
+    schema = partials_schema(value_type)
+    tables = []
+    for path in paths:
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TopicError(f"could not read the shuffle file {path}: {e}") from e
+        if table.schema.names != ["key", "value"]:
+            raise TopicError(f"{path} is not a partials shuffle file: its columns are {table.schema.names}")
+        tables.append(table.cast(schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def shuffle_file_rows(path: Path) -> int:
+    """Rows of one shuffle file, Parquet (from its footer) or JSON lines (its lines)."""
+    if path.suffix == ".parquet":
+        try:
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TopicError(f"could not read the shuffle file {path}: {e}") from e
+    return count_lines(path)
+
+
+class PartialsShuffle:
+    """The Parquet partials files into one keyed stage (a :class:`~stream_ops.topics.staged_output.StagedOutput`).
+
+    Example:
+        >>> shuffle = PartialsShuffle(FileTopic("/topics/shuffle-001-words", queues=2), "long")
+        >>> shuffle.staged_path(1, task_id=0, txid=7, epoch=1).name
+        't00000-x000000000007-e000001.parquet'
+    """
+
+    suffix = ".parquet"
+
+    def __init__(self, topic: FileTopic, value_type: str) -> None:
+        if value_type not in ARROW_TYPES:
+            raise TopicError(
+                f"{topic.path}: partials of type {value_type!r} cannot be shuffled; use one of {sorted(ARROW_TYPES)}"
+            )
+        self.topic = topic
+        self.value_type = value_type
+
+    @property
+    def output_id(self) -> str:
+        """The topic's identity in commit records (its root path, as for JSON shuffles)."""
+        return self.topic.output_id
+
+    def staged_path(self, queue: int, *, task_id: int, txid: int, epoch: int) -> Path:
+        """Where (task, txid, epoch)'s file for ``queue`` is staged."""
+        return self.topic.pending_path(queue) / batch_file_name(task_id, txid, epoch, self.suffix)
+
+    def stage_batch(self, queue: int, task_id: int, txid: int, epoch: int, keys: Sequence[str], values: Sequence[Any]) -> Path:
+        """Stage one queue's partials of a batch (durable when this returns if the topic is)."""
+        target = self.staged_path(queue, task_id=task_id, txid=txid, epoch=epoch)
+        write_table_atomically(target, partials_table(keys, values, self.value_type), durable=self.topic.durable)
+        return target
+
+    def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
+        """Queue number (as text) -> size of each staged file of (task, txid, epoch): what a
+        commit records."""
+        sizes: dict[str, int] = {}
+        for queue in range(self.topic.queues):
+            try:
+                sizes[str(queue)] = self.staged_path(queue, task_id=task_id, txid=txid, epoch=epoch).stat().st_size
+            except FileNotFoundError:
+                continue
+        return sizes
+
+    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: dict[str, int]) -> int:
+        """Move a committed batch's staged files into their queues, checked against the sizes
+        the commit recorded (as :meth:`FileTopic.publish_batch` does); returns the files moved.
+
+        Raises:
+            CommittedBatchLostError: a recorded file is neither staged nor published, or has
+                another size.
+        """
+        name = batch_file_name(task_id, txid, epoch, self.suffix)
+        moved = 0
+        touched: list[Path] = []
+        for queue, size in sorted((int(q), size) for q, size in expected.items()):
+            what = f"{self.topic.path}: the partials of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
+            dirs = publish_file(self.topic.pending_path(queue) / name, self.topic.queue_path(queue) / name, size, what=what)
+            moved += bool(dirs)
+            touched += dirs
+        if touched and self.topic.durable:
+            fsync_dirs(touched)
+        return moved
+
+    def discard_staged(self, task_id: int, *, below_epoch: int, keep: tuple[int, int] | None = None) -> int:
+        """Delete the task's staged and temp files of epochs below ``below_epoch`` except ``keep``."""
+        return self.topic.discard_staged(task_id, below_epoch=below_epoch, keep=keep)
+
+    def read_queue(self, queue: int) -> pa.Table:
+        """Every published (key, value) row of a queue, files in name order."""
+        return read_partials([p for p in self.topic.files(queue) if p.suffix == self.suffix], self.value_type)
