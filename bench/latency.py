@@ -73,7 +73,7 @@ from stream_ops.errors import QueryError
 from stream_ops.hashing import partition_for
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
-from stream_ops.runtime.task_runner import TaskRunner
+from stream_ops.runtime.task_runner import COMMIT_STEPS, TaskRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SPARK_MASTER, BenchRig, wait_until  # the benchmarks' shared rig
@@ -417,6 +417,27 @@ def stage_summary(label: str, batches: dict[int, list[Batch]], lo: float, hi: fl
     )
 
 
+def runner_summary(label: str, runners: Sequence[TaskRunner]) -> str:
+    """stream_ops' part of ``addBatch``: the runners' own per-batch times (all batches of the run)."""
+    batches = sum(r.stats.batches for r in runners)
+    if not batches:
+        return f"{label}: no batches"
+    parts = {
+        "Spark jobs": sum(r.stats.spark_ms_total for r in runners),
+        "state": sum(r.stats.state_ms_total for r in runners),
+        "staging": sum(r.stats.stage_ms_total for r in runners),
+        "commit": sum(r.stats.commit_ms_total for r in runners),
+    }
+    steps = {step: sum(r.stats.commit_steps_ms[step] for r in runners) for step in COMMIT_STEPS}
+    return (
+        f"{label}: "
+        + ", ".join(f"{name} {ms / batches:.1f}" for name, ms in parts.items())
+        + " (ms per batch; commit by step: "
+        + ", ".join(f"{step} {ms / batches:.1f}" for step, ms in steps.items())
+        + ", rocksdb after the commit on the task's I/O thread)"
+    )
+
+
 # --- main ----------------------------------------------------------------------------------
 
 
@@ -438,6 +459,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the last probes, and for catch-up")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting on top of the defaults (repeatable)",
+    )
     args = parser.parse_args()
     defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
@@ -455,6 +483,7 @@ def main() -> None:
     # keep every progress report: the latency breakdown reads them all; "Current batch is falling
     # behind" (every trigger that takes longer than its interval) is noise here
     progress = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
+    progress.update(dict(item.split("=", 1) for item in args.spark_conf))
     with BenchRig("latency", app_name="bench-latency", keep=args.keep, spark_conf=progress, log_level="ERROR") as rig:
         try:
             work, spark, store = rig.work, rig.spark, rig.store
@@ -576,6 +605,7 @@ def main() -> None:
                 f"over {args.duration:g} s ({probe_rate:.1f}/s), polled every {args.poll * 1000:.0f} ms "
                 f"(all outstanding keys per query_state call); warm-up {args.warmup:g} s after the first commit "
                 f"({first_at - submitted:.1f} s after submit)"
+                + (f"; Spark conf {', '.join(args.spark_conf)}" if args.spark_conf else "")
             )
             print(
                 f"input:    landed {landed_total:,} records in {writer.files:,} files over {writer_s:.1f} s "
@@ -639,7 +669,9 @@ def main() -> None:
                 )
             lo, hi = start.at, all_visible_at
             print(stage_summary("source stage", sources, lo, hi))
+            print(runner_summary("  its addBatch", [r for r in runners if r.stage.kind == "source"]))
             print(stage_summary("keyed stage ", keyed, lo, hi))
+            print(runner_summary("  its addBatch", [r for r in runners if r.stage.kind == "keyed"]))
             print()
             verdict = "MATCH" if caught and not mismatched else "MISMATCH"
             print(

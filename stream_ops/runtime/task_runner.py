@@ -15,12 +15,16 @@ stage kind (txid n, owner epoch e):
      them, fsynced; a partition_persist user State gets ``begin_commit(n)`` and the updates;
   4. append the batch's state changes to the state topic as (task, n, e), fsynced, an empty
      file when nothing changed (on Kafka: its records and end record, acknowledged by all
-     in-sync replicas, see :mod:`stream_ops.state.kafka_state_topic`); then write them and the
-     applied marker (n, e) to RocksDB in one synced write batch;
+     in-sync replicas, see :mod:`stream_ops.state.kafka_state_topic`);
   5. ZooKeeper commit transaction (checks ownership; refused for a zombie and once the task
-     is stopping), recording the staged files' sizes and the input files' fingerprint;
+     is stopping), recording the staged files' sizes and the input files' fingerprint: one
+     multi-op, one round trip; the fingerprint and offsets are read from Spark's checkpoint
+     while Spark computes the batch (they are logged before ``foreachBatch`` runs);
   6. ``commit(n)`` of a user State, publish the staged files (rename into the queues, checked
-     against what step 5 recorded), ``map_state.commit(n)``.
+     against what step 5 recorded), ``map_state.commit(n)``; and, on the task's I/O thread,
+     the state changes and the applied marker (n, e) are written to RocksDB in one synced
+     write batch, overlapping steps 6 and the next batch's Spark work. The next batch (and a
+     stop) waits for that write before it touches the state.
 
 A crash before 5 leaves only files no reader accepts (staged, or state-topic entries of an
 uncommitted txid / lower epoch); a crash after 5 is finished when the task starts again
@@ -29,6 +33,19 @@ is durable before step 5, this holds for an OS crash or power loss as well as fo
 crash, on storage that honours fsync; files lost anyway stop the task with an error
 (:class:`~stream_ops.errors.CommittedBatchLostError`, :class:`~stream_ops.errors.ReplayError`)
 instead of silently dropping a batch.
+
+Why RocksDB is written after the commit, not overlapped with the state-topic append: the
+local store must never hold a batch the state topic lacks, unless the next start rebuilds it.
+Written after step 5, RocksDB is at most the committed state, so a failure of either write
+costs little: a state-topic append that fails commits nothing and RocksDB is untouched; a
+RocksDB write that fails or is cut short by a crash (a write batch applies whole or not at
+all) leaves the store at an earlier committed marker, which the next start catches up from
+the state-topic tail (:func:`~stream_ops.runtime.task_state.open_task_state`), and the running
+task stops at its next batch (:class:`~stream_ops.errors.StateError`). Written before or
+alongside step 4, the store could be ahead of the state topic and of ZooKeeper: a crash or a
+refused commit there means a full rebuild at the next start, and state queries would need a
+copy of every overwritten value to stay read-committed. Here they read RocksDB as it is: it
+never holds an uncommitted batch, and a lookup waits for a committed batch's write in flight.
 """
 
 from __future__ import annotations
@@ -39,6 +56,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +67,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.cluster_state import read_storm
+from stream_ops.coordination.records import BatchInput
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import InputMismatchError, TaskStoppingError, ZooKeeperUnavailableError
+from stream_ops.errors import InputMismatchError, StateError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
-from stream_ops.operators.aggregators import aggregator_from_spec
+from stream_ops.operators.aggregators import Count, Max, Min, Sum, aggregator_from_spec
 from stream_ops.operators.record_pipeline import as_fields, run_batch
 from stream_ops.operators.trident_state import Collector, State
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
@@ -63,13 +82,14 @@ from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, mak
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.sources import SourceLag, source_kind
-from stream_ops.sources.base import count_lines, files_newer_than
+from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_log import open_state_log
 from stream_ops.state.state_topic import encode_items
 from stream_ops.topics.file_topic import batch_file_name
+from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
@@ -82,8 +102,9 @@ logger = logging.getLogger(__name__)
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
-COMMIT_STEPS = ("state_topic", "rocksdb", "zookeeper", "publish")
-"""The parts of the commit path :attr:`TaskStats.commit_steps_ms` times."""
+COMMIT_STEPS = ("state_topic", "zookeeper", "publish", "rocksdb")
+"""The parts of the commit path :attr:`TaskStats.commit_steps_ms` times; the RocksDB write runs
+on the task's I/O thread after the ZooKeeper commit (module docstring)."""
 
 TICK_PREFIX = "tick-"
 """Names of the tick files a task writes into its own input start with this."""
@@ -102,12 +123,17 @@ class TaskStats:
     txid_in_flight: int | None = None
     last_batch_at: float | None = None
     last_batch_ms: float = 0.0
+    spark_ms_total: float = 0.0
+    """Time spent in Spark's part of step 2 (the batch's jobs and collecting their rows) over all batches."""
+    state_ms_total: float = 0.0
+    """Time spent applying batches to the task's state or processor (step 2 on the driver) over all batches."""
     commit_ms_total: float = 0.0
-    """Time spent in the commit path (state topic, RocksDB, ZooKeeper, publish) over all batches."""
+    """Time the batch thread spent in the commit path (state topic, ZooKeeper, publish) over all batches."""
     stage_ms_total: float = 0.0
     """Time spent writing staged output files (shuffle, dead letters, persisted tuples) over all batches."""
     commit_steps_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMMIT_STEPS, 0.0))
-    """``commit_ms_total`` by step: state topic, RocksDB, ZooKeeper, publish."""
+    """The commit path by step: state topic, ZooKeeper, publish (these sum to ``commit_ms_total``)
+    and RocksDB (on the task's I/O thread, overlapping the publish and the next batch)."""
     started_at: float = field(default_factory=time.time)
 
 
@@ -197,10 +223,6 @@ class TaskRunner:
         self.user_state: State | None = None
         self._state_reader: StateReader | None = None
         self._last_tick = 0.0
-        # Values a batch overwrote, served to state queries until its ZooKeeper commit succeeds
-        # (read-committed: a query never sees a batch that may still be replayed).
-        self._committed_overlay: dict[tuple[Any, ...], Any] = {}
-        self._overlay_lock = threading.Lock()
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
         # Held while a batch touches the task's state (steps 2-6 after Spark's part) and by
@@ -208,6 +230,12 @@ class TaskRunner:
         # commit, and no batch runs on a closed state.
         self._commit_lock = threading.RLock()
         self._auto_snapshot: AutoSnapshot | None = None
+        # One I/O thread per task: reads the batch's checkpoint entries while Spark computes,
+        # and writes a committed batch to RocksDB after the ZooKeeper commit.
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"task-{task.task_id}-io")
+        self._checkpoint_entries: tuple[int, Future[tuple[list[Any], BatchInput | None]]] | None = None
+        self._state_write: Future[None] | None = None
+        self._state_write_failed: BaseException | None = None
         self._appended: tuple[int, int] | None = None
         self._stopping = threading.Event()
         self._last_input_ms = 0
@@ -439,6 +467,7 @@ class TaskRunner:
         if self._commit_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             try:
                 self._close_state()
+                self._io.shutdown(wait=False)
             finally:
                 self._commit_lock.release()
         else:
@@ -463,6 +492,10 @@ class TaskRunner:
             self._ticks = None
 
     def _close_state(self) -> None:
+        try:
+            self._await_state_write()
+        except StateError as e:
+            logger.warning("task %s/%d: %s", self.topology_id, self.task.task_id, e)
         if self.state is not None:
             self.state.close()
             self.state = None
@@ -494,31 +527,59 @@ class TaskRunner:
             if self._already_committed(txid):
                 self.stats.txid_in_flight = None
                 return
+            # Step 5's checkpoint reads, on the I/O thread while Spark computes the batch
+            self._checkpoint_entries = (txid, self._io.submit(self._read_checkpoint_entries, txid))
             # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
+            spark_started = time.perf_counter()
             batch = self._compute_in_spark(df)
+            self.stats.spark_ms_total += (time.perf_counter() - spark_started) * 1000.0
             with self._state_section(txid):
-                epoch = self.ownership.epoch
-                # Step 2, the part that reads and updates the task's state
-                self._compute_on_state(batch, txid)
-                # Step 3
-                rows_out = self._stage_outputs(batch, txid, epoch)
-                commit_started = time.perf_counter()
-                # Step 4
-                self._append_state_changes(txid, epoch)
-                zookeeper_started = time.perf_counter()
-                # Step 5
-                self._commit_to_zookeeper(txid, batch.rows_in)
-                publish_started = time.perf_counter()
-                # Step 6
-                self._publish_committed(txid, epoch)
-                done = time.perf_counter()
-                steps = self.stats.commit_steps_ms
-                steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
-                steps["publish"] += (done - publish_started) * 1000.0
-                self.stats.commit_ms_total += (done - commit_started) * 1000.0
-                if self._auto_snapshot is not None and self._appended is not None:
-                    self._auto_snapshot.appended(*self._appended)
+                rows_out = self._commit_batch(batch, txid)
             self._record_stats(batch.rows_in, rows_out, time.monotonic() - started)
+
+    def _commit_batch(self, batch: _Batch, txid: int) -> int:
+        """Steps 2 (the driver's part) to 6 for a batch Spark computed, under the commit lock;
+        returns the number of output rows."""
+        assert self.ownership is not None
+        epoch = self.ownership.epoch
+        # The previous batch's RocksDB write must be done before this one reads the state.
+        self._await_state_write()
+        # Step 2, the part that reads and updates the task's state
+        state_started = time.perf_counter()
+        self._compute_on_state(batch, txid)
+        self.stats.state_ms_total += (time.perf_counter() - state_started) * 1000.0
+        # Step 3
+        rows_out = self._stage_outputs(batch, txid, epoch)
+        commit_started = time.perf_counter()
+        # Step 4
+        encoded = self._append_state_changes(txid, epoch)
+        zookeeper_started = time.perf_counter()
+        # Step 5. From here a state query waits until the store holds this batch (or the commit
+        # failed), so it never reads the store behind a commit ZooKeeper already shows.
+        visible: Future[None] = Future()
+        self._state_write = visible
+        try:
+            self._commit_to_zookeeper(txid, batch.rows_in)
+        except BaseException:
+            visible.set_result(None)  # nothing committed: the store holds the committed state
+            raise
+        publish_started = time.perf_counter()
+        # Step 6: RocksDB on the I/O thread, the rest here
+        if encoded is not None:
+            self._io.submit(self._write_state_store, txid, epoch, encoded).add_done_callback(
+                lambda written: _pass_outcome(written, visible)
+            )
+        else:
+            visible.set_result(None)
+        self._publish_committed(txid, epoch)
+        done = time.perf_counter()
+        steps = self.stats.commit_steps_ms
+        steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
+        steps["publish"] += (done - publish_started) * 1000.0
+        self.stats.commit_ms_total += (done - commit_started) * 1000.0
+        if self._auto_snapshot is not None and self._appended is not None:
+            self._auto_snapshot.appended(*self._appended)
+        return rows_out
 
     def _snapshot_own_queue(self) -> None:
         """Compact this task's state-topic queue at its committed txid (the automatic snapshot)."""
@@ -598,49 +659,83 @@ class TaskRunner:
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
             yield
 
-    def _append_state_changes(self, txid: int, epoch: int) -> None:
-        """Step 4: the batch's state changes to the state topic, then RocksDB with the applied marker."""
+    def _append_state_changes(self, txid: int, epoch: int) -> list[tuple[str, str | None]] | None:
+        """Step 4: the batch's state changes to the state topic; returns them encoded for the
+        RocksDB write (None for a task without state)."""
         state = self.state
         if state is None:
-            return
+            return None
         started = time.perf_counter()
         changed = state.store.pending_items()
         encoded = encode_items(changed, where=state.log.where)
         size = state.log.append_batch(self.task.task_id, txid, epoch, encoded)
         self._appended = (len(changed), size)
-        appended = time.perf_counter()
-        if changed:
-            keys = [key for key, _ in changed]
-            before = state.store.multi_get(keys, include_pending=False)
-            with self._overlay_lock:
-                self._committed_overlay = dict(zip(keys, before, strict=True))
+        self.stats.commit_steps_ms["state_topic"] += (time.perf_counter() - started) * 1000.0
+        return encoded
+
+    def _write_state_store(self, txid: int, epoch: int, encoded: list[tuple[str, str | None]]) -> None:
+        """Step 6, on the I/O thread: the committed batch's changes and the applied marker (txid,
+        epoch) into RocksDB, one synced write batch."""
+        state = self.state
+        if state is None:  # closed by a stop after the commit: the next start catches the store up
+            return
+        started = time.perf_counter()
         state.store.flush(txid, epoch, encoded=encoded)
-        self.stats.commit_steps_ms["state_topic"] += (appended - started) * 1000.0
-        self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - appended) * 1000.0
+        self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - started) * 1000.0
+
+    def _await_state_write(self) -> None:
+        """Wait for the last committed batch's RocksDB write.
+
+        Raises:
+            StateError: that write failed; the store is behind the committed txid until the task
+                starts again (which catches it up from the state topic).
+        """
+        pending = self._state_write
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as e:  # noqa: BLE001 - whatever ended the write on its thread is reported below
+                self._state_write_failed = e
+            # cleared only once done: a query arriving meanwhile still waits for it
+            if self._state_write is pending:
+                self._state_write = None
+        if self._state_write_failed is not None:
+            raise StateError(
+                f"task {self.topology_id}/{self.task.task_id}: writing a committed batch to the local state store "
+                f"failed ({type(self._state_write_failed).__name__}: {self._state_write_failed}); the task must start "
+                "again, which catches the store up from the state topic"
+            ) from self._state_write_failed
+
+    def _read_checkpoint_entries(self, txid: int) -> tuple[list[Any], BatchInput | None]:
+        """Spark's offsets and input fingerprint of batch ``txid`` (logged before the batch runs)."""
+        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        return batch_offsets(checkpoint, txid), batch_input(checkpoint, txid)
 
     def _commit_to_zookeeper(self, txid: int, rows: int) -> None:
         """Step 5: the ZooKeeper commit transaction (refused for a zombie)."""
         assert self.ownership is not None
         epoch = self.ownership.epoch
         self._wait_connected()
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
         outputs = {
             topic.output_id: sizes
             for topic in self._output_topics()
             if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
         }
+        entries, self._checkpoint_entries = self._checkpoint_entries, None
+        if entries is not None and entries[0] == txid:
+            offsets, fingerprint = entries[1].result()
+        else:
+            offsets, fingerprint = self._read_checkpoint_entries(txid)
         commit(
             self.zk,
             self.ownership,
             txid,
-            offsets=batch_offsets(checkpoint, txid),
+            offsets=offsets,
             rows=rows,
             outputs=outputs,
-            batch_input=batch_input(checkpoint, txid),
+            batch_input=fingerprint,
             clock=self.clock,
         )
-        with self._overlay_lock:
-            self._committed_overlay = {}
 
     def _publish_committed(self, txid: int, epoch: int) -> None:
         """Step 6: commit the user State, publish the staged files, commit the map state."""
@@ -752,11 +847,14 @@ class TaskRunner:
         assert self.state is not None and self.state.map_state is not None and self.stage.state is not None
         keys: list[tuple[Any, ...]] = []
         updates: list[Callable[[Any], Any]] = []
-        for encoded, value in batch.partials:
-            key = tuple(json.loads(encoded))
-            problem = _uncombinable(self._aggregator, value)
-            if problem is not None:
-                batch.dead.append({"record": {"key": list(key), "partial": value}, "error": problem})
+        partials = batch.partials
+        # One parse of all the keys (each is a JSON array) instead of one json.loads per key.
+        decoded = json.loads("[" + ",".join(encoded for encoded, _ in partials) + "]") if partials else []
+        combinable = _combinable_types(self._aggregator)
+        for (_, value), fields in zip(partials, decoded, strict=True):
+            key = tuple(fields)
+            if type(value) not in combinable and (problem := _uncombinable(self._aggregator, value)) is not None:
+                batch.dead.append({"record": {"key": fields, "partial": value}, "error": problem})
                 continue
             keys.append(key)
             updates.append(_combiner(self._aggregator, key, value, batch.dead))
@@ -843,7 +941,7 @@ class TaskRunner:
         if self.kafka_shuffle is not None:
             return SourceLag(records=None, files=None)  # not measured for a Kafka shuffle
         files = files_newer_than(self.layout.shuffle_topic(self.stage).queue_path(self.task.queue), self._last_input_ms)
-        return SourceLag(records=sum(count_lines(f) for f in files), files=len(files))
+        return SourceLag(records=sum(shuffle_file_rows(f) for f in files), files=len(files))
 
     def lag_files(self) -> int:
         """Input files not read yet (0 for a source that is not files)."""
@@ -858,10 +956,30 @@ class TaskRunner:
         state = self.state
         if state is None:
             raise LookupError(f"task {self.task.task_id} keeps no state")
-        with self._overlay_lock:
-            overlay = self._committed_overlay
-            values = state.store.multi_get(keys, include_pending=False)
-        return [_unwrap(overlay.get(k, v)) for k, v in zip(keys, values, strict=True)]
+        # RocksDB never holds an uncommitted batch (it is written after the commit); waiting for
+        # a committed batch's write in flight (milliseconds) lets a query see every commit made.
+        writing = self._state_write
+        if writing is not None:
+            wait((writing,), timeout=self.settings.commit_wait_s)
+        return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
+
+
+def _pass_outcome(done: Future[None], to: Future[None]) -> None:
+    """Complete ``to`` as ``done`` ended (the store write's outcome, for queries and the next batch)."""
+    error = done.exception()
+    if error is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(None)
+
+
+def _combinable_types(aggregator: Any) -> tuple[type, ...]:
+    """Partial types a built-in aggregator always combines into a state (no per-key check)."""
+    if type(aggregator) in (Count, Sum):
+        return (int, float)  # 0 + partial
+    if type(aggregator) in (Min, Max):
+        return (int, float, str)  # the partial itself for a new key
+    return ()
 
 
 def _uncombinable(aggregator: Any, partial: Any) -> str | None:
