@@ -6,7 +6,9 @@ or the whole state topic); ``standby`` is a SIGKILL of a topology submitted with
 ``standby_replicas=1``, so the other worker kept a warm copy of the keyed task's store and the
 new owner applies only the state-topic tail since its last sync; after a SIGTERM the worker
 releases its tasks as it stops, so the failover is bounded by the new owner's start
-(``term-standby``: the same with a standby replica, so the new owner does not rebuild).
+(``term-standby``: the same with a standby replica, so the new owner does not rebuild, and the
+stopping worker moves the task onto the standby itself instead of waiting for the nimbus;
+the report notes which of the two moved it).
 Note that "first commit" needs new input: right after a SIGTERM the new owner's first batch
 waits for the trickle's next file to pass the source stage (its trigger) and its own trigger.
 
@@ -641,6 +643,17 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
                 t = log_time(line)
                 text = line[24:].replace(str(home), "$HOME")
                 events.append((t or t_kill, f"+{(t or t_kill) - t_kill:6.2f}s survivor: {text[:240]}"))
+            # the stopped worker's own handover to the standby (SIGTERM), or why it did not hand over
+            for line in log_lines_after(victim.log, t_kill, r"handed its tasks over|not hand|stopped on|signal", 10):
+                t = log_time(line)
+                events.append((t or t_kill, f"+{(t or t_kill) - t_kill:6.2f}s stopped: {line[24:][:240]}"))
+            handovers = log_lines_after(victim.log, t_kill, r"handed its tasks over to their standbys", 5)
+            if signal_name == "term":
+                result.notes.append(
+                    "assignment moved by the stopping worker's own handover to the standby (not the nimbus)"
+                    if handovers
+                    else "assignment moved by the nimbus (no handover by the stopping worker)"
+                )
             result.events = [text for _, text in sorted(events, key=lambda e: e[0])]
     finally:
         result.load.append(loadavg())

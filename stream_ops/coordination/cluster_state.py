@@ -1,8 +1,9 @@
 """Readers of the cluster's shared state: topologies (``/storms``), assignments, live workers.
 
 Workers, query clients and the nimbus all read these records; only the nimbus writes them
-(:mod:`stream_ops.nimbus.submission`, :mod:`stream_ops.nimbus.assignment`). Nothing here
-writes.
+(:mod:`stream_ops.nimbus.submission`, :mod:`stream_ops.nimbus.assignment`), except a cleanly
+stopping worker's handover of its tasks to their standbys
+(:func:`stream_ops.nimbus.assignment.hand_over_to_standbys`). Nothing here writes.
 
 Example:
     >>> topology_id = find_topology_id(store, "wordcount")  # doctest: +SKIP

@@ -4,6 +4,10 @@
 * :func:`spread_topology`: Storm's spreading of a crowded topology onto free slots, the one
   function both the nimbus monitor and the Dagster rebalance op call once their rate limit
   (:func:`~stream_ops.scheduler.decide_spread`) says it is due.
+* :func:`hand_over_to_standbys`: the one assignment write that is not the nimbus's: a worker
+  that stops cleanly moves the tasks it owns onto their live standby replicas itself, so they
+  do not wait for the nimbus to notice it leaving (DESIGN section 3, "Who writes
+  ``/assignments``").
 
 The readers :func:`live_workers` and :func:`read_assignment` live in
 :mod:`stream_ops.coordination.cluster_state` (workers read them too) and are re-exported here.
@@ -13,16 +17,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from stream_ops.coordination.cluster_state import live_workers, read_assignment
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import AssignmentRecord, StormRecord, WorkerRecord
-from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import ConcurrentUpdateError, TopologyNotFoundError, ZnodeExistsError
+from stream_ops.coordination.store import ZkStore, encode_json
+from stream_ops.errors import ConcurrentUpdateError, TopologyNotFoundError, TransactionFailedError, ZnodeExistsError
 from stream_ops.scheduler import Slot, assign, needs_spread, place_standbys
 
-__all__ = ["live_slot_registrations", "live_workers", "read_assignment", "reassign", "spread_topology", "standbys_stale"]
+__all__ = [
+    "Handover",
+    "commit_handover",
+    "hand_over_to_standbys",
+    "handover_record",
+    "live_slot_registrations",
+    "live_workers",
+    "plan_handover",
+    "read_assignment",
+    "reassign",
+    "spread_topology",
+    "standbys_stale",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -213,3 +230,215 @@ def spread_topology(
         "topology %s uses %d of the %d slots it wants; spreading it over %s", topology_id, len(used), storm.workers, allowed
     )
     return reassign(store, topology_id, clock=clock, retries=retries, exclude_slots=sorted(live - set(allowed)))
+
+
+# --- a stopping worker's handover to its standbys ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A stopping worker's move of its tasks onto their standbys, planned from one assignment version.
+
+    Attributes:
+        topology_id: The topology.
+        worker_id: The stopping worker (``host:port``).
+        moves: Task -> the standby's worker that takes it.
+        record: The assignment to write.
+        version: The assignment version it was planned from; the write is refused unless the
+            assignment still has it.
+    """
+
+    topology_id: str
+    worker_id: str
+    moves: dict[int, str]
+    record: AssignmentRecord
+    version: int
+
+
+def handover_record(
+    record: AssignmentRecord,
+    worker_id: str,
+    tasks: Collection[int],
+    placed: Mapping[int, str],
+    ready: Collection[tuple[int, str]],
+    now: float,
+) -> tuple[AssignmentRecord, dict[int, str]] | None:
+    """The assignment with those of ``tasks`` that can go to a ready standby moved there (pure).
+
+    A task moves when ``worker_id`` holds it, ``placed`` (the nimbus's placement once the
+    worker is gone) sends it to one of its standbys, and that standby is ready. Following the
+    nimbus's placement means the nimbus keeps the move when it reassigns the worker's other
+    tasks, instead of moving the task a second time to even the split. A moved task's new
+    owner leaves its standby list (a standby is never the owner) and gets ``now`` as its start
+    time (a new launch grace); nothing else changes.
+
+    Args:
+        record: The current assignment.
+        worker_id: The stopping worker.
+        tasks: The tasks it owns.
+        placed: Task -> slot (``host:port``) the sticky scheduler gives it without ``worker_id``.
+        ready: (task, worker) pairs whose standby replica is live (its record exists and its
+            worker is registered).
+        now: Wall-clock time for the moved tasks' start times.
+
+    Returns:
+        The new record and the moves (task -> new worker), or None when no task can move.
+
+    Example:
+        >>> record = AssignmentRecord(
+        ...     tasks={0: "h:1", 1: "h:1", 2: "h:1"}, start_times={0: 1.0, 1: 1.0, 2: 1.0}, standbys={1: ["h:2"], 2: ["h:2"]}
+        ... )
+        >>> placed = {0: "h:2", 1: "h:2", 2: "h:3"}  # the even split sends task 2 elsewhere
+        >>> new, moves = handover_record(record, "h:1", [0, 1, 2], placed, {(1, "h:2"), (2, "h:2")}, now=5.0)
+        >>> moves, new.tasks, new.standbys, new.start_times
+        ({1: 'h:2'}, {0: 'h:1', 1: 'h:2', 2: 'h:1'}, {2: ['h:2']}, {0: 1.0, 1: 5.0, 2: 1.0})
+    """
+    moves: dict[int, str] = {}
+    for task_id in sorted(tasks):
+        target = placed.get(task_id)
+        if (
+            record.tasks.get(task_id) == worker_id
+            and target is not None
+            and target != worker_id
+            and target in record.standbys.get(task_id, ())
+            and (task_id, target) in ready
+        ):
+            moves[task_id] = target
+    if not moves:
+        return None
+    standbys = {t: [w for w in sb if w != moves.get(t)] for t, sb in record.standbys.items()}
+    new = record.model_copy(
+        update={
+            "tasks": {**record.tasks, **moves},
+            "start_times": {**record.start_times, **dict.fromkeys(moves, now)},
+            "standbys": {t: sb for t, sb in standbys.items() if sb},
+        }
+    )
+    return new, moves
+
+
+def plan_handover(
+    store: ZkStore,
+    topology_id: str,
+    worker_id: str,
+    tasks: Collection[int],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Handover | None:
+    """Read what a handover of ``tasks`` needs and plan it (see :func:`hand_over_to_standbys`).
+
+    A standby is live when its ``/standbys/{id}/{task}@{worker}`` record exists (its worker
+    keeps it, and has synced it at least once) and its worker's ``/workers`` node exists. The
+    placement is the one :func:`reassign` makes once ``worker_id``'s slot is gone.
+
+    Returns:
+        The planned handover, or None when there is no assignment or no task can move.
+    """
+    current = read_assignment(store, topology_id)
+    if current is None:
+        return None
+    record, version = current
+    if not any(record.standbys.get(t) for t in tasks):
+        return None
+    found = store.get_json(ZkPaths.storm(topology_id))
+    if found is None:
+        return None
+    storm = StormRecord.model_validate(found[0])
+    live = {w for w in store.children(ZkPaths.WORKERS) if w != worker_id}
+    standbys = [ZkPaths.parse_standby(name) for name in store.children(ZkPaths.standbys(topology_id))]
+    ready = {entry for entry in standbys if entry is not None and entry[1] in live}
+    if not ready:
+        return None
+    task_ids = sorted(int(t) for t in store.children(ZkPaths.tasks(topology_id)))
+    slots = [Slot.parse(w) for w in live]
+    placed = assign(
+        task_ids,
+        slots,
+        storm.workers,
+        previous={t: Slot.parse(w) for t, w in record.tasks.items()},
+        preferred=record.standbys,
+    )
+    planned = handover_record(record, worker_id, tasks, {t: str(s) for t, s in placed.items()}, ready, clock())
+    if planned is None:
+        return None
+    return Handover(topology_id, worker_id, planned[1], planned[0], version)
+
+
+def commit_handover(store: ZkStore, handover: Handover) -> int | None:
+    """Write a planned handover in one transaction, or nothing.
+
+    The transaction checks that every receiving worker is still registered and sets the
+    assignment at the version it was planned from. When the nimbus (or a Dagster rebalance)
+    changed the assignment meanwhile, or a receiving worker left, it is rolled back and the
+    assignment is left to the nimbus, which reassigns the stopping worker's tasks once it
+    sees the worker go.
+
+    Returns:
+        The new assignment epoch, or None when the transaction was refused.
+    """
+    tx = store.transaction()
+    for target in sorted(set(handover.moves.values())):
+        tx.check(ZkPaths.worker(target), -1)  # -1: any version, i.e. the node exists
+    tx.set_data(ZkPaths.assignment(handover.topology_id), encode_json(handover.record.to_json_obj()), version=handover.version)
+    try:
+        store.commit_transaction(tx)
+    except TransactionFailedError as e:
+        logger.info(
+            "topology %s: worker %s did not hand %s over to their standbys (%s); the nimbus reassigns them",
+            handover.topology_id,
+            handover.worker_id,
+            sorted(handover.moves),
+            e,
+        )
+        return None
+    epoch = handover.version + 1
+    logger.info(
+        "topology %s: worker %s handed its tasks over to their standbys at assignment epoch %d: %s",
+        handover.topology_id,
+        handover.worker_id,
+        epoch,
+        {t: f"{handover.worker_id} -> {w}" for t, w in sorted(handover.moves.items())},
+    )
+    return epoch
+
+
+def hand_over_to_standbys(
+    store: ZkStore,
+    topology_id: str,
+    worker_id: str,
+    tasks: Collection[int],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Handover | None:
+    """Move the ``tasks`` a stopping worker owns onto their live standby replicas, without the nimbus.
+
+    The one exception to the nimbus being the only writer of ``/assignments`` (DESIGN
+    section 3): a worker that stops cleanly calls it before it stops its tasks, so each
+    standby's worker, watching the assignment, waits on the task's ``/owners`` node and takes
+    the task the moment the old owner releases it (under a higher owner epoch, as after any
+    reassignment) instead of after the nimbus noticed the worker leave. Only tasks assigned to
+    ``worker_id`` with a live standby on another registered worker move, and only where the
+    nimbus's even split without ``worker_id`` places them on that standby too (so the nimbus
+    keeps them there when it reassigns the rest); the write is a
+    compare-and-set (:func:`commit_handover`), so a concurrent change by the nimbus wins and
+    the nimbus then does what it always does. Tasks without a live standby stay assigned to
+    the stopping worker until the nimbus reassigns them.
+
+    Args:
+        store: Connected store.
+        topology_id: The topology.
+        worker_id: The stopping worker (``host:port``).
+        tasks: The tasks it owns (runs) now.
+        clock: Wall clock for the moved tasks' start times (see :func:`reassign`).
+
+    Returns:
+        The handover written, or None when nothing moved (no live standby, or refused).
+
+    Example:
+        >>> hand_over_to_standbys(store, "wordcount-1-1700000000", "h1:6700", [2, 3])  # doctest: +SKIP
+        Handover(topology_id='wordcount-1-1700000000', worker_id='h1:6700', moves={3: 'h2:6700'}, ...)
+    """
+    handover = plan_handover(store, topology_id, worker_id, tasks, clock=clock)
+    if handover is None or commit_handover(store, handover) is None:
+        return None
+    return handover

@@ -4,12 +4,15 @@ Kafka Streams' ``num.standby.replicas`` for stream_ops. The nimbus names, per st
 the workers that keep a standby (``/assignments/{id}`` ``standbys``). Each of them follows the
 task's committed txid in ZooKeeper and applies the state topic's tail above its store's marker
 (:func:`~stream_ops.state.restore.catch_up_store`), into the very directory the task's store
-would use on that worker. When the task fails over to it (the nimbus prefers a standby), the
-new owner opens that store and applies only the txids committed since the last poll.
+would use on that worker. When the task fails over to it (the nimbus prefers a standby, and a
+cleanly stopping owner moves the task onto a live one itself,
+:func:`~stream_ops.nimbus.assignment.hand_over_to_standbys`), the new owner opens that store
+and applies only the txids committed since the last poll.
 
 A standby only reads the state topic, its snapshots and ``/transactional``; the one thing it
 writes besides its own local store is an ephemeral ``/standbys/{id}/{task}@{worker}`` record of
-how far it got, for observers. Nothing the commit protocol reads.
+how far it got, for observers and for a stopping owner choosing whom to hand the task to.
+Nothing the commit protocol reads.
 
 Where the state topic is (files, or a Kafka partition) comes from the topology's conf in its
 ``/storms`` record, read when the replica is made; a replica on Kafka keeps its reader between

@@ -10,6 +10,11 @@ State machine of the worker's ZooKeeper session (its session listener):
 Reconciliation runs on the worker's main thread whenever a watch fires (and at least every
 ``poll_interval_s``): tasks assigned here in ACTIVE topologies are started, others stopped.
 
+A clean stop (SIGTERM) stops and releases all tasks in parallel; meanwhile it hands every task
+that has a live standby replica elsewhere over to it (the one assignment write a worker makes,
+:func:`~stream_ops.nimbus.assignment.hand_over_to_standbys`) and deletes ``/workers/{id}`` so
+that the nimbus reassigns the rest. Each new owner takes its task once it is released.
+
 Fault containment: a task that cannot be started (its plan does not load, its State factory
 raises, ...) or whose query fails costs the worker nothing but that task. The error is logged
 once, written to ``/errors/{id}/{task}``, and the task is tried again after a backoff and
@@ -50,6 +55,7 @@ from stream_ops.errors import (
     ZooKeeperUnavailableError,
 )
 from stream_ops.layout import TopologyLayout
+from stream_ops.nimbus.assignment import hand_over_to_standbys
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.process_limits import raise_open_files_limit
 from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
@@ -635,19 +641,22 @@ class Worker:
         a SIGKILL."""
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         wait_s = max(0.5, self.settings.shutdown_timeout_s - 1.0)
-        if self.store is not None and self._runners:
-            # Leave the slot first: the nimbus reassigns our tasks at once, and their new owners
-            # take each one the moment we release it below, instead of after our exit.
-            leaver = threading.Thread(target=self._unregister, name="stream-ops-unregister", daemon=True)
+        keys = list(self._runners)
+        leaver: threading.Thread | None = None
+        if self.store is not None and keys:
+            # While the tasks stop: hand those that have a live standby over to it and leave the
+            # slot, so that the nimbus reassigns the others at once. A new owner takes its task
+            # once it is both assigned and released, in either order, so neither waits for the
+            # other; nor for our exit.
+            leaver = threading.Thread(target=self._leave, args=(keys,), name="stream-ops-leave", daemon=True)
             leaver.start()
-            leaver.join(min(1.0, self.settings.shutdown_timeout_s / 4))
         stoppers = [
             threading.Thread(target=self._stop_quietly, args=(key, wait_s), name=f"stop-{key[0]}-{key[1]}", daemon=True)
-            for key in list(self._runners)
+            for key in keys
         ]
         for thread in stoppers:
             thread.start()
-        for thread in stoppers:
+        for thread in [*stoppers, *([leaver] if leaver is not None else [])]:
             thread.join(max(0.0, deadline - time.monotonic()))
         left = [t.name for t in stoppers if t.is_alive()]
         if left:
@@ -675,6 +684,36 @@ class Worker:
             self._stop_runner(key, wait_s=wait_s)
         except Exception as e:  # noqa: BLE001 - keep shutting the rest down
             logger.warning("stopping task %s: %s", key, e)
+
+    def _leave(self, keys: list[tuple[str, int]]) -> None:
+        """Hand the tasks ``keys`` over to their standbys, then unregister (a clean stop)."""
+        self._hand_over(keys)
+        self._unregister()
+
+    def _hand_over(self, keys: list[tuple[str, int]]) -> None:
+        """Move every task of ``keys`` (the tasks we run) that has a live standby on another
+        worker onto it, one compare-and-set of its topology's assignment (see
+        :func:`~stream_ops.nimbus.assignment.hand_over_to_standbys`).
+
+        Only the assignment changes: each task stays ours until :meth:`_stop_runner` releases
+        it, and its new owner takes it after that under a higher owner epoch."""
+        assert self.store is not None
+        if not self.store.connected:
+            return
+        by_topology: dict[str, list[int]] = {}
+        for topology_id, task_id in keys:
+            by_topology.setdefault(topology_id, []).append(task_id)
+        for topology_id, task_ids in sorted(by_topology.items()):
+            try:
+                hand_over_to_standbys(self.store, topology_id, self.worker_id, task_ids, clock=self.clock)
+            except StreamOpsError as e:
+                logger.warning(
+                    "worker %s: tasks %s of %s not handed over to their standbys (the nimbus reassigns them): %s",
+                    self.worker_id,
+                    sorted(task_ids),
+                    topology_id,
+                    e,
+                )
 
     def _unregister(self) -> None:
         """Delete our ``/workers`` node, if we still can (the slot is going away)."""
