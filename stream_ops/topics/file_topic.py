@@ -14,16 +14,18 @@ epochs below the caller's own, so a stale owner never removes a newer owner's wo
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from stream_ops.durable_files import FILE_MODE, create_private_file, fsync_dir, fsync_dirs, make_dirs
+from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_dirs, make_dirs
 from stream_ops.errors import TopicError
 from stream_ops.topics.publishing import publish_file
 
@@ -72,17 +74,17 @@ def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable
     return write_lines_atomically(target, lines, durable=durable)
 
 
-def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool = True) -> int:
-    """:func:`write_json_lines_atomically` for lines already encoded (each one JSON text)."""
+@contextmanager
+def _replaced_atomically(target: Path, *, durable: bool) -> Iterator[BinaryIO]:
+    """A new hidden temp file next to ``target`` (a :class:`FileTopic` temp name, so owners clean
+    up a crashed write), renamed onto ``target`` once the block ends; with ``durable`` the file
+    is fsynced before the rename and its directory after it. An error removes the temp file."""
     make_dirs(target.parent)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    count = 0
     try:
-        with create_private_file(tmp) as out:
-            for line in lines:
-                out.write(line)
-                out.write("\n")
-                count += 1
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            yield out
             if durable:
                 out.flush()
                 os.fsync(out.fileno())
@@ -92,8 +94,24 @@ def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool 
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise TopicError(f"could not write {target}: {e}") from e
-    except TypeError as e:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool = True) -> int:
+    """:func:`write_json_lines_atomically` for lines already encoded (each one JSON text)."""
+    count = 0
+    try:
+        with _replaced_atomically(target, durable=durable) as out:
+            text = io.TextIOWrapper(out, encoding="utf-8", newline="\n")
+            for line in lines:
+                text.write(line)
+                text.write("\n")
+                count += 1
+            text.flush()
+            text.detach()  # the file stays open for _replaced_atomically to fsync and close
+    except TypeError as e:
         raise TopicError(f"record for {target} is not JSON-serialisable: {e}") from e
     return count
 
@@ -101,24 +119,8 @@ def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool 
 def write_bytes_atomically(target: Path, data: bytes | memoryview, *, durable: bool = True) -> int:
     """Write ``data`` to ``target`` via a hidden temp file and a rename (see
     :func:`write_json_lines_atomically` for ``durable``); returns the bytes written."""
-    make_dirs(target.parent)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        if durable:
-            fsync_dir(target.parent)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise TopicError(f"could not write {target}: {e}") from e
+    with _replaced_atomically(target, durable=durable) as out:
+        out.write(data)
     return len(memoryview(data))
 
 

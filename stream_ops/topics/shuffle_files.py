@@ -15,8 +15,6 @@ submitted before Parquet shuffles keep their JSON-lines files.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stream_ops.arrow_types import ARROW_TYPES
-from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_dirs, make_dirs
+from stream_ops.durable_files import fsync_dirs
 from stream_ops.errors import TopicError
 from stream_ops.sources.base import count_lines
-from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.topics.file_topic import FileTopic, batch_file_name, write_bytes_atomically
 from stream_ops.topics.publishing import publish_file
 
 
@@ -68,24 +66,11 @@ _FITS: dict[str, Callable[[Any], bool]] = {
 
 def write_table_atomically(target: Path, table: pa.Table, *, durable: bool = True) -> None:
     """Write ``table`` as a Parquet file at ``target`` via a hidden temp file and a rename
-    (the temp name is a :class:`FileTopic` temp name, so owners clean up a crashed write);
-    with ``durable`` the file is fsynced before the rename and its directory after it."""
-    make_dirs(target.parent)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
-        with os.fdopen(fd, "wb") as out:
-            # Uncompressed: a batch's partials are small, and compressing them costs more than it saves.
-            pq.write_table(table, out, compression="none")
-            if durable:
-                out.flush()
-                os.fsync(out.fileno())
-        os.replace(tmp, target)
-        if durable:
-            fsync_dir(target.parent)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise TopicError(f"could not write {target}: {e}") from e
+    (:func:`~stream_ops.topics.file_topic.write_bytes_atomically`)."""
+    buffer = pa.BufferOutputStream()
+    # Uncompressed: a batch's partials are small, and compressing them costs more than it saves.
+    pq.write_table(table, buffer, compression="none")
+    write_bytes_atomically(target, buffer.getvalue(), durable=durable)
 
 
 def read_partials(paths: Sequence[Path], value_type: str) -> pa.Table:
