@@ -86,8 +86,13 @@ from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
+from stream_ops.state.column_update import add_int_partials
+from stream_ops.state.key_texts import decode_key_texts
+from stream_ops.state.map_states import OpaqueMapState, TransactionalMapState
+from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.state_log import open_state_log
-from stream_ops.state.state_topic import encode_items
+from stream_ops.state.state_topic import encode_changes
+from stream_ops.state.value_columns import ChangeColumns
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
@@ -237,6 +242,10 @@ class TaskRunner:
         self._state_write: Future[None] | None = None
         self._state_write_failed: BaseException | None = None
         self._appended: tuple[int, int] | None = None
+        # (txid, keys, their shuffled key texts) of the map-state update, for the commit's encoding
+        self._key_texts: tuple[int, list[tuple[Any, ...]], list[str]] | None = None
+        # (txid, changes) of a column-wise map-state update, which bypasses the store's buffer
+        self._column_changes: tuple[int, ChangeColumns] | None = None
         self._stopping = threading.Event()
         self._last_input_ms = 0
         self._aggregator = aggregator_from_spec(self.stage.state.aggregator) if self.stage.state else None
@@ -659,21 +668,34 @@ class TaskRunner:
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
             yield
 
-    def _append_state_changes(self, txid: int, epoch: int) -> list[tuple[str, str | None]] | None:
+    def _append_state_changes(self, txid: int, epoch: int) -> ChangeColumns | None:
         """Step 4: the batch's state changes to the state topic; returns them encoded for the
         RocksDB write (None for a task without state)."""
         state = self.state
         if state is None:
             return None
         started = time.perf_counter()
-        changed = state.store.pending_items()
-        encoded = encode_items(changed, where=state.log.where)
+        held, self._column_changes = self._column_changes, None
+        if held is not None and held[0] == txid and not state.store.has_pending():
+            encoded = held[1]
+        else:
+            keys, values = state.store.pending_columns()
+            encoded = encode_changes(keys, values, key_texts=self._shuffled_key_texts(txid, keys), where=state.log.where)
         size = state.log.append_batch(self.task.task_id, txid, epoch, encoded)
-        self._appended = (len(changed), size)
+        self._appended = (len(encoded), size)
         self.stats.commit_steps_ms["state_topic"] += (time.perf_counter() - started) * 1000.0
         return encoded
 
-    def _write_state_store(self, txid: int, epoch: int, encoded: list[tuple[str, str | None]]) -> None:
+    def _shuffled_key_texts(self, txid: int, keys: list[tuple[Any, ...]]) -> list[str] | None:
+        """The shuffled texts of the batch's changed ``keys`` when the map-state update wrote
+        exactly the keys it was given, in order (a skipped replay or a nested key does not);
+        else None and the keys are encoded again."""
+        held, self._key_texts = self._key_texts, None
+        if held is None or held[0] != txid or held[1] != keys:
+            return None
+        return held[2]
+
+    def _write_state_store(self, txid: int, epoch: int, encoded: ChangeColumns) -> None:
         """Step 6, on the I/O thread: the committed batch's changes and the applied marker (txid,
         epoch) into RocksDB, one synced write batch."""
         state = self.state
@@ -846,24 +868,55 @@ class TaskRunner:
         with a ``new_values()`` stream, its input is each updated key with its new value."""
         assert self.state is not None and self.state.map_state is not None and self.stage.state is not None
         keys: list[tuple[Any, ...]] = []
+        texts: list[str] = []
         updates: list[Callable[[Any], Any]] = []
         partials = batch.partials
         # One parse of all the keys (each is a JSON array) instead of one json.loads per key.
-        decoded = json.loads("[" + ",".join(encoded for encoded, _ in partials) + "]") if partials else []
+        decoded, canonical = decode_key_texts([encoded for encoded, _ in partials])
+        map_state = self.state.map_state
+        self._key_texts = self._column_changes = None
+        if canonical and self._update_columnwise(batch, txid, decoded):
+            return
         combinable = _combinable_types(self._aggregator)
-        for (_, value), fields in zip(partials, decoded, strict=True):
+        for (text, value), fields in zip(partials, decoded, strict=True):
             key = tuple(fields)
             if type(value) not in combinable and (problem := _uncombinable(self._aggregator, value)) is not None:
                 batch.dead.append({"record": {"key": fields, "partial": value}, "error": problem})
                 continue
             keys.append(key)
+            texts.append(text)
             updates.append(_combiner(self._aggregator, key, value, batch.dead))
-        map_state = self.state.map_state
         map_state.begin_commit(txid)
         new_values = map_state.multi_update(keys, updates)
-        batch.updated_keys = len(keys)
+        # the store's key texts already, so the commit writes them as they are
+        self._key_texts = (txid, keys, texts) if canonical else None
+        self._set_new_values(batch, keys, new_values)
+
+    def _update_columnwise(self, batch: _Batch, txid: int, decoded: list[Any]) -> bool:
+        """The map-state update of a Count or Sum over int partials on opaque or transactional
+        state, column-wise (:mod:`~stream_ops.state.column_update`); False when the batch is
+        not one it covers (the per-key update then runs)."""
+        assert self.state is not None and self.state.map_state is not None
+        map_state = self.state.map_state
+        kind = {OpaqueMapState: "op", TransactionalMapState: "tx"}.get(type(map_state))
+        store = self.state.store
+        if kind is None or type(self._aggregator) not in (Count, Sum) or not isinstance(store, RocksDBBackingMap):
+            return False
+        partials = batch.partials
+        update = add_int_partials(store, kind, txid, [text for text, _ in partials], [value for _, value in partials])
+        if update is None:
+            return False
+        map_state.begin_commit(txid)  # nothing goes through it; the commit closes the batch as usual
+        self._column_changes = (txid, update.changes)
+        self._set_new_values(batch, [tuple(fields) for fields in decoded] if self.stage.outputs else [], update.new_values)
+        return True
+
+    def _set_new_values(self, batch: _Batch, keys: list[tuple[Any, ...]], new_values: list[Any]) -> None:
+        """The batch's updated-key count and, with a ``new_values()`` stream, its input records."""
+        batch.updated_keys = len(new_values)
         if self.stage.outputs:
             spec = self.stage.state
+            assert spec is not None
             batch.records = [
                 {**dict(zip(spec.key_fields, key, strict=True)), spec.value_field: value}
                 for key, value in zip(keys, new_values, strict=True)

@@ -28,6 +28,7 @@ from stream_ops.errors import StateError, TxidOrderError
 from stream_ops.hashing import encode_key
 from stream_ops.state.backing import check_same_length
 from stream_ops.state.keys import Key, as_key
+from stream_ops.state.value_columns import ChangeColumns
 from stream_ops.state.values import decode_stored, encode_stored
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,17 @@ class RocksDBBackingMap:
                     result[i] = None if data is None else decode_stored(data)
         return [None if value is _TOMBSTONE else value for value in result]
 
+    def get_encoded(self, keys: list[bytes]) -> list[bytes | None]:
+        """The stored bytes of each encoded key (``encode_key`` as UTF-8), None where absent;
+        flushed values only (for a column-wise update, which buffers nothing here)."""
+        result: list[bytes | None] = self._call("read", lambda db: db.get(keys))
+        return result
+
+    def has_pending(self) -> bool:
+        """Whether writes are buffered (not flushed yet)."""
+        with self._lock:
+            return bool(self._pending)
+
     def multi_put(self, keys: Sequence[Key], values: Sequence[Any]) -> None:
         """Buffer one wrapped value per key until :meth:`flush` (None deletes the key)."""
         check_same_length(keys, values, "RocksDBBackingMap.multi_put")
@@ -135,6 +147,15 @@ class RocksDBBackingMap:
         with self._lock:
             return [(key, None if value is _TOMBSTONE else value) for key, value in self._pending.items()]
 
+    def pending_columns(self) -> tuple[list[Key], list[Any | None]]:
+        """:meth:`pending_items` as two lists, keys and wrapped values (None for a deletion)."""
+        with self._lock:
+            keys = list(self._pending)
+            values = list(self._pending.values())
+        if any(value is _TOMBSTONE for value in values):
+            values = [None if value is _TOMBSTONE else value for value in values]
+        return keys, values
+
     def discard_pending(self) -> None:
         """Drop the buffered writes (the batch is abandoned)."""
         with self._lock:
@@ -148,8 +169,10 @@ class RocksDBBackingMap:
 
         Args:
             encoded: the pending items as the caller encoded them already (key text and stored
-                value text, None for a deletion: ``state_topic.encode_items(pending_items())``),
-                so that each value is encoded once per batch.
+                value text, None for a deletion: ``state_topic.encode_items(pending_items())``,
+                or its columns, ``state_topic.encode_changes(*pending_columns())``), so that each
+                value is encoded once per batch. With no writes buffered, columns computed without
+                the buffer (:mod:`~stream_ops.state.column_update`) are written as they are.
 
         Raises:
             TxidOrderError: if the store has already applied a later txid.
@@ -163,7 +186,22 @@ class RocksDBBackingMap:
                     f"{marker[0]}; rebuild the store from the state topic at the committed txid"
                 )
             batch = WriteBatch(raw_mode=True)
-            if encoded is not None:
+            if isinstance(encoded, ChangeColumns):
+                if self._pending and len(encoded) != len(self._pending):
+                    raise StateError(
+                        f"RocksDBBackingMap.flush(encoded=...): got {len(self._pending)} keys but {len(encoded)} "
+                        "encoded changes; pass one per pending key"
+                    )
+                keys, values = encoded.key_bytes(), encoded.value_bytes()
+                if encoded.values.null_count:
+                    for key_bytes, value_bytes in zip(keys, values, strict=True):
+                        if value_bytes is None:
+                            batch.delete(key_bytes)
+                        else:
+                            batch.put(key_bytes, value_bytes)
+                else:  # the hot loop of a commit, without bytecode per key
+                    deque(map(batch.put, keys, values), maxlen=0)
+            elif encoded is not None:
                 check_same_length(encoded, list(self._pending), "RocksDBBackingMap.flush(encoded=...)")
                 for key_text, value_text in encoded:
                     if value_text is None:

@@ -35,8 +35,11 @@ SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("valu
 """The columns of a batch file and of the tables :func:`read_arrow_batch` returns."""
 
 
-def encode_arrow_batch(txid: int, epoch: int, keys: Sequence[str], values: Sequence[str | None]) -> pa.Buffer:
-    """The bytes of the Arrow batch file of (``txid``, ``epoch``) holding ``keys`` and ``values``.
+def encode_arrow_batch(
+    txid: int, epoch: int, keys: Sequence[str] | pa.Array, values: Sequence[str | None] | pa.Array
+) -> pa.Buffer:
+    """The bytes of the Arrow batch file of (``txid``, ``epoch``) holding ``keys`` and ``values``
+    (lists or Arrow string columns).
 
     Raises:
         pyarrow.ArrowException: a key or value is not text (or a key is None).

@@ -45,6 +45,7 @@ from stream_ops.errors import ReplayError, StateError, TopicError
 from stream_ops.hashing import normalise_key_value
 from stream_ops.state.keys import Key, as_key
 from stream_ops.state.state_batch_arrow import ARROW_SUFFIX, SCHEMA, encode_arrow_batch, last_per_key, read_arrow_batch
+from stream_ops.state.value_columns import ChangeColumns, encode_stored_column
 from stream_ops.state.values import decode_stored, from_json_obj, to_json_obj
 from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name, parse_batch_file_name
 
@@ -171,6 +172,38 @@ def encode_items(items: Iterable[tuple[Key, Any | None]], *, where: object = "")
         ]
     except (TypeError, ValueError, StateError) as e:
         raise TopicError(f"state topic {where}: a value is not JSON-serialisable: {e}") from e
+
+
+def encode_changes(
+    keys: Sequence[Key], values: Sequence[Any | None], *, key_texts: Sequence[str] | None = None, where: object = ""
+) -> ChangeColumns:
+    """:func:`encode_items` of ``zip(keys, values)`` as columns: the commit path's encoder.
+
+    Values are encoded column-wise where :func:`~stream_ops.state.value_columns.encode_stored_column`
+    covers the batch, else one at a time; both give :func:`encode_items`' text.
+
+    Args:
+        keys: the changed keys.
+        values: their wrapped values, None for a deletion.
+        key_texts: ``encode_key(as_key(key))`` of each key, in order, when the caller holds
+            them already (the shuffle's key texts); else each key is encoded here.
+        where: the state topic, for errors.
+
+    Raises:
+        TopicError: a value is not JSON-serialisable, or the lengths differ.
+    """
+    if len(keys) != len(values) or (key_texts is not None and len(key_texts) != len(keys)):
+        lengths = f"{len(keys)} keys, {len(values)} values" + ("" if key_texts is None else f", {len(key_texts)} key texts")
+        raise TopicError(f"state topic {where}: cannot encode {lengths}")
+    texts = key_texts if key_texts is not None else [_encode_key_text(as_key(key)) for key in keys]
+    column = encode_stored_column(values)
+    if column is None:
+        encode_value = _encode_value_text
+        try:
+            column = pa.array([None if v is None else encode_value(to_json_obj(v)) for v in values], pa.string())
+        except (TypeError, ValueError, StateError) as e:
+            raise TopicError(f"state topic {where}: a value is not JSON-serialisable: {e}") from e
+    return ChangeColumns(pa.array(texts, pa.string()), column)
 
 
 def json_batch_lines(txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> list[str]:
@@ -324,13 +357,17 @@ class StateTopicQueue:
     def append_encoded(self, task_id: int, txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> Path:
         """:meth:`append` for items already encoded by :func:`encode_items` (the commit path
         encodes each value once, for the state topic and RocksDB)."""
+        if isinstance(encoded, ChangeColumns):
+            return self.append_columns(task_id, txid, epoch, encoded.keys, encoded.values)
         pairs = encoded if isinstance(encoded, Sequence) else list(encoded)
         # two comprehensions: zip(*pairs) passes every pair as an argument, ten times slower
         return self.append_columns(task_id, txid, epoch, [key for key, _ in pairs], [value for _, value in pairs])
 
-    def append_columns(self, task_id: int, txid: int, epoch: int, keys: Sequence[str], values: Sequence[str | None]) -> Path:
+    def append_columns(
+        self, task_id: int, txid: int, epoch: int, keys: Sequence[str] | pa.Array, values: Sequence[str | None] | pa.Array
+    ) -> Path:
         """:meth:`append_encoded` with the key texts and stored value texts (None deletes) as two
-        lists: the batch's Arrow IPC file, durable when this returns; a ``.jsonl`` file of the
+        lists or Arrow string columns: the batch's Arrow IPC file, durable when this returns; a ``.jsonl`` file of the
         same batch (written before the upgrade) is deleted after it.
 
         Raises:
