@@ -428,6 +428,7 @@ def run_size(keys: int, args: argparse.Namespace, nimbus_log: NimbusLog, signal_
         str(args.heartbeat_interval),
         "--spark-master",
         args.spark_master,
+        *[arg for item in args.spark_conf for arg in ("--spark-conf", item)],
     ]
     name = f"fo{keys}"
     nimbus_log.records.clear()
@@ -704,7 +705,8 @@ def report(results: list[RunResult], args: argparse.Namespace, info: list[str], 
         f"ZooKeeper session timeout {args.session_timeout} s (tickTime 500 ms); "
         f"monitor interval 0.5 s, task_timeout {args.task_timeout} s, launch_grace {args.launch_grace} s; "
         f"worker --trigger-seconds {args.trigger_seconds} --max-files-per-trigger {args.max_files_per_trigger} "
-        f"--heartbeat-interval {args.heartbeat_interval} --spark-master {args.spark_master}; "
+        f"--heartbeat-interval {args.heartbeat_interval} --spark-master {args.spark_master}"
+        f"{''.join(f' --spark-conf {item}' for item in args.spark_conf)}; "
         f"input {args.words_per_line} words/line x {args.lines_per_file} lines/file; "
         f"trickle {args.trickle_words} new words every {args.trickle_interval} s from {args.trickle_lead} s before the kill"
     )
@@ -814,6 +816,13 @@ def main() -> None:
     parser.add_argument("--max-files-per-trigger", type=int, default=4)
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
     parser.add_argument("--spark-master", default="local[2]")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting passed to the workers (repeatable)",
+    )
     parser.add_argument("--words-per-line", type=int, default=1000)
     parser.add_argument("--lines-per-file", type=int, default=50)
     parser.add_argument("--sample", type=int, default=1000, help="random built keys checked after the failover")

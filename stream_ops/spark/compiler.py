@@ -6,7 +6,9 @@ the callback (the runtime's commit protocol) asks this module for the batch's re
 * source stage: records parsed against the source schema (malformed ones kept in a corrupt
   column), the operation tree applied in ``mapInArrow``, and per stage output its records or
   its partial aggregate per key (computed by Spark when the stage has that one output),
-  collected to the driver together with the dead letters and the input count;
+  collected to the driver together with the dead letters and the input count; a small batch
+  is parsed by Spark and collected first, the same operations then run on the driver
+  (:mod:`stream_ops.spark.driver_batches`);
 * keyed stage: the shuffled partial aggregates combined per key: read from the batch's Parquet
   shuffle files and combined in Arrow on the driver (no Spark job), or by Spark for JSON
   shuffle files (topologies submitted before Parquet shuffles) and shuffles through Kafka.
@@ -23,7 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +44,7 @@ from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATION
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.checkpoint import batch_input_files
+from stream_ops.spark.driver_batches import computes_on_driver, driver_rows, local_path, noting_input_bytes
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -80,13 +82,15 @@ def start_stage_query(
     (:mod:`stream_ops.kafka.shuffle_reader`), parsed against the same fields. A stage whose
     partials shuffle is Parquet (``stage.shuffle_format``) streams its ``*.parquet`` files, and
     its batches' files (from the file source's log in ``checkpoint_dir``) are noted for
-    :func:`keyed_batch`, which reads them itself.
+    :func:`keyed_batch`, which reads them itself. A source stage's batches have their input
+    size noted (file sources), so that :func:`source_batch` computes small ones on the driver.
     """
     if stage.reads_source:
         assert stage.source is not None
         df = source_kind(stage.source.kind).read_stream(
             spark, stage.source, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age
         )
+        on_batch = noting_input_bytes(on_batch, checkpoint_dir)
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     else:
@@ -124,7 +128,7 @@ def _noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_d
 
     def run(df: DataFrame, batch_id: int) -> None:
         files = batch_input_files(checkpoint_dir, batch_id)
-        paths = [_local_path(uri) for uri in files] if files is not None else None
+        paths = [local_path(uri) for uri in files] if files is not None else None
         if paths is not None and all(p is not None for p in paths):
             _BATCH_FILES[df] = [p for p in paths if p is not None]
         try:
@@ -133,14 +137,6 @@ def _noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_d
             _BATCH_FILES.pop(df, None)
 
     return run
-
-
-def _local_path(uri: str) -> Path | None:
-    """The local path of a file URI Spark logged (None for another file system)."""
-    parsed = urlparse(uri)
-    if parsed.scheme not in ("", "file"):
-        return None
-    return Path(unquote(parsed.path))
 
 
 @dataclass(frozen=True)
@@ -394,7 +390,7 @@ def _typed_partials(stage: StageSpec) -> ShuffleSpec | None:
     return output
 
 
-def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
+def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None) -> SourceBatchResult:
     """Run a source stage's operations (and partial aggregation) on one micro-batch.
 
     The stage's leading Spark SQL operations (``select_expr``, ``where``) run first, in the
@@ -402,12 +398,19 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
     until the failing records are found; they go to the dead letters and the others are
     processed once, as if they had been the whole batch. The input count of such a stage
     counts the rows the SQL operations produce.
+
+    ``on_driver``: True runs the Python operations on the driver after one Spark job collects
+    the (SQL-processed) batch, False in Spark's Python workers; None decides by the batch's
+    input size (:func:`~stream_ops.spark.driver_batches.computes_on_driver`). Both give the
+    same outputs, partials, dead letters and input count.
     """
+    if on_driver is None:
+        on_driver = computes_on_driver(df)
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     if not sql:
-        return _source_batch(df, stage)
+        return _source_batch(df, stage, on_driver=on_driver)
     try:
-        return _sql_batch(df, stage, sql)
+        return _sql_batch(df, stage, sql, on_driver=on_driver)
     except (PySparkException, Py4JJavaError) as e:
         rows = df.collect()
         failing = _failing_rows(df.sparkSession, rows, df.schema, sql)
@@ -420,7 +423,7 @@ def source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
         return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows, result.inputs)
 
 
-def _sql_batch(df: DataFrame, stage: StageSpec, sql: list[OperationSpec]) -> SourceBatchResult:
+def _sql_batch(df: DataFrame, stage: StageSpec, sql: list[OperationSpec], *, on_driver: bool) -> SourceBatchResult:
     """The stage's batch with its SQL operations in the JVM, reading the input once.
 
     Lines that did not parse are counted on the way (an observation, no extra pass) and only
@@ -429,18 +432,26 @@ def _sql_batch(df: DataFrame, stage: StageSpec, sql: list[OperationSpec]) -> Sou
     and the unparsed lines would parse the whole batch twice.
     """
     if CORRUPT_COLUMN not in df.columns:
-        data = _with_sql(df, sql)
-        return _jvm_partials(data, stage) or _source_batch(data, stage)
+        return _after_sql(_with_sql(df, sql), stage, on_driver=on_driver)
     unparsed = Observation()
     corrupt = F.col(CORRUPT_COLUMN)
     watched = df.observe(unparsed, F.count(corrupt).alias("n"))
     data = _with_sql(watched.where(corrupt.isNull()).drop(CORRUPT_COLUMN), sql)
-    result = _jvm_partials(data, stage) or _source_batch(data, stage)
+    result = _after_sql(data, stage, on_driver=on_driver)
     if not unparsed.get["n"]:
         return result
     texts = [row[0] for row in df.where(corrupt.isNotNull()).select(corrupt).collect()]
     letters = [{"record": text, "error": "does not parse against the source schema"} for text in texts]
     return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows + len(texts), result.inputs)
+
+
+def _after_sql(data: DataFrame, stage: StageSpec, *, on_driver: bool) -> SourceBatchResult:
+    """The batch after its SQL operations: counted by Spark alone when it can, else the
+    Python operations in Spark's workers, or on the driver (a small batch: collecting the
+    rows is one job, where Spark's count is a shuffle)."""
+    if on_driver:
+        return _source_batch(data, stage, on_driver=True)
+    return _jvm_partials(data, stage) or _source_batch(data, stage)
 
 
 _JVM_KEY_TYPES = ("string", "bigint", "int", "boolean", "double")
@@ -525,27 +536,38 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _source_batch(df: DataFrame, stage: StageSpec) -> SourceBatchResult:
+def _source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool = False) -> SourceBatchResult:
+    """The stage's Python operations and partial aggregation over ``df``: ``mapInArrow`` in
+    Spark's Python workers (a typed partial combined per key by Spark), or the same function
+    on the driver over the collected batch (``on_driver``)."""
     typed = _typed_partials(stage)
     columns = "out int, key string, value {}, dead string, inputs long, record string"
+    rows: list[Any]
     if typed is not None:
-        spark_fn = aggregator_from_spec(typed.aggregator).spark_function
+        aggregator = aggregator_from_spec(typed.aggregator)
+        spark_fn = aggregator.spark_function
         fn = _stage_rows(stage.operations, _output_plans(stage), "typed", typed.value_type)
-        rows = (
-            df.mapInArrow(fn, columns.format(typed.value_type))
-            .groupBy("out", "key", "dead")
-            .agg(
-                getattr(F, str(spark_fn))("value").alias("value"),
-                F.count(F.lit(1)).alias("n"),
-                F.sum("inputs").alias("inputs"),
-                F.lit(None).cast("string").alias("record"),
+        if on_driver:
+            rows = driver_rows(df, fn, aggregator)
+        else:
+            rows = (
+                df.mapInArrow(fn, columns.format(typed.value_type))
+                .groupBy("out", "key", "dead")
+                .agg(
+                    getattr(F, str(spark_fn))("value").alias("value"),
+                    F.count(F.lit(1)).alias("n"),
+                    F.sum("inputs").alias("inputs"),
+                    F.lit(None).cast("string").alias("record"),
+                )
+                .collect()
             )
-            .collect()
-        )
     else:
         mode = "raw" if needs_driver(stage.operations) else "outputs"
         fn = _stage_rows(stage.operations, _output_plans(stage), mode, "string")
-        rows = df.mapInArrow(fn, columns.format("string")).withColumn("n", F.lit(1)).collect()
+        if on_driver:
+            rows = driver_rows(df, fn, None)
+        else:
+            rows = df.mapInArrow(fn, columns.format("string")).withColumn("n", F.lit(1)).collect()
     outputs: dict[int, list[Any]] = {index: [] for index in range(len(stage.outputs))}
     combined: dict[int, dict[str, Any]] = defaultdict(dict)
     raw: list[dict[str, Any]] = []
