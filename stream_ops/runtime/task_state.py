@@ -99,7 +99,11 @@ def _open(
         store = RocksDBBackingMap(store_dir)
         marker = store.applied_marker()
         if marker != expected and expected is not None:
-            tail = queue_log.catch_up(store, *expected, snapshot_dir=snapshot_dir)
+            try:
+                tail = queue_log.catch_up(store, *expected, snapshot_dir=snapshot_dir)
+            except BaseException:
+                store.close()
+                raise
         if marker == expected or tail is not None:
             rebuilt = False
         else:
@@ -110,7 +114,15 @@ def _open(
     if rebuilt:
         store_dir.parent.mkdir(parents=True, exist_ok=True)
         store = RocksDBBackingMap(store_dir)
-        if committed_txid >= 0:
-            restored = queue_log.rebuild(store, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True)
+        try:
+            if committed_txid >= 0:
+                restored = queue_log.rebuild(
+                    store, committed_txid, committed_epoch, snapshot_dir=snapshot_dir, require_complete=True
+                )
+        except BaseException:
+            # closed here, not when the error is collected: its traceback may sit in a cycle
+            # (a failed future of the replay's thread pool) and keep the RocksDB lock meanwhile
+            store.close()
+            raise
     map_state = MAP_STATES[kind](store) if kind is not None else None
     return TaskState(store=store, map_state=map_state, log=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail)

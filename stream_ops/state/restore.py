@@ -43,6 +43,13 @@ def rebuild_store(
     (:func:`replay_arrow_changes`), so the store ends up byte for byte as
     :meth:`RocksDBBackingMap.restore` of the replayed values leaves it.
 
+    The load runs as a pipeline on two cores: writing the SST file is GIL-bound Python, the
+    rest is Arrow compute, which releases the GIL. A large replay is computed in key ranges in
+    a thread pool and each range is written as soon as it is ready
+    (:attr:`ArrowChanges.ranges <stream_ops.state.state_topic.ArrowChanges>`), and the
+    snapshot's next row groups are read and checked in a background thread while the current
+    one is written (:func:`~stream_ops.state.state_batch_arrow.read_ahead`).
+
     Example:
         >>> with RocksDBBackingMap(path) as store:
         ...     rebuild_store(store, StateTopicQueue(topic, 3), committed_txid=41, committed_epoch=5,

@@ -36,7 +36,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_file, make_dirs
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.keys import Key, as_key
+from stream_ops.state.state_batch_arrow import LOAD_CHUNK_ROWS, read_ahead
 from stream_ops.state.state_topic import (
     ArrowChanges,
     EncodedChanges,
@@ -431,7 +432,8 @@ class RestoreSource:
 
     Attributes:
         snapshot: the snapshot the pairs start from, None for a full replay.
-        total: how many pairs at most (a tail key also in the snapshot is counted twice).
+        total: how many pairs at most (a tail key also in the snapshot is counted twice; a
+            replay computed in key ranges counts its entries, see ``ArrowChanges.live_at_most``).
     """
 
     def __init__(
@@ -444,12 +446,13 @@ class RestoreSource:
         """``where`` names the state-topic queue the tail was read from, for errors."""
         self.snapshot = snapshot
         self._parquet = parquet
+        self._readers: list[Generator[Any, None, None]] = []  # snapshot runs handed out, to close first
         self._tail = tail
         self._where = where
         # the keys the tail changes, to leave out of the snapshot rows (none without a snapshot)
         if isinstance(tail, ArrowChanges):
             self._tail_keys = tail.keys if snapshot is not None else pa.array([], type=pa.string())
-            live = tail.table.num_rows - tail.table["value"].null_count
+            live = tail.live_at_most  # without waiting for a partitioned replay's ranges
         else:
             changed = [key_text(key) for key in tail.changes] if snapshot is not None else []
             self._tail_keys = pa.array(changed, type=pa.string())
@@ -506,7 +509,9 @@ class RestoreSource:
         """
         if self._parquet is not None and self.snapshot is not None:
             exclude = self._tail_keys if len(self._tail_keys) else None
-            yield _encoded_batches(self._parquet, self.snapshot.path, exclude=exclude)
+            run = _encoded_batches(self._parquet, self.snapshot.path, exclude=exclude)
+            self._readers.append(run)
+            yield run
         yield self._tail_chunks()
 
     def _tail_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
@@ -519,6 +524,10 @@ class RestoreSource:
         yield [key for key, _ in pairs], [value for _, value in pairs]
 
     def close(self) -> None:
+        """Close the snapshot file, once no reader's background thread reads it any more."""
+        for reader in self._readers:  # stops its read-ahead thread (a load that failed midway)
+            reader.close()
+        self._readers.clear()
         if self._parquet is not None:
             self._parquet.close()
             self._parquet = None
@@ -816,13 +825,26 @@ def _decoded_batches(parquet: pq.ParquetFile, path: Path, *, exclude: pa.Array |
 
 def _encoded_batches(
     parquet: pq.ParquetFile, path: Path, *, exclude: pa.Array | None
-) -> Iterator[tuple[list[bytes], list[bytes]]]:
+) -> Generator[tuple[list[bytes], list[bytes]], None, None]:
     """(key bytes, value bytes) per record batch, rows whose key is in ``exclude`` left out.
 
     Nothing is decoded: the columns are checked with Arrow compute (no nulls; every key starts
     with ``[`` and ends with ``]``, every value starts with ``{"k":"`` and ends with ``}``, as
-    ``encode_key`` and ``encode_stored`` make them) and handed over as bytes.
+    ``encode_key`` and ``encode_stored`` make them) and handed over as bytes. The Arrow part
+    (reading, filtering, checking the next batches) runs ahead in a background thread, so it
+    overlaps the caller's GIL-bound load of the current batch.
     """
+    batches = read_ahead(_checked_batches(parquet, path, exclude=exclude))
+    try:
+        for keys, values in batches:
+            for start in range(0, len(keys), LOAD_CHUNK_ROWS):
+                yield keys.slice(start, LOAD_CHUNK_ROWS).to_pylist(), values.slice(start, LOAD_CHUNK_ROWS).to_pylist()
+    finally:
+        batches.close()  # waits for the batch being read: the caller may close the file next
+
+
+def _checked_batches(parquet: pq.ParquetFile, path: Path, *, exclude: pa.Array | None) -> Iterator[tuple[pa.Array, pa.Array]]:
+    """The key and value columns of :func:`_encoded_batches` per batch, checked, as binary arrays."""
     for batch in parquet.iter_batches(batch_size=_ROW_GROUP_ROWS, columns=["key", "value"]):
         if exclude is not None:
             batch = batch.filter(pc.invert(pc.is_in(batch.column("key"), value_set=exclude)))
@@ -830,7 +852,7 @@ def _encoded_batches(
             continue
         keys = _check_encoded(batch.column("key"), "[", "]", path, "key")
         values = _check_encoded(batch.column("value"), '{"k":"', "}", path, "value")
-        yield keys.cast(pa.binary()).to_pylist(), values.cast(pa.binary()).to_pylist()
+        yield keys.cast(pa.binary()), values.cast(pa.binary())
 
 
 def _check_encoded(column: pa.Array, prefix: str, suffix: str, path: Path, name: str) -> pa.Array:

@@ -11,14 +11,20 @@ in the order the batch wrote them, with the schema metadata ``stream_ops.state_b
 (schema and record-batch index) and a trailing magic, so a file cut short anywhere fails to
 open; the reader also requires the metadata's txid and epoch to be the file name's and the
 row count to be N. Either failure is a :class:`~stream_ops.errors.ReplayError` naming the file.
+
+The replay rule over the concatenated columns is :func:`last_per_key`; a large replay cuts the
+rows into key ranges first (:func:`key_pivots`, :func:`key_ranges`) and applies it per range in
+threads, which gives the same rows (see ``state_topic.replay_arrow_changes``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +39,13 @@ BATCH_FORMAT = 1
 _META_KEY = b"stream_ops.state_batch"
 SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
 """The columns of a batch file and of the tables :func:`read_arrow_batch` returns."""
+_SAMPLES_PER_RANGE = 64
+"""Keys sampled per wanted range to pick :func:`key_pivots` (more: ranges of more even size)."""
+_T = TypeVar("_T")
+LOAD_CHUNK_ROWS = 16_384
+"""Rows handed to a GIL-bound loader (RocksDB's SST writer) at a time. A C loop over a chunk
+keeps the GIL until it ends, and only then can a background thread take it for its next Arrow
+call: smaller chunks keep :func:`read_ahead` and the replay's range threads busy meanwhile."""
 
 
 def encode_arrow_batch(
@@ -62,9 +75,10 @@ def read_arrow_batch(path: Path, file_id: BatchFileId) -> pa.Table:
             row count than it records, or holds a null or malformed key or a malformed value.
         FileNotFoundError: the file is gone (compacted meanwhile).
     """
-    data = path.read_bytes()
+    with pa.OSFile(str(path)) as file:  # into Arrow's memory pool: reused by the replay's next steps
+        data = file.read_buffer()
     try:
-        reader = pa.ipc.open_file(pa.py_buffer(data))
+        reader = pa.ipc.open_file(data)
         table = reader.read_all()
     except pa.ArrowException as e:
         raise ReplayError(
@@ -150,3 +164,77 @@ def last_per_key(keys: pa.ChunkedArray | pa.Array) -> pa.Array:
     np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
     order = pc.sort_indices(encoded.dictionary).to_numpy(zero_copy_only=False)
     return pa.array(last[order])
+
+
+def key_pivots(keys: pa.Array, ranges: int) -> pa.Array:
+    """Up to ``ranges - 1`` distinct keys, ascending, that cut ``keys`` into ranges of about
+    equal row counts, for :func:`key_ranges`.
+
+    Picked from an evenly spaced sample of the rows, so a key written more often weighs more,
+    as it costs more. Any ascending keys give a correct split; the sample only evens it out.
+    """
+    if ranges <= 1 or len(keys) == 0:
+        return pa.array([], pa.string())
+    step = max(1, len(keys) // (ranges * _SAMPLES_PER_RANGE))
+    sample = pc.unique(keys.take(np.arange(0, len(keys), step, dtype=np.int64)))
+    sample = sample.take(pc.sort_indices(sample))
+    picks = np.linspace(0, len(sample), ranges + 1)[1:-1].astype(np.int64)
+    return pc.unique(sample.take(picks))  # unique keeps the order: still ascending
+
+
+def key_ranges(keys: pa.Array, pivots: pa.Array) -> list[np.ndarray]:
+    """The row numbers of each key range of ``keys`` cut at ``pivots`` (ascending, distinct):
+    range i holds the keys k with ``pivots[i-1] <= k < pivots[i]``, in byte order (RocksDB's).
+
+    Each range's row numbers ascend (offset order), so :func:`last_per_key` over one range
+    is the replay rule for its keys; a key is in exactly one range, and every key of a range
+    is smaller than every key of the next one. Some ranges may be empty. The two steps,
+    :func:`range_ids` and :func:`range_rows`, can run apart (in threads, on slices).
+    """
+    ids = range_ids(keys, pivots)
+    return [range_rows(ids, number) for number in range(len(pivots) + 1)]
+
+
+def range_ids(keys: pa.Array, pivots: pa.Array) -> np.ndarray:
+    """The number of the key range of each row of ``keys`` (see :func:`key_ranges`)."""
+    small = np.uint16 if len(pivots) < np.iinfo(np.uint16).max else np.int64  # 4x less to scan per range
+    if len(pivots) == 0:
+        return np.zeros(len(keys), small)
+    return pc.search_sorted(pivots, keys, side="right").to_numpy().astype(small)
+
+
+def range_rows(ids: np.ndarray, number: int) -> np.ndarray:
+    """The row numbers, ascending, of the rows in key range ``number`` (``ids`` from :func:`range_ids`)."""
+    return np.flatnonzero(ids == number)
+
+
+def last_per_key_of(keys: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """:func:`last_per_key` over the rows ``rows`` (ascending) of ``keys``: the row numbers
+    (of ``keys``) of each of their keys' last row, in ascending key order."""
+    if len(rows) == 0:
+        return rows
+    local = last_per_key(keys.take(rows)).to_numpy()
+    return rows[local]
+
+
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Generator[_T, None, None]:
+    """``items``, each computed up to ``depth`` items ahead in a background thread.
+
+    For a pipeline whose producer is Arrow work (which releases the GIL) and whose consumer
+    is GIL-bound Python (loading RocksDB): the two then overlap on two cores. ``items`` is
+    advanced by one thread only, in order; its exceptions are raised here, in order. When the
+    consumer stops early, the items not started yet are dropped.
+    """
+    end = object()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-ops-read-ahead") as pool:
+        pending: deque[Future[Any]] = deque(pool.submit(next, items, end) for _ in range(max(1, depth)))
+        try:
+            while True:
+                item = pending.popleft().result()
+                if item is end:
+                    return
+                pending.append(pool.submit(next, items, end))
+                yield item
+        finally:
+            for future in pending:
+                future.cancel()
