@@ -533,7 +533,13 @@ def main() -> None:
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
     parser.add_argument("--poll", type=float, default=0.1, help="stream_ops state-query poll interval, seconds")
-    parser.add_argument("--warmup-sentences", type=int, default=10_000, help="0 skips the warm-up runs")
+    parser.add_argument(
+        "--warmup-sentences",
+        type=int,
+        default=100_000,
+        help="0 skips the warm-up runs; keep a source batch above spark.stream_ops.driverBatchBytes (1 MiB): smaller "
+        "batches run on the driver and would leave Spark's Python workers to start inside the timed run",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
