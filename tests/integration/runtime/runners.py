@@ -55,6 +55,21 @@ def pause_commits(monkeypatch: Any, worker_id: str, *, txid: int | None = None) 
     return paused, resume
 
 
+def crash_after_publish(monkeypatch: Any, txid: int, error: BaseException) -> None:
+    """Make the first publish of ``txid`` raise ``error`` right after it published: a task
+    that "crashes" after its ZooKeeper commit, before Spark logs the batch done."""
+    crashed = threading.Event()
+    real_publish = TaskRunner._publish
+
+    def publish_then_crash(self: TaskRunner, committed: int, epoch: int) -> None:
+        real_publish(self, committed, epoch)
+        if committed == txid and not crashed.is_set():
+            crashed.set()
+            raise error
+
+    monkeypatch.setattr(TaskRunner, "_publish", publish_then_crash)
+
+
 def read_parquet(path: Path, columns: str) -> list[tuple]:
     """The sorted rows of ``columns`` of every Parquet file under ``path`` (a sink), or []."""
     if not path.exists() or not list(path.rglob("*.parquet")):

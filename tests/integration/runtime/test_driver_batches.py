@@ -9,13 +9,12 @@ a zombie owner and a replayed batch.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import Counter
 
 import pytest
 from pyspark.sql import DataFrame
-from runners import make_runner, pause_commits
+from runners import crash_after_publish, make_runner, pause_commits
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology, TransactionalMapState
 from stream_ops.config import ClusterConfig
@@ -25,7 +24,6 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount, split, split_batch
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.spark import compiler
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
@@ -147,16 +145,7 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
         a.stop()
 
         # B commits txid 1, then "crashes" before Spark logs the batch done: C replays it.
-        crash = threading.Event()
-        real_publish = TaskRunner._publish
-
-        def publish_then_crash(self, txid, epoch):
-            real_publish(self, txid, epoch)
-            if txid == 1 and not crash.is_set():
-                crash.set()
-                raise OwnershipLostError("simulated crash after the ZooKeeper commit")
-
-        monkeypatch.setattr(TaskRunner, "_publish", publish_then_crash)
+        crash_after_publish(monkeypatch, 1, OwnershipLostError("simulated crash after the ZooKeeper commit"))
         b.start_query()
         _wait(lambda: not b.is_running(), "B's query dies after committing txid 1")
         b.stop()

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 import pytest
-from runners import make_runner, pause_commits
+from runners import crash_after_publish, make_runner, pause_commits
 
 from stream_ops import FileTopic, Max, Min, Sum, Topology, TransactionalMapState
 from stream_ops.config import ClusterConfig
@@ -84,16 +84,7 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
         assert _committed(admin, topology_id, task) == 0
 
         # B replays txid 1 and commits it, then "crashes" before Spark logs the batch done.
-        crash = threading.Event()
-        real_publish = TaskRunner._publish
-
-        def publish_then_crash(self, txid, epoch):
-            real_publish(self, txid, epoch)
-            if txid == 1 and not crash.is_set():
-                crash.set()
-                raise OSError("simulated crash after the ZooKeeper commit")
-
-        monkeypatch.setattr(TaskRunner, "_publish", publish_then_crash)
+        crash_after_publish(monkeypatch, 1, OSError("simulated crash after the ZooKeeper commit"))
         b.start_query()
         _wait(lambda: not b.is_running(), "B's query dies after committing txid 1")
         b.stop()

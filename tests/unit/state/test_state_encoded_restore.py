@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rocksdict import Options, Rdict
+from state_store_bytes import raw_items
 
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.hashing import encode_key
@@ -68,16 +68,6 @@ VALUES: list[Any] = [
     *PLAIN,
     None,  # None as a plain value is a deletion
 ]
-
-
-def raw_items(path: Path) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of a closed store as the bytes RocksDB holds, marker included."""
-    options = Options(raw_mode=True)
-    db = Rdict(str(path), options)
-    try:
-        return list(db.items())
-    finally:
-        db.close()
 
 
 def generic_restore(path: Path, queue: StateTopicQueue, txid: int, epoch: int) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from rocksdict import Options, Rdict
+from state_store_bytes import raw_items
 
 from stream_ops.errors import ReplayError
 from stream_ops.state import (
@@ -210,14 +210,6 @@ def test_a_partitioned_rebuild_leaves_the_bytes_of_the_generic_restore(queue: St
         count = rebuild_store(store, queue, committed_txid=30, committed_epoch=1)
     assert count == len([value for value in queue.replay(30).values() if value is not None])
     assert raw_items(tmp_path / "fast") == raw_items(tmp_path / "generic")
-
-
-def raw_items(path: Path) -> list[tuple[bytes, bytes]]:
-    db = Rdict(str(path), Options(raw_mode=True))
-    try:
-        return list(db.items())
-    finally:
-        db.close()
 
 
 # --- read_ahead -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from rocksdict import Options, Rdict
+from state_store_bytes import raw_items
 
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state import OpaqueValue, RocksDBBackingMap, StateTopicQueue, TransactionalValue, compact_queue, rebuild_store
@@ -28,14 +28,6 @@ def append_json(queue: StateTopicQueue, txid: int, epoch: int, items: list[tuple
     """A batch file as the state topic wrote it before the upgrade."""
     name = batch_file_name(task, txid, epoch)
     return queue.topic.write_lines(queue.queue, name, json_batch_lines(txid, epoch, encode_items(items)))
-
-
-def raw_items(path: Path) -> list[tuple[bytes, bytes]]:
-    db = Rdict(str(path), Options(raw_mode=True))
-    try:
-        return list(db.items())
-    finally:
-        db.close()
 
 
 def history(queue: StateTopicQueue, rng: random.Random, *, txids: int, json_until: int) -> None:
