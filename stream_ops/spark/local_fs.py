@@ -12,9 +12,11 @@ system with ``setPermission`` through java.nio, and its FileContext binding, whi
 checkpoint file manager uses. They are compiled once per machine with the JDK's ``javac`` into
 the jar cache (:func:`local_fs_jar`), put on the driver's class path when this process starts
 the JVM, and bound to ``file:`` for FileContext only (``fs.AbstractFileSystem.file.impl``, the
-driver's checkpoint writes; executors keep Hadoop's own classes, so a cluster's executors need
-no jar). Without a JDK, or when the JVM was started elsewhere, Hadoop's ``RawLocalFs`` is bound
-instead (no ``.crc`` files: one file per entry, not two).
+driver's checkpoint writes). Executors read and write files through Hadoop's FileSystem, not
+FileContext, so a cluster's executors need no jar; only Spark's own state stores (stateful
+Spark operators, which stream_ops does not use) write through FileContext on executors, and
+would need the jar there. Without a JDK, or when the JVM was started elsewhere, Hadoop's
+``RawLocalFs`` is bound instead (no ``.crc`` files: one file per entry, not two).
 """
 
 from __future__ import annotations
