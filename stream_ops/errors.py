@@ -227,6 +227,11 @@ class KafkaSinkFencedError(KafkaSinkError):
     its open transaction is aborted and it can write nothing more. The new owner delivers."""
 
 
+class SstLoadError(StateError):
+    """The SST file beside a snapshot could not be loaded into a store; nothing was written, so
+    the restore can go on from the Parquet snapshot."""
+
+
 class StateTopicTruncatedError(StateError):
     """The state-topic records asked for were deleted by a compaction meanwhile (a Kafka state
     topic's partition starts at a higher offset now): read again from the newer snapshot."""

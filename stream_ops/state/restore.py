@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from stream_ops.errors import SstLoadError
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.snapshot import RestoreSource, open_restore_source
 from stream_ops.state.state_topic import StateTopicQueue, paused_cyclic_gc, replay_arrow_changes
@@ -41,7 +42,10 @@ def rebuild_store(
     loaded with :meth:`RocksDBBackingMap.restore_sorted` (SST files, ingested): the snapshot's
     columns already are the stored bytes, in key order, and so are the tail's
     (:func:`replay_arrow_changes`), so the store ends up byte for byte as
-    :meth:`RocksDBBackingMap.restore` of the replayed values leaves it.
+    :meth:`RocksDBBackingMap.restore` of the replayed values leaves it. A snapshot written with
+    an SST beside it (every compaction writes one) is not read row by row: the SST is ingested
+    whole and the tail applied on top (:meth:`RocksDBBackingMap.restore_from_sst`), the same
+    contents without a Python call per key; if the SST cannot be loaded, the Parquet file is read.
 
     The load runs as a pipeline on two cores: writing the SST file is GIL-bound Python, the
     rest is Arrow compute, which releases the GIL. A large replay is computed in key ranges in
@@ -198,6 +202,13 @@ def restore_from_source(
             source.total,
             source.description,
         )
+        load = source.sst_load()
+        if load is not None:
+            try:
+                store.restore_from_sst(load.sst, load.changes, committed_txid, committed_epoch)
+                return load.keys
+            except SstLoadError as e:  # nothing written: load the Parquet snapshot instead
+                logger.warning("%s; restoring from the Parquet snapshot instead", e)
         # the bytes the store keeps, in sorted runs: snapshot columns as they are, then the tail
         progress = _Progress(source.total, store_path, clock, log_interval)
         runs = (progress.chunks(run) for run in source.sorted_runs())

@@ -24,7 +24,7 @@ from typing import Any
 
 from rocksdict import IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
-from stream_ops.errors import StateError, TxidOrderError
+from stream_ops.errors import SstLoadError, StateError, TxidOrderError
 from stream_ops.hashing import encode_key
 from stream_ops.state.backing import check_same_length
 from stream_ops.state.keys import Key, as_key
@@ -343,7 +343,7 @@ class RocksDBBackingMap:
                 staging.mkdir(parents=True)
                 for number, run in enumerate(runs):
                     sst = staging / f"run-{number:05d}.sst"
-                    written = self._write_sst(sst, run)
+                    written = write_sorted_sst(sst, run, where=self._path)
                     if written:
                         ingest = IngestExternalFileOptions()
                         ingest.set_move_files(True)
@@ -357,34 +357,45 @@ class RocksDBBackingMap:
         logger.info("state store %s: restored %d sorted keys at txid %d epoch %d", self._path, count, txid, epoch)
         return count
 
-    def _write_sst(self, path: Path, run: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> int:
-        """Write one sorted run into the SST file ``path``; returns its keys (0: no file left)."""
-        writer = SstFileWriter(_options())
-        put = writer.__setitem__
-        count = 0
-        try:
-            writer.open(str(path))
-            for keys, values in run:
-                if len(keys) != len(values):
-                    raise StateError(f"restore_sorted into {self._path}: {len(keys)} keys but {len(values)} values in a chunk")
-                if not keys:
-                    continue
-                first, last = keys[0], keys[-1]
-                if first[:1] != b"[" or last[:1] != b"[":
-                    bad = first if first[:1] != b"[" else last
-                    raise StateError(_bad_encoded_pair(self._path, bad, None))
-                deque(map(put, keys, values), maxlen=0)  # the hot loop of a restore, without bytecode per key
-                count += len(keys)
-            if count:
-                writer.finish()
-        except StateError:
-            raise
-        except Exception as e:  # rocksdict raises plain Exception (order) or TypeError (not bytes)
-            raise StateError(
-                f"restore_sorted into {self._path}: {e} (keys must be encoded bytes in strictly ascending order, "
-                "values bytes); the store holds a partial restore without a marker — destroy it and restore again"
-            ) from e
-        return count
+    def restore_from_sst(self, sst: Path, changes: Iterable[tuple[bytes, bytes | None]], txid: int, epoch: int) -> None:
+        """Load an EMPTY store from the SST file beside a snapshot, then apply the state-topic
+        tail ``changes`` (encoded keys, encoded values or None to delete) and set the marker.
+
+        The SST is copied next to the store and ingested (no Python call per key: the fastest
+        restore there is); the tail and the marker go in one synced write batch. The store then
+        holds exactly what :meth:`restore_sorted` of the snapshot rows without the tail's keys,
+        then the tail's live values, leaves.
+
+        Raises:
+            SstLoadError: the SST could not be copied or ingested (missing, cut short, written
+                by an incompatible RocksDB); nothing was written, the store is still empty.
+            StateError: the store is not empty, or the tail could not be written after the
+                ingest (destroy the store and restore again).
+        """
+        meta = _encode_marker(txid, epoch)
+        staging = self._path.parent / f".{self._path.name}.ingest-{uuid.uuid4().hex}"
+        with self._lock:
+            self._require_empty()
+            try:
+                staging.mkdir(parents=True)
+                local = staging / "snapshot.sst"
+                shutil.copyfile(sst, local)
+                ingest = IngestExternalFileOptions()
+                ingest.set_move_files(True)
+                self._call("ingest the snapshot's SST", lambda db: db.ingest_external_file([str(local)], ingest))
+            except (OSError, StateError) as e:
+                raise SstLoadError(f"state store {self._path}: could not load {sst}: {e}") from e
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            batch = WriteBatch(raw_mode=True)
+            for key, value in changes:
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            batch.put(_META_KEY, meta)
+            self._call("apply the state-topic tail after the snapshot's SST", lambda db: db.write(batch, self._write_options))
+        logger.info("state store %s: loaded %s and the tail at txid %d epoch %d", self._path, sst.name, txid, epoch)
 
     def apply_encoded(self, pairs: Iterable[tuple[bytes, bytes | None]], txid: int, epoch: int) -> int:
         """Apply encoded changes (a value of None deletes the key) on top of the store's state and
@@ -490,6 +501,46 @@ class RocksDBBackingMap:
             return op(db)
         except Exception as e:  # rocksdict raises plain Exception for every RocksDB error
             raise StateError(f"state store {self._path}: could not {action}: {e}") from e
+
+
+def write_sorted_sst(path: Path, run: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], *, where: object) -> int:
+    """Write one sorted run of encoded (key, value) chunks into the SST file ``path`` with the
+    stores' options; returns its keys (0: no file left, RocksDB cannot finish an empty one).
+
+    Used to load a restore (:meth:`RocksDBBackingMap.restore_sorted`) and to write the SST
+    beside a snapshot (:meth:`RocksDBBackingMap.restore_from_sst` ingests it). ``where`` names
+    the store or snapshot, for errors.
+
+    Raises:
+        StateError: a chunk's lists differ in length, a key is not encoded or out of order, or
+            a value is not bytes.
+    """
+    writer = SstFileWriter(_options())
+    put = writer.__setitem__
+    count = 0
+    try:
+        writer.open(str(path))
+        for keys, values in run:
+            if len(keys) != len(values):
+                raise StateError(f"writing {path} for {where}: {len(keys)} keys but {len(values)} values in a chunk")
+            if not keys:
+                continue
+            first, last = keys[0], keys[-1]
+            if first[:1] != b"[" or last[:1] != b"[":
+                bad = first if first[:1] != b"[" else last
+                raise StateError(_bad_encoded_pair(Path(str(where)), bad, None))
+            deque(map(put, keys, values), maxlen=0)  # the hot loop of a restore, without bytecode per key
+            count += len(keys)
+        if count:
+            writer.finish()
+    except StateError:
+        raise
+    except Exception as e:  # rocksdict raises plain Exception (order) or TypeError (not bytes)
+        raise StateError(
+            f"writing {path} for {where}: {e} (keys must be encoded bytes in strictly ascending order, values bytes); "
+            "a store being restored holds a partial restore without a marker — destroy it and restore again"
+        ) from e
+    return count
 
 
 def _bad_encoded_pair(path: Path, key: Any, value: Any) -> str:

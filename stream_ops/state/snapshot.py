@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_file, make_dirs
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state.keys import Key, as_key
+from stream_ops.state.rocksdb_backing import write_sorted_sst
 from stream_ops.state.state_batch_arrow import LOAD_CHUNK_ROWS, read_ahead
 from stream_ops.state.state_topic import (
     ArrowChanges,
@@ -330,6 +331,7 @@ def store_snapshot(
     if offset is not None:
         meta["offset"] = offset
     _write_atomically(target, table, meta)
+    _write_sst_beside(target, table)
     seconds = time.perf_counter() - started
     info = SnapshotInfo(
         path=target,
@@ -343,6 +345,7 @@ def store_snapshot(
     for old in snapshots:
         if old.txid < committed_txid:
             old.path.unlink(missing_ok=True)
+            snapshot_sst(old.path).unlink(missing_ok=True)
             logger.info("removed snapshot %s (superseded by txid %d)", old.path, committed_txid)
     logger.info(
         "state topic %s: wrote snapshot %s (%d keys, %d bytes) from %s + %d files / %d entries in %.2fs",
@@ -422,6 +425,21 @@ def compact_queue(
 
 
 # --- restoring ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SstLoad:
+    """A restore by ingesting a snapshot's SST (see :meth:`RestoreSource.sst_load`).
+
+    Attributes:
+        sst: the SST file beside the snapshot.
+        changes: the tail's (encoded key, encoded value or None to delete) in key order.
+        keys: the keys the store holds afterwards.
+    """
+
+    sst: Path
+    changes: Iterator[tuple[bytes, bytes | None]]
+    keys: int
 
 
 class RestoreSource:
@@ -513,6 +531,25 @@ class RestoreSource:
             self._readers.append(run)
             yield run
         yield self._tail_chunks()
+
+    def sst_load(self) -> SstLoad | None:
+        """The snapshot's SST and the tail's changes, for :meth:`RocksDBBackingMap.restore_from_sst`,
+        when the snapshot has an SST beside it and the tail was read in Arrow; else None.
+
+        Raises:
+            ReplayError: the snapshot's key column cannot be read (to count the keys).
+        """
+        if self.snapshot is None or self._parquet is None or not isinstance(self._tail, ArrowChanges):
+            return None
+        sst = snapshot_sst(self.snapshot.path)
+        if not sst.is_file():
+            return None
+        tail = self._tail.table
+        keys = self.snapshot.keys + tail.num_rows - tail["value"].null_count
+        if len(self._tail_keys):  # a tail key already in the snapshot is not a new key, a deleted one is gone
+            snapshot_keys = self._parquet.read(columns=["key"]).column("key")
+            keys -= pc.sum(pc.is_in(snapshot_keys, value_set=self._tail_keys)).as_py() or 0
+        return SstLoad(sst=sst, changes=self._tail.encoded_items(), keys=keys)
 
     def _tail_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         if isinstance(self._tail, ArrowChanges):
@@ -714,6 +751,37 @@ def _write_atomically(target: Path, table: pa.Table, meta: dict[str, Any]) -> No
         if isinstance(e, (OSError, pa.ArrowException)):
             raise StateError(f"could not write the snapshot {target}: {e}") from e
         raise
+
+
+def snapshot_sst(path: Path) -> Path:
+    """The SST file written beside the snapshot ``path``: its rows in RocksDB's own format, which
+    a restore ingests whole instead of writing each key (:meth:`RocksDBBackingMap.restore_from_sst`)."""
+    return path.with_suffix(".sst")
+
+
+def _write_sst_beside(target: Path, table: pa.Table) -> None:
+    """Write ``table`` (a snapshot's rows, sorted by key) as the SST beside ``target``, via a
+    hidden temp file, fsync and rename. Optional: a failure is logged and restores read the
+    Parquet snapshot instead."""
+    sst = snapshot_sst(target)
+    tmp = sst.parent / f".{sst.name}.{uuid.uuid4().hex}.tmp"
+
+    def chunks() -> Iterator[tuple[list[bytes], list[bytes]]]:
+        for start in range(0, table.num_rows, _ROW_GROUP_ROWS):
+            chunk = table.slice(start, _ROW_GROUP_ROWS)
+            yield chunk["key"].cast(pa.binary()).to_pylist(), chunk["value"].cast(pa.binary()).to_pylist()
+
+    try:
+        if write_sorted_sst(tmp, chunks(), where=target) == 0:
+            return  # no rows: no file (RocksDB cannot finish an empty one); restores read the snapshot
+        os.chmod(tmp, FILE_MODE)
+        fsync_file(tmp)
+        os.replace(tmp, sst)
+        fsync_dir(sst.parent)
+    except (OSError, StateError) as e:
+        logger.warning("snapshot %s: could not write its SST (%s); restores will read the Parquet file", target, e)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _write_marker(queue: StateTopicQueue, txid: int, snapshot_dir: Path) -> None:
