@@ -12,8 +12,9 @@ few) plus ``--tail`` later batches touching a small share of the keys, then time
        counted files' key/value columns, the last row per key kept with Arrow, loaded in key
        order as SST files by ``RocksDBBackingMap.restore_sorted``);
   (b)  the first compaction into a Parquet snapshot at txid F (reads every file);
-  (c)  a rebuild from the snapshot at txid F + the tail into a fresh RocksDB store (the
-       snapshot's key/value columns are the stored bytes: loaded without decoding);
+  (c)  a rebuild from the snapshot at txid F + the tail into a fresh RocksDB store (the SST
+       written beside the snapshot is ingested whole and the tail applied on top; a snapshot
+       without one is read row by row, its columns being the stored bytes);
   (b') the next, incremental compaction at F + tail (reads the snapshot and the tail files
        only), deleting the covered files.
 
