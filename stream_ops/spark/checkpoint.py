@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,25 +67,42 @@ def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
     holds the entries of all batches so far, each with its ``batchId``. Spark's Kafka source
     keeps its starting offsets in ``sources/0/0`` (a JSON object without a ``path``): for it
     this returns None, so batch 0's fingerprint is its offset range too.
+
+    A batch's entry is read by several steps of that batch (the source stage's size check, the
+    keyed stage's file list, the commit's input fingerprint): it is parsed once, cached by the
+    file's identity (an entry is written once, by a rename, and never changed).
     """
     log_dir = checkpoint_dir / "sources" / "0"
     for name in (str(batch_id), f"{batch_id}.compact"):
+        path = log_dir / name
         try:
-            lines = (log_dir / name).read_text(encoding="utf-8").splitlines()
+            stat = path.stat()
         except OSError:
             continue
-        files = []
-        for line in lines[1:]:  # line 0 is the log version
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(entry, dict) and "path" not in entry:
-                return None  # not a file source's log: Kafka's initial offsets (its ``sources/0/0``)
-            if isinstance(entry, dict) and entry.get("batchId", batch_id) == batch_id:
-                files.append(str(entry["path"]))
-        return sorted(files)
+        try:
+            files = _logged_files(str(path), batch_id, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            continue
+        return list(files) if files is not None else None
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _logged_files(path: str, batch_id: int, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+    """The sorted files of ``batch_id`` in the source-log file ``path`` (None: not a file
+    source's log); ``mtime_ns`` and ``size`` only key the cache."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    files = []
+    for line in lines[1:]:  # line 0 is the log version
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and "path" not in entry:
+            return None  # not a file source's log: Kafka's initial offsets (its ``sources/0/0``)
+        if isinstance(entry, dict) and entry.get("batchId", batch_id) == batch_id:
+            files.append(str(entry["path"]))
+    return tuple(sorted(files))
 
 
 def batch_input(checkpoint_dir: Path, batch_id: int) -> BatchInput | None:
