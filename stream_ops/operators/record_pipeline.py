@@ -10,6 +10,7 @@ either processed whole or dead-lettered.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,16 +69,21 @@ def operation_inputs(operations: Sequence[OperationSpec]) -> list[int]:
 class RecordPipeline:
     """The compiled operations of one stage, and the taps its outputs read.
 
+    Each operation is compiled once into a function of one record (its argument getter and
+    output shape fixed then): the pipeline runs per record in Spark's Python workers and on the
+    driver, where a per-record check of the operation's kind would cost more than the user's
+    function.
+
     Example:
         >>> pipeline = RecordPipeline(plan.stage(0).operations)
         >>> outputs, dead = pipeline.run({"sentence": "how are you"})
     """
 
     def __init__(self, operations: Sequence[OperationSpec], taps: Sequence[int] | None = None) -> None:
-        self._steps: list[tuple[OperationSpec, Callable[..., Any] | None]] = [
+        self._steps: list[tuple[OperationSpec, Callable[[Record], list[Record]]]] = [
             # A worker's plan binds each operation to its verified archive (op.code): in a Spark
             # Python worker too, the function is imported from that archive only.
-            (op, resolve_function(op.function, scope=op.code) if op.function else None)
+            (op, _compile_step(op, resolve_function(op.function, scope=op.code) if op.function else None))
             for op in operations
         ]
         self._inputs = operation_inputs(operations)
@@ -92,11 +98,11 @@ class RecordPipeline:
         """Apply every operation to ``record``; returns each tap's outputs, or a dead letter
         (and no outputs at all) when any operation fails."""
         values: dict[int, list[Record]] = {INPUT: [record]}
-        for index, (op, fn) in enumerate(self._steps):
+        for index, (op, step) in enumerate(self._steps):
             following: list[Record] = []
             for rec in values[self._inputs[index]]:
                 try:
-                    following.extend(self._apply(op, fn, rec))
+                    following.extend(step(rec))
                 except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
                     return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
             values[index] = following
@@ -113,26 +119,70 @@ class RecordPipeline:
                 dead.append(letter)
         return outputs, dead
 
-    @staticmethod
-    def _apply(op: OperationSpec, fn: Callable[..., Any] | None, record: Record) -> Iterable[Record]:
-        if op.kind in SQL_OPERATIONS or op.kind in BATCH_OPERATIONS:  # applied before the records got here
-            return [record]
-        assert fn is not None
-        args = _arguments(record, op.fields)
-        out = list(op.out)
-        if op.kind == "peek":
+
+_NOT_MAPPINGS = frozenset({str, int, float, bool, type(None), bytes, list, tuple})
+"""Types whose values are never a :class:`Mapping`: one such value is the whole output of a
+one-field operation, with no ``isinstance`` check against the ABC."""
+_ITERABLES = frozenset({list, tuple, types.GeneratorType, set, frozenset})
+"""Result types of ``each`` known to be iterables of outputs (not a str, bytes or mapping)."""
+
+
+def _passthrough(record: Record) -> list[Record]:
+    return [record]
+
+
+def _caller(fn: Callable[..., Any], fields: tuple[str, ...] | None) -> Callable[[Record], Any]:
+    """``record -> fn(*arguments)``, the arguments read as :func:`_arguments` reads them."""
+    if fields is None:
+        return fn
+    if len(fields) == 1 and "." not in fields[0]:
+        name = fields[0]
+        return lambda record: fn(record[name])
+    return lambda record: fn(*_arguments(record, fields))
+
+
+def _compile_step(op: OperationSpec, fn: Callable[..., Any] | None) -> Callable[[Record], list[Record]]:
+    """One operation as a function of one record: its outputs (raises what the user's
+    function raises, or ValueError for an output that does not fit ``op.out``)."""
+    if op.kind in SQL_OPERATIONS or op.kind in BATCH_OPERATIONS:  # applied before the records got here
+        return _passthrough
+    assert fn is not None, f"{op.kind} needs a function"
+    call = _caller(fn, op.fields)
+    out = list(op.out)
+    what = f"{op.kind} {op.function}"
+    one = out[0] if len(out) == 1 else None
+
+    def fields_of(value: Any) -> Record:
+        if one is not None and type(value) in _NOT_MAPPINGS:
+            return {one: value}
+        return as_fields(value, out, what)
+
+    if op.kind == "peek":
+
+        def peek(record: Record) -> list[Record]:
+            _arguments(record, op.fields)  # a missing field fails as in the other operations
             fn(dict(record))
             return [record]
-        if op.kind == "filter":
-            return [record] if fn(*args) else []
-        if op.kind == "map":
-            return [as_fields(fn(*args), out, f"map {op.function}")]
-        results = fn(*args)
+
+        return peek
+    if op.kind == "filter":
+        return lambda record: [record] if call(record) else []
+    if op.kind == "map":
+        return lambda record: [fields_of(call(record))]
+
+    def each(record: Record) -> list[Record]:
+        results = call(record)
         if results is None:
             return []
-        if isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable):
+        if type(results) not in _ITERABLES and (isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable)):
             raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
-        return [{**record, **as_fields(value, out, f"each {op.function}")} for value in results]
+        if one is not None:
+            return [
+                {**record, one: value} if type(value) in _NOT_MAPPINGS else {**record, **fields_of(value)} for value in results
+            ]
+        return [{**record, **fields_of(value)} for value in results]
+
+    return each
 
 
 StateReader = Callable[[str, Any, list[Record]], list[Any]]

@@ -92,3 +92,48 @@ def test_a_failure_on_one_branch_dead_letters_the_record_for_every_branch():
     by_tap, letter = RecordPipeline(ops, taps=[0, 1]).run_taps({"sentence": "a boom"})
     assert by_tap == {}
     assert letter is not None and letter.record == {"sentence": "a boom"} and "no short booms" in letter.error
+
+
+class Row(dict):
+    """A mapping that is not a plain dict: outputs of this type take the checked path."""
+
+
+def mixed_outputs(sentence: str):
+    # a plain value, a one-field mapping, a mapping subclass, a tuple (one value for one field)
+    return ("a", {"word": "b"}, Row(word="c"), ("d", 1))
+
+
+def wrong_mapping(sentence: str):
+    return [{"other": "x"}]
+
+
+def one_string(sentence: str):
+    return "not a list of outputs"
+
+
+def as_set(sentence: str):
+    return {sentence}
+
+
+def missing_field_peek(record: dict) -> None:
+    raise AssertionError("peek must not run when its field is missing")
+
+
+def test_one_field_outputs_keep_the_rules_of_as_fields():
+    each = RecordPipeline([_op("each", mixed_outputs, ("sentence",), {"word": "string"})])
+    out, dead = each.run({"sentence": "s"})
+    assert dead is None
+    assert [o["word"] for o in out] == ["a", "b", "c", ("d", 1)]
+    mapped = RecordPipeline([_op("map", mixed_outputs, ("sentence",), {"word": "string"})])
+    assert mapped.run({"sentence": "s"})[0] == [{"word": ("a", {"word": "b"}, Row(word="c"), ("d", 1))}]
+    assert RecordPipeline([_op("each", as_set, ("sentence",), {"word": "string"})]).run({"sentence": "s"})[0] == [
+        {"sentence": "s", "word": "s"}
+    ]
+
+
+def test_outputs_that_do_not_fit_are_dead_letters():
+    for fn, reason in ((wrong_mapping, "expected ['word']"), (one_string, "must return an iterable")):
+        _, dead = RecordPipeline([_op("each", fn, ("sentence",), {"word": "string"})]).run({"sentence": "s"})
+        assert dead is not None and reason in dead.error, fn.__name__
+    _, dead = RecordPipeline([_op("peek", missing_field_peek, ("nope",), {})]).run({"sentence": "s"})
+    assert dead is not None and "KeyError" in dead.error
