@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import logging
 import os
 import platform
@@ -62,6 +63,8 @@ from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.runtime.worker import WorkerSettings
+from stream_ops.spark import compiler
+from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 
@@ -129,6 +132,8 @@ class RunResult:
     keyed_commit_steps_ms: dict[str, float] = field(default_factory=dict)
     """The keyed stage's commit ms per batch, by step (state topic, RocksDB, ZooKeeper, publish)."""
     startup_s: float | None = None
+    arrow_batches: int | None = None
+    """Source batches read and computed in Arrow on the driver (no Spark job)."""
 
     @property
     def sentences_per_s(self) -> float:
@@ -221,6 +226,7 @@ def run_stream_ops(
     """Submit the word count, wait for exact counts, read the runners' stats, kill it."""
     topology = build_wordcount(input_root, name=name, queues=QUEUES, state=STATES[state], split_with=split_with)
     keys = [[w] for w in sorted(expected)]
+    in_arrow_before = ARROW_BATCHES[0]
     submitted_wall = time.time()
     started = time.perf_counter()
     topology_id = submit(store, cluster, topology, workers=1)
@@ -280,7 +286,23 @@ def run_stream_ops(
         stage_ms_per_batch={k: stage_ms[k] / sum(batches[k]) for k in batches if sum(batches[k])},
         keyed_commit_steps_ms={step: ms / sum(batches["keyed"]) for step, ms in keyed_steps.items() if sum(batches["keyed"])},
         startup_s=startup,
+        arrow_batches=ARROW_BATCHES[0] - in_arrow_before,
     )
+
+
+ARROW_BATCHES = [0]
+"""Source batches computed in Arrow so far in this process (counted by :func:`count_arrow_batches`)."""
+
+
+def count_arrow_batches() -> None:
+    """Count the source batches that take the Arrow path (``compiler.arrow_batch``)."""
+    real = compiler.arrow_batch
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        ARROW_BATCHES[0] += 1
+        return real(*args, **kwargs)
+
+    compiler.arrow_batch = counted  # type: ignore[assignment]
 
 
 def measure_file_fsync(work: Path, *, lines: int, repeats: int) -> tuple[float, float]:
@@ -400,6 +422,8 @@ def report(
     for r in results[1:]:
         if r.startup_s is not None:
             print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
+        if r.arrow_batches is not None:
+            print(f"{r.label}: {r.arrow_batches} of {sum(r.batches.get('source', []))} source batches read and computed in Arrow")
         if r.keyed_commit_steps_ms:
             steps = ", ".join(f"{step} {ms:.1f}" for step, ms in r.keyed_commit_steps_ms.items())
             print(f"{r.label}: keyed commit ms per batch by step: {steps}")
@@ -455,21 +479,25 @@ def run_size(
             warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
             warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
             run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-            for split_with in args.split:
-                run_stream_ops(
-                    store,
-                    cluster,
-                    worker,
-                    warm_topic.root,
-                    warm_expected,
-                    name=f"wc-warmup-{split_with}",
-                    state=args.state[0],
-                    n_sentences=len(warm),
-                    poll_s=args.poll,
-                    timeout_s=args.timeout,
-                    label="warmup",
-                    split_with=split_with,
-                )
+            for split_with, arrow_path in itertools.product(args.split, args.arrow_path):
+                spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+                try:
+                    run_stream_ops(
+                        store,
+                        cluster,
+                        worker,
+                        warm_topic.root,
+                        warm_expected,
+                        name=f"wc-warmup-{split_with}-arrow-{arrow_path}",
+                        state=args.state[0],
+                        n_sentences=len(warm),
+                        poll_s=args.poll,
+                        timeout_s=args.timeout,
+                        label="warmup",
+                        split_with=split_with,
+                    )
+                finally:
+                    spark.conf.unset(ARROW_BATCH_BYTES_CONF)
             print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
             load_before = os.getloadavg()
         if not results:
@@ -477,24 +505,27 @@ def run_size(
                 run_plain(spark, topic, work, expected, label=f"main-{n_sentences}", n_sentences=n_sentences, **common)
             )
             print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
-        for state in args.state:
-            for split_with in args.split:
+        for state, split_with, arrow_path in itertools.product(args.state, args.split, args.arrow_path):
+            spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+            try:
                 result = run_stream_ops(
                     store,
                     cluster,
                     worker,
                     topic.root,
                     expected,
-                    name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}",
+                    name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}-arrow-{arrow_path}",
                     state=state,
                     n_sentences=n_sentences,
                     poll_s=args.poll,
                     timeout_s=args.timeout,
-                    label=f"{split_with}, {state}, fsync {mode}",
+                    label=f"{split_with}, {state}, fsync {mode}" + ("" if arrow_path == "on" else ", Arrow path off"),
                     split_with=split_with,
                 )
-                print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
-                results.append(result)
+            finally:
+                spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+            print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
+            results.append(result)
         rig.stop_worker(worker)
     probe = measure_file_fsync(work, lines=args.vocabulary, repeats=args.fsync_repeats)
     shutil.rmtree(work / "input", ignore_errors=True)
@@ -529,6 +560,14 @@ def main() -> None:
         default=["on", "off"],
         help="run stream_ops with batch files fsynced (the default setting) and/or without, to measure the cost",
     )
+    parser.add_argument(
+        "--arrow-path",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="stream_ops with FileTopic batches read and computed in Arrow on the driver (on, the default) and/or "
+        "always in Spark (off: spark.stream_ops.arrowBatchBytes=0)",
+    )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
@@ -545,6 +584,7 @@ def main() -> None:
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    count_arrow_batches()
     summary: list[tuple[int, int, list[RunResult], tuple[float, ...], float]] = []
     with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep) as rig:
         for n_sentences in args.sentences:

@@ -43,8 +43,9 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
+from stream_ops.spark.arrow_source_batches import arrow_input, max_records_per_batch
 from stream_ops.spark.checkpoint import batch_input_files
-from stream_ops.spark.driver_batches import computes_on_driver, driver_rows, local_path, noting_input_bytes
+from stream_ops.spark.driver_batches import arrow_rows, computes_on_driver, driver_rows, local_path, noting_input_bytes
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -400,11 +401,16 @@ def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = No
     counts the rows the SQL operations produce.
 
     ``on_driver``: True runs the Python operations on the driver after one Spark job collects
-    the (SQL-processed) batch, False in Spark's Python workers; None decides by the batch's
-    input size (:func:`~stream_ops.spark.driver_batches.computes_on_driver`). Both give the
-    same outputs, partials, dead letters and input count.
+    the (SQL-processed) batch, False in Spark's Python workers; None first tries the Arrow path
+    (:func:`~stream_ops.spark.arrow_source_batches.arrow_input`: a FileTopic batch read and its
+    SQL operations run in Arrow, no Spark job), then decides by the batch's input size
+    (:func:`~stream_ops.spark.driver_batches.computes_on_driver`). All give the same outputs,
+    partials, dead letters and input count.
     """
     if on_driver is None:
+        table = arrow_input(df, stage)
+        if table is not None:
+            return arrow_batch(table, stage, max_records=max_records_per_batch(df.sparkSession))
         on_driver = computes_on_driver(df)
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     if not sql:
@@ -467,12 +473,8 @@ def _jvm_partials(data: DataFrame, stage: StageSpec) -> SourceBatchResult | None
     One Spark job groups the rows by encoded key (rows that did not parse by their text, as
     dead letters), like plain Spark's own partial aggregation before a shuffle.
     """
-    if any(op.kind not in SQL_OPERATIONS for op in stage.operations) or len(stage.outputs) != 1:
-        return None
-    output = stage.outputs[0]
-    if not isinstance(output, ShuffleSpec) or output.aggregator.get("kind") != "Count":
-        return None
-    if stage.tap_of(output) != len(stage.operations) - 1 or not output.key_fields:
+    output = _count_output(stage)
+    if output is None:
         return None
     types = dict(data.dtypes)
     if any(types.get(k) not in _JVM_KEY_TYPES for k in output.key_fields) or len({types[k] for k in output.key_fields}) > 1:
@@ -536,10 +538,69 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool = False) -> SourceBatchResult:
+def arrow_batch(table: pa.Table, stage: StageSpec, *, max_records: int) -> SourceBatchResult:
+    """A source batch read in Arrow on the driver (its SQL operations done): counted per key
+    in Arrow when the stage's operations are all SQL or batch functions, else the stage's
+    function over it as for a small batch on the driver. Batch functions see batches of at
+    most ``max_records`` rows, as in Spark's workers; a stage without them takes the table as
+    one batch (its per-batch partials are then the batch's)."""
+    if not any(op.kind in BATCH_OPERATIONS for op in stage.operations):
+        max_records = max(table.num_rows, 1)
+    batches = table.combine_chunks().to_batches(max_chunksize=max_records)
+    return _arrow_partials(batches, stage) or _source_batch(batches, stage)
+
+
+def _count_output(stage: StageSpec, kinds: tuple[str, ...] = SQL_OPERATIONS) -> ShuffleSpec | None:
+    """The stage's one output when every operation is of ``kinds`` and the output counts per
+    key after them (Spark alone, or Arrow alone, can then compute the batch)."""
+    if any(op.kind not in kinds for op in stage.operations) or len(stage.outputs) != 1:
+        return None
+    output = stage.outputs[0]
+    if not isinstance(output, ShuffleSpec) or output.aggregator.get("kind") != "Count":
+        return None
+    if stage.tap_of(output) != len(stage.operations) - 1 or not output.key_fields:
+        return None
+    return output
+
+
+def _arrow_partials(batches: list[pa.RecordBatch], stage: StageSpec) -> SourceBatchResult | None:
+    """The batch's partial counts per key by one ``Table.group_by`` over the output of the
+    stage's batch functions (run per batch, bad rows isolated as in Spark's workers), when
+    nothing runs per record; keys encoded as the Python path encodes them."""
+    output = _count_output(stage, HEAD_OPERATIONS)
+    if output is None or not batches:
+        return None
+    keys = list(output.key_fields)
+    operations = [
+        (op, resolve_function(op.function, scope=op.code), arrow_schema(op.out))
+        for op in stage.operations
+        if op.kind in BATCH_OPERATIONS
+    ]
+    schema = operations[-1][2] if operations else batches[0].schema
+    if any(k not in schema.names or pa.types.is_nested(schema.field(k).type) for k in keys):
+        return None  # the Python path dead-letters what it cannot key
+    input_rows = sum(batch.num_rows for batch in batches)
+    letters: list[dict[str, Any]] = []
+    if operations:
+        produced = []
+        for batch in batches:
+            out, dead = _run_batch_operations(batch, operations)
+            produced.append(out)
+            letters += [json.loads(json.dumps(letter, default=str)) for letter in dead]
+        batches = produced
+    grouped = pa.Table.from_batches(batches, schema=schema).select(keys).group_by(keys).aggregate([([], "count_all")])
+    counts: dict[str, int] = defaultdict(int)
+    values = zip(*(grouped.column(k).to_pylist() for k in keys), strict=True)
+    for key_values, n in zip(values, grouped.column("count_all").to_pylist(), strict=True):
+        counts[encode_key(list(key_values))] += n  # merges keys that encode alike (0.0 and -0.0)
+    return SourceBatchResult({0: list(counts.items())}, letters, input_rows)
+
+
+def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_driver: bool = False) -> SourceBatchResult:
     """The stage's Python operations and partial aggregation over ``df``: ``mapInArrow`` in
     Spark's Python workers (a typed partial combined per key by Spark), or the same function
-    on the driver over the collected batch (``on_driver``)."""
+    on the driver over the collected batch (``on_driver``) or over the Arrow batches ``df``
+    (a batch read in Arrow on the driver)."""
     typed = _typed_partials(stage)
     columns = "out int, key string, value {}, dead string, inputs long, record string"
     rows: list[Any]
@@ -547,7 +608,9 @@ def _source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool = False) -
         aggregator = aggregator_from_spec(typed.aggregator)
         spark_fn = aggregator.spark_function
         fn = _stage_rows(stage.operations, _output_plans(stage), "typed", typed.value_type)
-        if on_driver:
+        if isinstance(df, list):
+            rows = arrow_rows(df, fn, aggregator)
+        elif on_driver:
             rows = driver_rows(df, fn, aggregator)
         else:
             rows = (
@@ -564,7 +627,9 @@ def _source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool = False) -
     else:
         mode = "raw" if needs_driver(stage.operations) else "outputs"
         fn = _stage_rows(stage.operations, _output_plans(stage), mode, "string")
-        if on_driver:
+        if isinstance(df, list):
+            rows = arrow_rows(df, fn, None)
+        elif on_driver:
             rows = driver_rows(df, fn, None)
         else:
             rows = df.mapInArrow(fn, columns.format("string")).withColumn("n", F.lit(1)).collect()

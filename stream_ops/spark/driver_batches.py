@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -40,8 +41,17 @@ DEFAULT_DRIVER_BATCH_BYTES = 1 << 20
 StageRows = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A source stage's ``mapInArrow`` function (``compiler._stage_rows``)."""
 
-_INPUT_BYTES: weakref.WeakKeyDictionary[DataFrame, int] = weakref.WeakKeyDictionary()
-"""The total input size of the batch DataFrames a file-source query is handing to its callback."""
+
+@dataclass(frozen=True)
+class NotedInput:
+    """The input files of a source batch, from the file source's log for its batch id."""
+
+    files: tuple[Path, ...]
+    bytes: int
+
+
+_INPUTS: weakref.WeakKeyDictionary[DataFrame, NotedInput] = weakref.WeakKeyDictionary()
+"""The input files of the batch DataFrames a file-source query is handing to its callback."""
 
 
 def local_path(uri: str) -> Path | None:
@@ -52,12 +62,13 @@ def local_path(uri: str) -> Path | None:
     return Path(unquote(parsed.path))
 
 
-def batch_input_bytes(checkpoint_dir: Path, batch_id: int) -> int | None:
-    """The total size of the files the file source planned for ``batch_id`` (None when Spark
-    logged no files for it, or one is not a local file that exists)."""
+def batch_input(checkpoint_dir: Path, batch_id: int) -> NotedInput | None:
+    """The files the file source planned for ``batch_id`` and their total size (None when
+    Spark logged no files for it, or one is not a local file that exists)."""
     files = batch_input_files(checkpoint_dir, batch_id)
     if files is None:
         return None
+    paths: list[Path] = []
     total = 0
     for uri in files:
         path = local_path(uri)
@@ -67,22 +78,29 @@ def batch_input_bytes(checkpoint_dir: Path, batch_id: int) -> int | None:
             total += path.stat().st_size
         except OSError:
             return None
-    return total
+        paths.append(path)
+    return NotedInput(tuple(paths), total)
 
 
 def noting_input_bytes(on_batch: Callable[[DataFrame, int], None], checkpoint_dir: Path) -> Callable[[DataFrame, int], None]:
-    """``on_batch`` with each batch's input size noted for :func:`computes_on_driver` while it runs."""
+    """``on_batch`` with each batch's input files noted while it runs, for
+    :func:`computes_on_driver` and :func:`noted_input`."""
 
     def run(df: DataFrame, batch_id: int) -> None:
-        size = batch_input_bytes(checkpoint_dir, batch_id)
-        if size is not None:
-            _INPUT_BYTES[df] = size
+        noted = batch_input(checkpoint_dir, batch_id)
+        if noted is not None:
+            _INPUTS[df] = noted
         try:
             on_batch(df, batch_id)
         finally:
-            _INPUT_BYTES.pop(df, None)
+            _INPUTS.pop(df, None)
 
     return run
+
+
+def noted_input(df: DataFrame) -> NotedInput | None:
+    """The input files noted for the source batch ``df`` while its callback runs."""
+    return _INPUTS.get(df)
 
 
 def driver_batch_bytes(spark: SparkSession) -> int:
@@ -103,8 +121,8 @@ def driver_batch_bytes(spark: SparkSession) -> int:
 def computes_on_driver(df: DataFrame) -> bool:
     """Whether the source batch ``df`` is small enough for the driver path: its input files
     are known (a file source's query noted them) and total at most the session's limit."""
-    size = _INPUT_BYTES.get(df)
-    return size is not None and size <= driver_batch_bytes(df.sparkSession)
+    noted = _INPUTS.get(df)
+    return noted is not None and noted.bytes <= driver_batch_bytes(df.sparkSession)
 
 
 def driver_rows(df: DataFrame, stage_rows: StageRows, aggregator: CombinerAggregator | None) -> list[dict[str, Any]]:
@@ -117,7 +135,14 @@ def driver_rows(df: DataFrame, stage_rows: StageRows, aggregator: CombinerAggreg
     (:func:`~stream_ops.operators.partials_combine.combine_partials`), ``n`` counting the rows,
     ``inputs`` summed; without, every row is one row with ``n`` = 1.
     """
-    produced = list(stage_rows(iter(df.toArrow().to_batches())))
+    return arrow_rows(df.toArrow().to_batches(), stage_rows, aggregator)
+
+
+def arrow_rows(
+    batches: Iterable[pa.RecordBatch], stage_rows: StageRows, aggregator: CombinerAggregator | None
+) -> list[dict[str, Any]]:
+    """:func:`driver_rows` over a batch already in Arrow on the driver."""
+    produced = list(stage_rows(iter(batches)))
     if not produced:
         return []
     table = pa.Table.from_batches(produced)

@@ -1,9 +1,11 @@
-"""Small source batches computed on the driver (``spark/driver_batches.py``).
+"""Source batches computed on the driver: small ones parsed by Spark and collected
+(``spark/driver_batches.py``), FileTopic batches read in Arrow (``spark/arrow_source_batches.py``).
 
-The same batches, bad records included, through Spark's Python workers and through the driver
-give the same outputs, partials, dead letters and input counts for every kind of operation; a
-real streaming query computes its small batches on the driver and its counts stay exact through
-a zombie owner and a replayed batch.
+The same batches, bad records included, through Spark's Python workers, through the driver and
+(clean ones) read in Arrow give the same outputs, partials, dead letters and input counts for
+every kind of operation; what the Arrow path cannot reproduce stays in Spark; a real streaming
+query computes its small batches on either path and its counts stay exact through a zombie owner
+and a replayed batch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount, split, split_batch
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
+from stream_ops.sources import CORRUPT_COLUMN
+from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import compiler
+from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, arrow_input
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
 from stream_ops.topics.shuffle_files import read_partials
@@ -100,6 +105,83 @@ def test_the_driver_path_gives_what_the_spark_path_gives(spark, tmp_path, monkey
     assert in_spark[1], "the batch has dead letters"
 
 
+def _source_df(spark, files, fields):
+    """The batch DataFrame of ``files`` as a FileTopic source stage reads it (PERMISSIVE JSON)."""
+    ddl = schema_ddl({**fields, CORRUPT_COLUMN: "string"})
+    reader = spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+    return reader.schema(ddl).json([str(f) for f in files])
+
+
+def _log_batch(checkpoint, batch_id, files):
+    """A file source log entry planning ``files`` for ``batch_id``, as Spark writes it."""
+    log = checkpoint / "sources" / "0"
+    log.mkdir(parents=True, exist_ok=True)
+    entries = [{"path": path.as_uri(), "timestamp": 0, "batchId": batch_id} for path in files]
+    (log / str(batch_id)).write_text("\n".join(["v1", *map(json.dumps, entries)]), encoding="utf-8")
+
+
+def _no_spark_job(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Arrow path ran a Spark job")
+
+    for name in ("mapInArrow", "toArrow", "collect", "groupBy"):
+        monkeypatch.setattr(DataFrame, name, refuse)
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeypatch, name):
+    monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
+    fields = {"sentence": "string", "n": "long"}
+    topology = Topology("paths")
+    STAGES[name](topology, topology.source("lines", FileTopic(tmp_path / "in", 1), schema=fields))
+    stage = build_plan(topology).stage(0)
+    records = [{"sentence": sentence, "n": n} for sentence, n, corrupt in ROWS if corrupt is None]
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path, part in zip(files, (records[:3], records[3:]), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+    _log_batch(tmp_path / "checkpoint", 4, files)
+    df = _source_df(spark, files, fields)
+    in_spark = _canonical(source_batch(df, stage, on_driver=False))
+    results = []
+    _no_spark_job(monkeypatch)
+    compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
+    assert _canonical(results[0]) == in_spark
+    assert any(in_spark[0].values()) and in_spark[2] >= 4, "the batch has outputs and input rows"
+
+
+def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
+    fields = {"sentence": "string", "n": "long"}
+    clean, broken = tmp_path / "clean.jsonl", tmp_path / "broken.jsonl"
+    clean.write_text('{"sentence": "a b", "n": 1}\n', encoding="utf-8")
+    broken.write_text('{"sentence": "a b", "n": 1}\n{"sentence": 5}\n', encoding="utf-8")  # Spark reads 5 as "5"
+    topology = Topology("fallback")
+    lines = topology.source("lines", FileTopic(tmp_path / "in", 1), schema=fields)
+    regex = lines.select_expr("explode(split(sentence, '[ ,]')) AS word").group_by("word")
+    regex.persistent_aggregate(Count(), out="c", state=OpaqueMapState)
+    plain = Topology("plain")
+    words = plain.source("lines", FileTopic(tmp_path / "in", 1), schema=fields).select_expr("explode(split(sentence, ' ')) AS w")
+    words.group_by("w").persistent_aggregate(Count(), out="c", state=OpaqueMapState)
+    seen: dict[str, object] = {}
+
+    def check(label, stage, files, limit=None):
+        _log_batch(tmp_path / label, 0, files)
+        if limit is not None:
+            spark.conf.set(ARROW_BATCH_BYTES_CONF, str(limit))
+        try:
+            noting = compiler.noting_input_bytes(lambda df, _: seen.update({label: arrow_input(df, stage)}), tmp_path / label)
+            noting(_source_df(spark, files, fields), 0)
+        finally:
+            spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+
+    check("regex split", build_plan(topology).stage(0), [clean])
+    check("line Spark coerces", build_plan(plain).stage(0), [broken])
+    check("above the limit", build_plan(plain).stage(0), [clean], limit=clean.stat().st_size - 1)
+    check("at the limit", build_plan(plain).stage(0), [clean], limit=clean.stat().st_size)
+    assert seen["regex split"] is None and seen["line Spark coerces"] is None and seen["above the limit"] is None
+    assert seen["at the limit"] is not None and seen["at the limit"].to_pylist() == [{"w": "a"}, {"w": "b"}]
+
+
 def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
     return store.get_json(ZkPaths.transactional_task(topology_id, task_id))[0]["committed_txid"]
 
@@ -111,11 +193,26 @@ def _wait(condition, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_config, tmp_path, monkeypatch):
+@pytest.fixture(params=["driver", "arrow"])
+def small_batch_path(request, spark):
+    """Which path small clean batches take: Spark's parse collected to the driver (the Arrow
+    path turned off), or read in Arrow (the default; a batch with a broken line still goes to
+    the driver)."""
+    if request.param == "driver":
+        spark.conf.set(ARROW_BATCH_BYTES_CONF, "0")
+    try:
+        yield request.param
+    finally:
+        spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+
+
+def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_config, tmp_path, monkeypatch, small_batch_path):
     cluster = ClusterConfig(root=tmp_path / "cluster")
     on_driver: list[int] = []
-    real_driver_rows = compiler.driver_rows
+    in_arrow: list[int] = []
+    real_driver_rows, real_arrow_batch = compiler.driver_rows, compiler.arrow_batch
     monkeypatch.setattr(compiler, "driver_rows", lambda df, fn, agg: on_driver.append(1) or real_driver_rows(df, fn, agg))
+    monkeypatch.setattr(compiler, "arrow_batch", lambda *a, **k: in_arrow.append(1) or real_arrow_batch(*a, **k))
     topic = FileTopic(tmp_path / "in", queues=1)
     topic.create()
     lines = [["how are you", "how"], ["you you", "nice"], ["how day", "{broken"]]
@@ -165,7 +262,10 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
     assert counted == words
     assert [(r["record"], r["txid"]) for r in letters] == [("{broken", 2)]
     assert stats == (2, 0, 2), "rows of completed batches: A txid 0, C txid 2 (B's txid 1 crashed, its replay skipped)"
-    assert len(on_driver) == 4, "A: txids 0 and 1 (refused), B: txid 1, C: txid 2"
+    if small_batch_path == "driver":
+        assert (len(on_driver), len(in_arrow)) == (4, 0), "A: txids 0 and 1 (refused), B: txid 1, C: txid 2"
+    else:
+        assert (len(on_driver), len(in_arrow)) == (1, 3), "in Arrow: A's txids 0 and 1, B's txid 1; C's txid 2 has a broken line"
 
 
 def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):

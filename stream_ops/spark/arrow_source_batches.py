@@ -1,0 +1,115 @@
+"""Source batches read and computed in Arrow on the driver: no Spark job for the batch.
+
+A FileTopic batch's files are known before its callback runs (the file source's log for the
+batch id, :mod:`stream_ops.spark.driver_batches`). Rather than have Spark parse them (Jackson,
+row by row, in the JVM) and hand the rows to Python, the driver reads them with pyarrow's
+multi-threaded JSON reader (:mod:`stream_ops.sources.arrow_json`) and runs the stage's Spark
+SQL operations as Arrow compute (:mod:`stream_ops.spark.sql_arrow`); the stage's Python
+operations and partial aggregation then run on that table as they do for a small batch on the
+driver.
+
+Either part may answer "not sure": a line Spark would mark corrupt or coerce, an expression
+or a value outside the translated subset. The batch then runs in Spark exactly as before, so
+this path never decides what a record means; it only skips the JVM where the answer is known to
+be Spark's own. Batches above :data:`ARROW_BATCH_BYTES_CONF` of input also stay in Spark, whose
+executors bound their memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from stream_ops.errors import ConfigError
+from stream_ops.operators.record_pipeline import SQL_OPERATIONS
+from stream_ops.sources.arrow_json import native_fields, read_json_lines
+from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
+from stream_ops.spark.driver_batches import noted_input
+from stream_ops.spark.sql_arrow import ArrowSql, compile_arrow_sql
+from stream_ops.topology.plan import OperationSpec, StageSpec
+
+logger = logging.getLogger(__name__)
+
+ARROW_BATCH_BYTES_CONF = "spark.stream_ops.arrowBatchBytes"
+"""Spark setting: the largest total input size (bytes) of a source batch read in Arrow on the
+driver; 0 turns the Arrow path off."""
+DEFAULT_ARROW_BATCH_BYTES = 256 << 20
+"""Its value when the session does not set it: a batch this size takes about 1-2 GiB of driver
+memory while it is computed (the parsed table, its split columns and their groups)."""
+
+MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+"""Spark's bound on the rows of one Arrow batch given to ``mapInArrow``; the Arrow path gives
+the stage's batch functions batches of the same size."""
+
+_COMPILED: dict[tuple[object, ...], ArrowSql | None] = {}
+_COMPILED_LOCK = threading.Lock()
+
+
+def arrow_batch_bytes(spark: SparkSession) -> int:
+    """The session's :data:`ARROW_BATCH_BYTES_CONF`.
+
+    Raises:
+        ConfigError: the setting is not a whole number of bytes.
+    """
+    value = spark.conf.get(ARROW_BATCH_BYTES_CONF, None)
+    if value is None:
+        return DEFAULT_ARROW_BATCH_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{ARROW_BATCH_BYTES_CONF} is {value!r}; set it to a number of bytes (0 turns it off)") from None
+
+
+def max_records_per_batch(spark: SparkSession) -> int:
+    """Spark's ``maxRecordsPerBatch`` (rows per Arrow batch; 0 or less: no bound)."""
+    value = int(spark.conf.get(MAX_RECORDS_CONF, "10000") or 10000)
+    return value if value > 0 else 1 << 62
+
+
+def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
+    """The source batch ``df`` of ``stage`` read in Arrow, after the stage's SQL operations, or
+    None when Spark computes it (not a FileTopic batch with noted files, too large, a field
+    type, expression or line the Arrow path does not reproduce exactly)."""
+    noted = noted_input(df)
+    source = stage.source
+    if noted is None or source is None or source.kind != FILE_TOPIC_KIND:
+        return None
+    spark = df.sparkSession
+    if noted.bytes > arrow_batch_bytes(spark) or not native_fields(source.fields):
+        return None
+    sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
+    compiled = _compiled(spark, source.fields, sql) if sql else None
+    if sql and compiled is None:
+        return None
+    table = read_json_lines(noted.files, source.fields)
+    if table is None:
+        logger.debug("stage %s: a batch's files need Spark's JSON reader", stage.name)
+        return None
+    if compiled is None:
+        return table
+    result = compiled.apply(table)
+    if result is None:
+        logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
+    return result
+
+
+def _compiled(spark: SparkSession, fields: dict[str, str], sql: Sequence[OperationSpec]) -> ArrowSql | None:
+    """The SQL operations compiled to Arrow once per session, fields, expressions and the
+    settings that change what they mean."""
+    key = (
+        id(spark),
+        tuple(fields.items()),
+        tuple((op.kind, op.exprs) for op in sql),
+        spark.conf.get("spark.sql.ansi.enabled", None),
+        spark.conf.get("spark.sql.session.timeZone", None),
+    )
+    with _COMPILED_LOCK:
+        if key not in _COMPILED:
+            _COMPILED[key] = compile_arrow_sql(spark, fields, sql)
+            if _COMPILED[key] is None:
+                logger.info("SQL operations %s run in Spark: no exact Arrow translation", [op.exprs for op in sql])
+        return _COMPILED[key]
