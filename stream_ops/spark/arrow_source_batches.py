@@ -6,7 +6,8 @@ row by row, in the JVM) and hand the rows to Python, the driver reads them with 
 multi-threaded JSON reader (:mod:`stream_ops.sources.arrow_json`) and runs the stage's Spark
 SQL operations as Arrow compute (:mod:`stream_ops.spark.sql_arrow`); the stage's Python
 operations and partial aggregation then run on that table as they do for a small batch on the
-driver.
+driver. A large batch of a stage with per-record Python operations stays in Spark: its Python
+workers run them on every core, where the driver runs them on one thread.
 
 Either part may answer "not sure": a line Spark would mark corrupt or coerce, an expression
 or a value outside the translated subset. The batch then runs in Spark exactly as before, so
@@ -25,10 +26,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.errors import ConfigError
-from stream_ops.operators.record_pipeline import SQL_OPERATIONS
+from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
 from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
-from stream_ops.spark.driver_batches import noted_input
+from stream_ops.spark.driver_batches import driver_batch_bytes, noted_input
 from stream_ops.spark.sql_arrow import ArrowSql, compile_arrow_sql
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
@@ -72,8 +73,9 @@ def max_records_per_batch(spark: SparkSession) -> int:
 
 def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     """The source batch ``df`` of ``stage`` read in Arrow, after the stage's SQL operations, or
-    None when Spark computes it (not a FileTopic batch with noted files, too large, a field
-    type, expression or line the Arrow path does not reproduce exactly)."""
+    None when Spark computes it (not a FileTopic batch with noted files, too large, larger than
+    the driver-batch limit with per-record Python operations, a field type, expression or line
+    the Arrow path does not reproduce exactly)."""
     noted = noted_input(df)
     source = stage.source
     if noted is None or source is None or source.kind != FILE_TOPIC_KIND:
@@ -81,6 +83,8 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     spark = df.sparkSession
     if noted.bytes > arrow_batch_bytes(spark) or not native_fields(source.fields):
         return None
+    if noted.bytes > driver_batch_bytes(spark) and _runs_per_record(stage):
+        return None  # Spark's Python workers run them in parallel; the driver has one thread
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     compiled = _compiled(spark, source.fields, sql) if sql else None
     if sql and compiled is None:
@@ -95,6 +99,15 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     if result is None:
         logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
     return result
+
+
+_PER_RECORD = ("each", "map", "filter", "peek")
+
+
+def _runs_per_record(stage: StageSpec) -> bool:
+    """Whether the stage runs Python per record in Spark's workers (a stage that queries state
+    runs its operations on the driver either way)."""
+    return not needs_driver(stage.operations) and any(op.kind in _PER_RECORD for op in stage.operations)
 
 
 def _compiled(spark: SparkSession, fields: dict[str, str], sql: Sequence[OperationSpec]) -> ArrowSql | None:

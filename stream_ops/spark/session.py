@@ -27,6 +27,12 @@ DEFAULT_CONF: dict[str, str] = {
     # 158 ms instead of 838 ms (local[2], load ~2-3). Above it the executors work in parallel
     # and the driver's Python thread (shared by every task of the worker) stays free.
     DRIVER_BATCH_BYTES_CONF: str(DEFAULT_DRIVER_BATCH_BYTES),
+    # A file-source batch lists its files (Spark's InMemoryFileIndex) when the trigger plans it;
+    # above this many paths (32 by default) that listing is a distributed Spark job. For a
+    # batch of 50 local files it took 570-880 ms of the trigger's getBatch, listed on the
+    # driver 14-51 ms (bench/wordcount.py, local[2]). Lower it for a remote store with slow
+    # metadata calls.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

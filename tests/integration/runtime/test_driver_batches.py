@@ -164,22 +164,29 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
     words.group_by("w").persistent_aggregate(Count(), out="c", state=OpaqueMapState)
     seen: dict[str, object] = {}
 
-    def check(label, stage, files, limit=None):
+    def check(label, stage, files, conf=None):
         _log_batch(tmp_path / label, 0, files)
-        if limit is not None:
-            spark.conf.set(ARROW_BATCH_BYTES_CONF, str(limit))
+        for key, value in (conf or {}).items():
+            spark.conf.set(key, str(value))
         try:
             noting = compiler.noting_input_bytes(lambda df, _: seen.update({label: arrow_input(df, stage)}), tmp_path / label)
             noting(_source_df(spark, files, fields), 0)
         finally:
-            spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+            for key in conf or {}:
+                spark.conf.unset(key)
 
+    size = clean.stat().st_size
+    row = build_plan(build_wordcount(tmp_path / "in", queues=1, split_with="row")).stage(0)
     check("regex split", build_plan(topology).stage(0), [clean])
     check("line Spark coerces", build_plan(plain).stage(0), [broken])
-    check("above the limit", build_plan(plain).stage(0), [clean], limit=clean.stat().st_size - 1)
-    check("at the limit", build_plan(plain).stage(0), [clean], limit=clean.stat().st_size)
-    assert seen["regex split"] is None and seen["line Spark coerces"] is None and seen["above the limit"] is None
+    check("above the limit", build_plan(plain).stage(0), [clean], {ARROW_BATCH_BYTES_CONF: size - 1})
+    check("at the limit", build_plan(plain).stage(0), [clean], {ARROW_BATCH_BYTES_CONF: size})
+    check("per record, large", row, [clean], {DRIVER_BATCH_BYTES_CONF: size - 1})
+    check("per record, small", row, [clean], {DRIVER_BATCH_BYTES_CONF: size})
+    refused = ("regex split", "line Spark coerces", "above the limit", "per record, large")
+    assert [label for label in refused if seen[label] is not None] == [], "left to Spark"
     assert seen["at the limit"] is not None and seen["at the limit"].to_pylist() == [{"w": "a"}, {"w": "b"}]
+    assert seen["per record, small"] is not None and seen["per record, small"].num_rows == 1
 
 
 def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
