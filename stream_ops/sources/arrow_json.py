@@ -108,6 +108,7 @@ def read_json_lines(paths: Sequence[Path], fields: Mapping[str, str]) -> pa.Tabl
     # the next one, and the blank lines this adds are skipped by both parsers.
     contents = [Path(path).read_bytes() for path in paths]
     data = contents[0] if len(contents) == 1 else b"\n".join(contents)
+    del contents  # the joined copy is all that is needed from here
     lines = _check_lines(data)
     if isinstance(lines, str):
         _refuse("%s", lines)

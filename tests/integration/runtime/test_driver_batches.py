@@ -33,7 +33,7 @@ from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, arrow_
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
 from stream_ops.topics.shuffle_files import read_partials
-from stream_ops.topology.plan import build_plan
+from stream_ops.topology.plan import OperationSpec, build_plan
 
 SCHEMA = "sentence string, n long, _corrupt_record string"
 ROWS = [
@@ -299,3 +299,16 @@ def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):
             spark.conf.unset(DRIVER_BATCH_BYTES_CONF)
         assert seen == {4: limit == "1000", 5: False}
     assert not compiler.computes_on_driver(batch), "noted only while its callback runs"
+
+
+def test_sql_that_fails_to_compile_to_arrow_runs_in_spark(spark, monkeypatch, caplog):
+    from stream_ops.spark import arrow_source_batches
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("analysis went wrong")
+
+    monkeypatch.setattr(arrow_source_batches, "compile_arrow_sql", broken)
+    monkeypatch.setattr(arrow_source_batches, "_COMPILED", {})
+    op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
+    assert arrow_source_batches._compiled(spark, {"s": "string"}, [op]) is None
+    assert "compiling them to Arrow failed: analysis went wrong" in caplog.text
