@@ -25,11 +25,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import ConfigError
 from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
 from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
-from stream_ops.spark.driver_batches import driver_batch_bytes, noted_input
+from stream_ops.spark.driver_batches import bytes_setting, driver_batch_bytes, noted_input
 from stream_ops.spark.sql_arrow import ArrowSql, compile_arrow_sql
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
@@ -52,18 +51,8 @@ _COMPILED_LOCK = threading.Lock()
 
 
 def arrow_batch_bytes(spark: SparkSession) -> int:
-    """The session's :data:`ARROW_BATCH_BYTES_CONF`.
-
-    Raises:
-        ConfigError: the setting is not a whole number of bytes.
-    """
-    value = spark.conf.get(ARROW_BATCH_BYTES_CONF, None)
-    if value is None:
-        return DEFAULT_ARROW_BATCH_BYTES
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{ARROW_BATCH_BYTES_CONF} is {value!r}; set it to a number of bytes (0 turns it off)") from None
+    """The session's :data:`ARROW_BATCH_BYTES_CONF` (:func:`~stream_ops.spark.driver_batches.bytes_setting`)."""
+    return bytes_setting(spark, ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES)
 
 
 def max_records_per_batch(spark: SparkSession) -> int:

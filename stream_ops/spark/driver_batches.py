@@ -103,19 +103,24 @@ def noted_input(df: DataFrame) -> NotedInput | None:
     return _INPUTS.get(df)
 
 
-def driver_batch_bytes(spark: SparkSession) -> int:
-    """The session's :data:`DRIVER_BATCH_BYTES_CONF`.
+def bytes_setting(spark: SparkSession, name: str, default: int) -> int:
+    """The session's setting ``name``, a number of bytes (``default`` when it is not set).
 
     Raises:
         ConfigError: the setting is not a whole number of bytes.
     """
-    value = spark.conf.get(DRIVER_BATCH_BYTES_CONF, None)
+    value = spark.conf.get(name, None)
     if value is None:
-        return DEFAULT_DRIVER_BATCH_BYTES
+        return default
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"{DRIVER_BATCH_BYTES_CONF} is {value!r}; set it to a number of bytes (0 turns it off)") from None
+        raise ConfigError(f"{name} is {value!r}; set it to a number of bytes (0 turns it off)") from None
+
+
+def driver_batch_bytes(spark: SparkSession) -> int:
+    """The session's :data:`DRIVER_BATCH_BYTES_CONF` (:func:`bytes_setting`)."""
+    return bytes_setting(spark, DRIVER_BATCH_BYTES_CONF, DEFAULT_DRIVER_BATCH_BYTES)
 
 
 def computes_on_driver(df: DataFrame) -> bool:
