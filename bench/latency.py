@@ -301,7 +301,6 @@ class Batch:
     published: float
     """End of ``addBatch``: the batch committed to ZooKeeper and published its output."""
     end: float
-    rows: int
     durations: dict[str, float] = field(default_factory=dict)
 
 
@@ -320,7 +319,6 @@ def batches_of(runner: TaskRunner) -> list[Batch]:
                 listed=start + d.get("latestOffset", 0.0),
                 published=end - d.get("commitOffsets", 0.0),
                 end=end,
-                rows=int(p["numInputRows"]),
                 durations=d,
             )
         )
@@ -401,7 +399,7 @@ def _ms(x: float) -> str:
 
 
 def stage_summary(label: str, batches: dict[int, list[Batch]], lo: float, hi: float) -> str:
-    """Batches with input in [lo, hi): count, rows, mean duration and its main parts."""
+    """Batches with input in [lo, hi): count, mean duration and its main parts."""
     inside = [b for bs in batches.values() for b in bs if lo <= b.start < hi]
     if not inside:
         return f"{label}: no batches with input in the probe window"
@@ -410,8 +408,7 @@ def stage_summary(label: str, batches: dict[int, list[Batch]], lo: float, hi: fl
     parts = ", ".join(f"{k} {statistics.fmean(b.durations.get(k, 0.0) for b in inside) * 1000:.0f}" for k in keys)
     per_task = len(inside) / len(batches) / span
     return (
-        f"{label}: {len(inside)} batches with input over {len(batches)} tasks ({per_task:.2f}/s per task), "
-        f"{statistics.fmean(b.rows for b in inside):,.0f} rows each; duration mean "
+        f"{label}: {len(inside)} batches with input over {len(batches)} tasks ({per_task:.2f}/s per task); duration mean "
         f"{statistics.fmean(b.end - b.start for b in inside) * 1000:.0f} ms, p50 {pct([b.end - b.start for b in inside], 50) * 1000:.0f}, "
         f"p99 {pct([b.end - b.start for b in inside], 99) * 1000:.0f} (ms, mean by step: {parts})"
     )
@@ -423,14 +420,16 @@ def runner_summary(label: str, runners: Sequence[TaskRunner]) -> str:
     if not batches:
         return f"{label}: no batches"
     parts = {
-        "Spark jobs": sum(r.stats.spark_ms_total for r in runners),
+        "computing the batch (Spark or Arrow)": sum(r.stats.spark_ms_total for r in runners),
         "state": sum(r.stats.state_ms_total for r in runners),
         "staging": sum(r.stats.stage_ms_total for r in runners),
         "commit": sum(r.stats.commit_ms_total for r in runners),
     }
     steps = {step: sum(r.stats.commit_steps_ms[step] for r in runners) for step in COMMIT_STEPS}
+    rows = sum(r.stats.rows_in for r in runners) / batches
     return (
-        f"{label}: "
+        f"{label}: {rows:,.0f} rows in per batch (stream_ops' count: Spark's numInputRows misses the batches "
+        "it did not read, those of the Arrow path); "
         + ", ".join(f"{name} {ms / batches:.1f}" for name, ms in parts.items())
         + " (ms per batch; commit by step: "
         + ", ".join(f"{step} {ms / batches:.1f}" for step, ms in steps.items())
