@@ -53,6 +53,13 @@ def _rows_two_outputs(t: Topology, lines):
     words.group_by("word").persistent_aggregate(Sum("n"), out="total", state=OpaqueMapState)
 
 
+def split_batch_failing_on_you_you(batch):
+    """:func:`split_batch`, raising for a batch that holds the sentence "you you"."""
+    if "you you" in batch.column("sentence").to_pylist():
+        raise ValueError("no you you")
+    return split_batch(batch)
+
+
 STAGES = {
     "each+count": lambda t, s: (
         s.each(split, out="word", fields=["sentence"])
@@ -147,6 +154,27 @@ def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeyp
     compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
     assert _canonical(results[0]) == in_spark
     assert any(in_spark[0].values()) and in_spark[2] >= 4, "the batch has outputs and input rows"
+
+
+def test_the_arrow_path_isolates_the_rows_a_batch_function_fails_on(spark, tmp_path, monkeypatch):
+    """As the driver path does (Spark's Python workers cannot import this test module)."""
+    fields = {"sentence": "string", "n": "long"}
+    topology = Topology("failing")
+    lines = topology.source("lines", FileTopic(tmp_path / "in", 1), schema=fields)
+    words = lines.map_batches(split_batch_failing_on_you_you, schema={"word": "string"}).group_by("word")
+    words.persistent_aggregate(Count(), out="c", state=OpaqueMapState)
+    stage = build_plan(topology).stage(0)
+    records = [{"sentence": sentence, "n": n} for sentence, n, corrupt in ROWS if corrupt is None]
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    _log_batch(tmp_path / "checkpoint", 4, [path])
+    df = _source_df(spark, [path], fields)
+    on_driver = _canonical(source_batch(df, stage, on_driver=True))
+    results = []
+    _no_spark_job(monkeypatch)
+    compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
+    assert _canonical(results[0]) == on_driver
+    assert [json.loads(letter)["record"]["sentence"] for letter in on_driver[1]] == ["you you"]
 
 
 def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path, monkeypatch):
