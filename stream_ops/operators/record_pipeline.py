@@ -88,6 +88,8 @@ class RecordPipeline:
         ]
         self._inputs = operation_inputs(operations)
         self.taps: tuple[int, ...] = tuple(taps) if taps is not None else (len(operations) - 1,)
+        # A chain read only at its end (the common stage) needs no record of the taps between.
+        self._chain = self.taps == (len(operations) - 1,) and self._inputs == list(range(-1, len(operations) - 1))
 
     def run(self, record: Record) -> tuple[list[Record], DeadLetter | None]:
         """Apply every operation to ``record``; returns the first tap's outputs or a dead letter."""
@@ -97,6 +99,8 @@ class RecordPipeline:
     def run_taps(self, record: Record) -> tuple[dict[int, list[Record]], DeadLetter | None]:
         """Apply every operation to ``record``; returns each tap's outputs, or a dead letter
         (and no outputs at all) when any operation fails."""
+        if self._chain:
+            return self._run_chain(record)
         values: dict[int, list[Record]] = {INPUT: [record]}
         for index, (op, step) in enumerate(self._steps):
             following: list[Record] = []
@@ -107,6 +111,22 @@ class RecordPipeline:
                     return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
             values[index] = following
         return {tap: values[tap] for tap in self.taps}, None
+
+    def _run_chain(self, record: Record) -> tuple[dict[int, list[Record]], DeadLetter | None]:
+        """:meth:`run_taps` for a chain read at its end: each step over the records of the one before."""
+        current = [record]
+        for op, step in self._steps:
+            try:
+                if len(current) == 1:
+                    current = step(current[0])
+                else:
+                    following: list[Record] = []
+                    for rec in current:
+                        following.extend(step(rec))
+                    current = following
+            except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
+                return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
+        return {self.taps[0]: current}, None
 
     def run_all(self, records: Iterable[Record]) -> tuple[list[Record], list[DeadLetter]]:
         """Apply the operations to many records."""
