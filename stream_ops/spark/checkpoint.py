@@ -62,28 +62,84 @@ def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
 def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:
     """The files Spark's file source planned for ``batch_id``, or None if its log has no entry.
 
-    The file source logs each batch's files under ``sources/0/<batch>``; every
-    ``compactInterval`` batches (10 by default) that log is ``<batch>.compact`` instead and
-    holds the entries of all batches so far, each with its ``batchId``. Spark's Kafka source
-    keeps its starting offsets in ``sources/0/0`` (a JSON object without a ``path``): for it
-    this returns None, so batch 0's fingerprint is its offset range too.
+    The file source logs the files it finds under ``sources/0/<n>`` (entry n); every
+    ``compactInterval`` entries (10 by default) that log is ``<n>.compact`` instead and holds
+    all entries so far, each with its ``batchId`` (the entry number). A micro-batch reads the
+    entries after the previous batch's source offset up to its own (``offsets/<batch>``:
+    ``{"logOffset": n}``), as Spark's ``getBatch`` does. That is usually the one entry of the
+    batch's own id, but not always: a query stopped after logging an entry and before logging
+    the batch's offset leaves an entry behind, and after a restart Spark plans the batch over
+    that entry and a new one, and every later batch one entry ahead of its id. Spark's Kafka
+    source keeps its starting offsets in ``sources/0/0`` (a JSON object without a ``path``):
+    for it this returns None, so batch 0's fingerprint is its offset range too.
 
-    A batch's entry is read by several steps of that batch (the source stage's size check, the
-    keyed stage's file list, the commit's input fingerprint): it is parsed once, cached by the
-    file's identity (an entry is written once, by a rename, and never changed).
+    A batch's entries are read by several steps of that batch (the source stage's size check
+    and Arrow read, the keyed stage's file list, the commit's input fingerprint): each entry
+    file is parsed once, cached by its identity (written once, by a rename, never changed).
     """
     log_dir = checkpoint_dir / "sources" / "0"
-    for name in (str(batch_id), f"{batch_id}.compact"):
-        path = log_dir / name
+    span = _log_span(checkpoint_dir, batch_id)
+    entries = range(span[0] + 1, span[1] + 1) if span is not None else range(batch_id, batch_id + 1)
+    files: list[str] = []
+    for entry in entries:
+        found = _entry_files(log_dir, entry)
+        if found is None:
+            return None
+        files.extend(found)
+    return sorted(files)
+
+
+def _log_offset(checkpoint_dir: Path, batch_id: int) -> int | None:
+    """The file source's log offset Spark recorded for ``batch_id`` (None: none recorded, or
+    not a file source)."""
+    offsets = batch_offsets(checkpoint_dir, batch_id)
+    if len(offsets) != 1 or not isinstance(offsets[0], dict):
+        return None
+    value = offsets[0].get("logOffset")
+    return value if isinstance(value, int) else None
+
+
+def _log_span(checkpoint_dir: Path, batch_id: int) -> tuple[int, int] | None:
+    """(previous batch's log offset, this batch's): the file-source entries after the first
+    up to the second are the batch's; None when Spark recorded no file-source offset for it."""
+    end = _log_offset(checkpoint_dir, batch_id)
+    if end is None:
+        return None
+    if batch_id == 0:
+        return -1, end
+    start = _log_offset(checkpoint_dir, batch_id - 1)
+    if start is None:
+        logger.warning(
+            "checkpoint %s: no offset for batch %d; batch %d read as log entry %d", checkpoint_dir, batch_id - 1, batch_id, end
+        )
+        return end - 1, end
+    return start, end
+
+
+def _entry_files(log_dir: Path, entry: int) -> tuple[str, ...] | None:
+    """The files of the file-source log entry ``entry``: from its own file, or from the compact
+    file that holds it (the first at or after it), or None when the log has no such entry."""
+    candidates = [log_dir / str(entry), log_dir / f"{entry}.compact"]
+    try:
+        compacts = sorted(
+            int(path.name.removesuffix(".compact"))
+            for path in log_dir.iterdir()
+            if path.name.endswith(".compact") and path.name.removesuffix(".compact").isdigit()
+        )
+    except OSError:
+        compacts = []
+    candidates += [log_dir / f"{batch}.compact" for batch in compacts if batch > entry]
+    for path in candidates:
         try:
             stat = path.stat()
         except OSError:
             continue
         try:
-            files = _logged_files(str(path), batch_id, stat.st_mtime_ns, stat.st_size)
+            files = _logged_files(str(path), entry, stat.st_mtime_ns, stat.st_size)
         except OSError:
             continue
-        return list(files) if files is not None else None
+        if files is None or files:  # not a file source's log, or the entry (never empty: Spark logs found files)
+            return files
     return None
 
 
