@@ -1,7 +1,7 @@
 """Source batches read and computed in Arrow on the driver: no Spark job for the batch.
 
-A FileTopic batch's files are known before its callback runs (the file source's log for the
-batch id, :mod:`stream_ops.spark.driver_batches`). Rather than have Spark parse them (Jackson,
+A FileTopic batch's files are known before its callback runs (the file-source log entries its
+offsets span, :func:`~stream_ops.spark.checkpoint.batch_input_files`). Rather than have Spark parse them (Jackson,
 row by row, in the JVM) and hand the rows to Python, the driver reads them with pyarrow's
 multi-threaded JSON reader (:mod:`stream_ops.sources.arrow_json`) and runs the stage's Spark
 SQL operations as Arrow compute (:mod:`stream_ops.spark.sql_arrow`); the stage's Python

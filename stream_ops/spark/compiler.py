@@ -124,8 +124,8 @@ _BATCH_FILES: weakref.WeakKeyDictionary[DataFrame, list[Path]] = weakref.WeakKey
 
 
 def _noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_dir: Path) -> Callable[[DataFrame, int], None]:
-    """``on_batch`` with each batch's files noted for :func:`keyed_batch` while it runs: those the
-    file source logged for the batch id (a replay re-plans the same ones)."""
+    """``on_batch`` with each batch's files noted for :func:`keyed_batch` while it runs: the file-source
+    log entries its offsets span (a replay re-plans the same ones)."""
 
     def run(df: DataFrame, batch_id: int) -> None:
         files = batch_input_files(checkpoint_dir, batch_id)

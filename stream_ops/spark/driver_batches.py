@@ -3,7 +3,7 @@
 A source stage's batch normally runs its Python operations in ``mapInArrow`` (Spark's Python
 workers) and has Spark group their rows per key: two stages, a shuffle, a Python worker per
 task. For a batch of a few records that is most of its cost. A batch whose input files are
-small (their total size, from the file source's log for that batch id, at most
+small (their total size, from the file-source log entries its offsets span, at most
 :data:`DRIVER_BATCH_BYTES_CONF`) is instead parsed by Spark as before and brought to the driver
 in one job (``DataFrame.toArrow``); the same ``mapInArrow`` function then runs here on its
 Arrow batches, and its rows are grouped as Spark's ``groupBy`` would group them
@@ -44,7 +44,7 @@ StageRows = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 @dataclass(frozen=True)
 class NotedInput:
-    """The input files of a source batch, from the file source's log for its batch id."""
+    """The input files of a source batch, from the file-source log entries its offsets span."""
 
     files: tuple[Path, ...]
     bytes: int
