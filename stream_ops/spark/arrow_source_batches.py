@@ -108,7 +108,6 @@ def _compiled(spark: SparkSession, fields: dict[str, str], sql: Sequence[Operati
         tuple(fields.items()),
         tuple((op.kind, op.exprs) for op in sql),
         spark.conf.get("spark.sql.ansi.enabled", None),
-        spark.conf.get("spark.sql.session.timeZone", None),
     )
     with _COMPILED_LOCK:
         if key not in _COMPILED:

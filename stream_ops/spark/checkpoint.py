@@ -116,10 +116,26 @@ def _log_span(checkpoint_dir: Path, batch_id: int) -> tuple[int, int] | None:
     return start, end
 
 
+def _files_in(path: Path, entry: int) -> tuple[str, ...] | None:
+    """The files of ``entry`` in the log file ``path``; None when the file is not there, holds
+    no such entry (an entry is never empty: Spark logs the files it found) or is not a file
+    source's log."""
+    try:
+        stat = path.stat()
+        files = _logged_files(str(path), entry, stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return None
+    return files or None
+
+
 def _entry_files(log_dir: Path, entry: int) -> tuple[str, ...] | None:
     """The files of the file-source log entry ``entry``: from its own file, or from the compact
     file that holds it (the first at or after it), or None when the log has no such entry."""
-    candidates = [log_dir / str(entry), log_dir / f"{entry}.compact"]
+    for path in (log_dir / str(entry), log_dir / f"{entry}.compact"):
+        found = _files_in(path, entry)
+        if found is not None:
+            return found
+    # Compacted away: the log is listed only then (one compact file per ``compactInterval`` entries).
     try:
         compacts = sorted(
             int(path.name.removesuffix(".compact"))
@@ -127,19 +143,12 @@ def _entry_files(log_dir: Path, entry: int) -> tuple[str, ...] | None:
             if path.name.endswith(".compact") and path.name.removesuffix(".compact").isdigit()
         )
     except OSError:
-        compacts = []
-    candidates += [log_dir / f"{batch}.compact" for batch in compacts if batch > entry]
-    for path in candidates:
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        try:
-            files = _logged_files(str(path), entry, stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            continue
-        if files is None or files:  # not a file source's log, or the entry (never empty: Spark logs found files)
-            return files
+        return None
+    for batch in compacts:
+        if batch > entry:
+            found = _files_in(log_dir / f"{batch}.compact", entry)
+            if found is not None:
+                return found
     return None
 
 
