@@ -80,11 +80,11 @@ class RecordPipeline:
     """
 
     def __init__(self, operations: Sequence[OperationSpec], taps: Sequence[int] | None = None) -> None:
+        # A worker's plan binds each operation to its verified archive (op.code): in a Spark
+        # Python worker too, the function is imported from that archive only.
+        self._functions = [resolve_function(op.function, scope=op.code) if op.function else None for op in operations]
         self._steps: list[tuple[OperationSpec, Callable[[Record], list[Record]]]] = [
-            # A worker's plan binds each operation to its verified archive (op.code): in a Spark
-            # Python worker too, the function is imported from that archive only.
-            (op, _compile_step(op, resolve_function(op.function, scope=op.code) if op.function else None))
-            for op in operations
+            (op, _compile_step(op, fn)) for op, fn in zip(operations, self._functions, strict=True)
         ]
         self._inputs = operation_inputs(operations)
         self.taps: tuple[int, ...] = tuple(taps) if taps is not None else (len(operations) - 1,)
@@ -108,25 +108,41 @@ class RecordPipeline:
                 try:
                     following.extend(step(rec))
                 except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
-                    return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
+                    return {}, _failed(op, record, e)
             values[index] = following
         return {tap: values[tap] for tap in self.taps}, None
 
     def _run_chain(self, record: Record) -> tuple[dict[int, list[Record]], DeadLetter | None]:
         """:meth:`run_taps` for a chain read at its end: each step over the records of the one before."""
-        current = [record]
-        for op, step in self._steps:
+        outputs, letter = _run_steps(self._steps, record)
+        return ({}, letter) if letter is not None else ({self.taps[0]: outputs}, None)
+
+    def field_values(self, field: str) -> Callable[[Record], tuple[list[Any], DeadLetter | None]] | None:
+        """For a chain read at its end whose last operation emits ``field`` alone (an ``each`` or
+        ``map`` with one output field): a function of one record giving the ``field`` value of
+        each record the chain emits, or a dead letter, as :meth:`run` gives them but without
+        building the output records. None for any other pipeline.
+
+        A stage that only counts its output per that field (the word count's ``each(split)``)
+        needs the values alone: building a record per value cost more than the split itself.
+        """
+        if not self._chain or not self._steps:
+            return None
+        last, fn = self._steps[-1][0], self._functions[-1]
+        if last.kind not in ("each", "map") or tuple(last.out) != (field,) or fn is None:
+            return None
+        values_step = _compile_values_step(last, fn)
+        if len(self._steps) > 1:
+            steps = [*self._steps[:-1], (last, values_step)]
+            return lambda record: _run_steps(steps, record)
+
+        def run_one(record: Record) -> tuple[list[Any], DeadLetter | None]:  # _run_steps of one step, inlined
             try:
-                if len(current) == 1:
-                    current = step(current[0])
-                else:
-                    following: list[Record] = []
-                    for rec in current:
-                        following.extend(step(rec))
-                    current = following
+                return values_step(record), None
             except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
-                return {}, DeadLetter(record, f"{op.kind} {op.function}: {type(e).__name__}: {e}")
-        return {self.taps[0]: current}, None
+                return [], _failed(last, record, e)
+
+        return run_one
 
     def run_all(self, records: Iterable[Record]) -> tuple[list[Record], list[DeadLetter]]:
         """Apply the operations to many records."""
@@ -145,6 +161,31 @@ _NOT_MAPPINGS = frozenset({str, int, float, bool, type(None), bytes, list, tuple
 one-field operation, with no ``isinstance`` check against the ABC."""
 _ITERABLES = frozenset({list, tuple, types.GeneratorType, set, frozenset})
 """Result types of ``each`` known to be iterables of outputs (not a str, bytes or mapping)."""
+
+
+def _failed(op: OperationSpec, record: Record, error: Exception) -> DeadLetter:
+    """The dead letter of ``record`` when ``op`` raised ``error`` on it (or on what it led to)."""
+    return DeadLetter(record, f"{op.kind} {op.function}: {type(error).__name__}: {error}")
+
+
+def _run_steps(
+    steps: Sequence[tuple[OperationSpec, Callable[[Record], list[Any]]]], record: Record
+) -> tuple[list[Any], DeadLetter | None]:
+    """Each step of a chain over the outputs of the one before: the last step's outputs, or a
+    dead letter naming the operation that failed."""
+    current: list[Any] = [record]
+    for op, step in steps:
+        try:
+            if len(current) == 1:
+                current = step(current[0])
+            else:
+                following: list[Any] = []
+                for rec in current:
+                    following.extend(step(rec))
+                current = following
+        except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
+            return [], _failed(op, record, e)
+    return current, None
 
 
 def _passthrough(record: Record) -> list[Record]:
@@ -191,16 +232,45 @@ def _compile_step(op: OperationSpec, fn: Callable[..., Any] | None) -> Callable[
         return lambda record: [fields_of(call(record))]
 
     def each(record: Record) -> list[Record]:
-        results = call(record)
-        if results is None:
-            return []
-        if type(results) not in _ITERABLES and (isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable)):
-            raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
+        results = _each_results(call(record), op)
         if one is not None:
             return [
                 {**record, one: value} if type(value) in _NOT_MAPPINGS else {**record, **fields_of(value)} for value in results
             ]
         return [{**record, **fields_of(value)} for value in results]
+
+    return each
+
+
+def _each_results(results: Any, op: OperationSpec) -> Iterable[Any]:
+    """What an ``each`` function returned, as its iterable of outputs (None: no outputs)."""
+    if results is None:
+        return ()
+    if type(results) not in _ITERABLES and (isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Iterable)):
+        raise _OutputShapeError(f"each {op.function} must return an iterable of outputs, got {type(results).__name__}")
+    return results
+
+
+def _compile_values_step(op: OperationSpec, fn: Callable[..., Any]) -> Callable[[Record], list[Any]]:
+    """An ``each`` or ``map`` with one output field as a function of one record: the value of
+    that field in each of its outputs (what :func:`_compile_step`'s records would hold, with
+    the same errors)."""
+    call = _caller(fn, op.fields)
+    out = list(op.out)
+    (one,) = out
+    what = f"{op.kind} {op.function}"
+
+    def value_of(value: Any) -> Any:
+        return value if type(value) in _NOT_MAPPINGS else as_fields(value, out, what)[one]
+
+    if op.kind == "map":
+        return lambda record: [value_of(call(record))]
+
+    def each(record: Record) -> list[Any]:
+        values = list(_each_results(call(record), op))
+        if set(map(type, values)) <= _NOT_MAPPINGS:  # the common case, checked without a Python loop
+            return values
+        return [value if type(value) in _NOT_MAPPINGS else value_of(value) for value in values]
 
     return each
 

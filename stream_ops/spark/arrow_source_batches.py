@@ -91,6 +91,16 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     return result
 
 
+def groups_on_driver(df: DataFrame) -> bool:
+    """Whether the partials Spark's workers compute for the source batch ``df`` are grouped per
+    key on the driver (collected in Arrow, no shuffle stage): its input is known and within
+    :data:`ARROW_BATCH_BYTES_CONF`, the most of a batch the driver may hold. Spark's ``groupBy``
+    cost ~0.2 s of a 0.6 s batch of 100k sentences; ungrouped partials are at most one row per
+    key and Arrow batch."""
+    noted = noted_input(df)
+    return noted is not None and noted.bytes <= arrow_batch_bytes(df.sparkSession)
+
+
 _PER_RECORD = ("each", "map", "filter", "peek")
 
 

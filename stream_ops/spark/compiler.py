@@ -20,7 +20,7 @@ import json
 import logging
 import operator
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +43,16 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark.arrow_source_batches import arrow_input, max_records_per_batch
+from stream_ops.spark.arrow_source_batches import arrow_input, groups_on_driver, max_records_per_batch
 from stream_ops.spark.checkpoint import batch_input_files
-from stream_ops.spark.driver_batches import arrow_rows, computes_on_driver, driver_rows, local_path, noting_input_bytes
+from stream_ops.spark.driver_batches import (
+    arrow_rows,
+    computes_on_driver,
+    driver_rows,
+    grouped_rows,
+    local_path,
+    noting_input_bytes,
+)
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -224,6 +231,8 @@ def _stage_rows(
         ]
         counted = _arrow_count(operations, outputs, mode) if batch_operations else None
         tallied = _python_count(outputs, mode)
+        # counting per the field the chain's last operation emits: its values alone, no records
+        values_of = pipeline.field_values(tallied.fields[0]) if tallied is not None and tallied.single else None
         for batch in batches:
             columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
@@ -246,7 +255,7 @@ def _stage_rows(
             else:
                 records = batch.to_pylist()
             partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
-            tally: dict[Any, int] = {}
+            slots: list[Any] = []  # the key of each record a tallied output counts
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
@@ -256,22 +265,23 @@ def _stage_rows(
                 if mode == "raw":
                     add(None, None, None, None, json.dumps(record, default=str))
                     continue
+                if values_of is not None:
+                    values, letter = values_of(record)
+                    if letter is not None:
+                        add(None, None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
+                    else:
+                        slots += values
+                    continue
                 by_tap, letter = pipeline.run_taps(record)
                 if letter is not None:
                     add(None, None, None, json.dumps({"record": record, "error": letter.error}, default=str), None)
                     continue
                 if tallied is not None:
                     try:
-                        slots = [tallied.key_of(out) for out in by_tap[tallied.tap]]
+                        slots += [tallied.key_of(out) for out in by_tap[tallied.tap]]
                     except Exception as e:  # noqa: BLE001 - a missing key field must not stop the task
                         error = {"record": record, "error": f"partials: {type(e).__name__}: {e}"}
                         add(None, None, None, json.dumps(error, default=str), None)
-                        continue
-                    for slot in slots:
-                        try:
-                            tally[slot] = tally.get(slot, 0) + 1
-                        except TypeError:  # unhashable key values (lists, dicts)
-                            _combine_into(partials[tallied.index], aggregators[tallied.index], tallied.values(slot), 1)
                     continue
                 # A record whose outputs fail to aggregate is dead-lettered whole, from every output.
                 staged: list[tuple[int, Any, Any]] = []
@@ -294,7 +304,7 @@ def _stage_rows(
                     else:
                         _combine_into(partials[index], aggregators[index], key_values, item)
             if tallied is not None:
-                for slot, n in tally.items():
+                for slot, n in _tally(slots, partials[tallied.index], aggregators[tallied.index], tallied).items():
                     add(tallied.index, encode_key(list(tallied.values(slot))), n, None, None)
             for index, partial in partials.items():
                 for slot, value in partial.items():
@@ -321,6 +331,21 @@ def _stage_rows(
     return run
 
 
+def _tally(slots: list[Any], partial: dict[Any, Any], aggregator: Any, tallied: _Tally) -> dict[Any, int]:
+    """The count of each key in ``slots``; keys that cannot be hashed (lists, dicts) are
+    combined into ``partial`` instead, as any other partial."""
+    try:
+        return Counter(slots)
+    except TypeError:
+        tally: dict[Any, int] = {}
+        for slot in slots:
+            try:
+                tally[slot] = tally.get(slot, 0) + 1
+            except TypeError:
+                _combine_into(partial, aggregator, tallied.values(slot), 1)
+        return tally
+
+
 @dataclass(frozen=True)
 class _Tally:
     """A stage's one partials output when it counts per top-level key fields: the Python path
@@ -331,6 +356,7 @@ class _Tally:
     key_of: Callable[[Any], Any]
     """The key of an output record: the value of the one key field, or a tuple of them."""
     single: bool
+    fields: tuple[str, ...]
 
     def values(self, slot: Any) -> tuple[Any, ...]:
         return (slot,) if self.single else tuple(slot)
@@ -343,7 +369,7 @@ def _python_count(outputs: list[_OutputPlan], mode: str) -> _Tally | None:
     fields = output.key_fields
     if not fields or (output.aggregator or {}).get("kind") != "Count" or any("." in f for f in fields):
         return None
-    return _Tally(output.index, output.tap, operator.itemgetter(*fields), len(fields) == 1)
+    return _Tally(output.index, output.tap, operator.itemgetter(*fields), len(fields) == 1, fields)
 
 
 def _arrow_count(
@@ -598,7 +624,8 @@ def _arrow_partials(batches: list[pa.RecordBatch], stage: StageSpec) -> SourceBa
 
 def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_driver: bool = False) -> SourceBatchResult:
     """The stage's Python operations and partial aggregation over ``df``: ``mapInArrow`` in
-    Spark's Python workers (a typed partial combined per key by Spark), or the same function
+    Spark's Python workers (a typed partial combined per key by Spark, or on the driver when
+    the batch's input is known to fit there, :func:`groups_on_driver`), or the same function
     on the driver over the collected batch (``on_driver``) or over the Arrow batches ``df``
     (a batch read in Arrow on the driver)."""
     typed = _typed_partials(stage)
@@ -612,6 +639,8 @@ def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_
             rows = arrow_rows(df, fn, aggregator)
         elif on_driver:
             rows = driver_rows(df, fn, aggregator)
+        elif groups_on_driver(df):
+            rows = grouped_rows(df.mapInArrow(fn, columns.format(typed.value_type)).toArrow(), aggregator)
         else:
             rows = (
                 df.mapInArrow(fn, columns.format(typed.value_type))

@@ -148,9 +148,11 @@ def arrow_rows(
 ) -> list[dict[str, Any]]:
     """:func:`driver_rows` over a batch already in Arrow on the driver."""
     produced = list(stage_rows(iter(batches)))
-    if not produced:
-        return []
-    table = pa.Table.from_batches(produced)
+    return grouped_rows(pa.Table.from_batches(produced), aggregator) if produced else []
+
+
+def grouped_rows(table: pa.Table, aggregator: CombinerAggregator | None) -> list[dict[str, Any]]:
+    """The rows ``stage_rows`` produced (``table``), grouped as :func:`driver_rows` groups them."""
     if aggregator is None:
         return [{**row, "n": 1} for row in table.to_pylist()]
     empty = dict.fromkeys(table.column_names)

@@ -103,6 +103,14 @@ def test_the_driver_path_gives_what_the_spark_path_gives(spark, tmp_path, monkey
     batch = spark.createDataFrame(ROWS, SCHEMA)
     in_spark = _canonical(source_batch(batch, stage, on_driver=False))
 
+    def no_shuffle(*args, **kwargs):
+        raise AssertionError("partials known to fit the driver were grouped by Spark")
+
+    with monkeypatch.context() as patched:  # Spark's workers compute, the driver groups their partials
+        patched.setattr(compiler, "groups_on_driver", lambda df: True)
+        patched.setattr(DataFrame, "groupBy", no_shuffle)
+        assert _canonical(source_batch(batch, stage, on_driver=False)) == in_spark
+
     def no_python_worker(*args, **kwargs):
         raise AssertionError("the driver path ran mapInArrow")
 

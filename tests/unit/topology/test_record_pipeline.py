@@ -137,3 +137,47 @@ def test_outputs_that_do_not_fit_are_dead_letters():
         assert dead is not None and reason in dead.error, fn.__name__
     _, dead = RecordPipeline([_op("peek", missing_field_peek, ("nope",), {})]).run({"sentence": "s"})
     assert dead is not None and "KeyError" in dead.error
+
+
+def words_then_lengths(word: str):
+    return len(word)
+
+
+def test_field_values_give_the_field_of_what_run_gives():
+    """The counting shortcut: a chain's values of its last one-field output, records not built."""
+    chains = {
+        "each": [_op("each", mixed_outputs, ("sentence",), {"word": "string"})],
+        "map": [_op("map", mixed_outputs, ("sentence",), {"word": "string"})],
+        "each, set": [_op("each", as_set, ("sentence",), {"word": "string"})],
+        "each then map": [
+            _op("each", split_words, ("sentence",), {"word": "string"}),
+            _op("map", words_then_lengths, ("word",), {"size": "long"}),
+        ],
+        "fails": [_op("each", explode, ("sentence",), {"word": "string"})],
+        "wrong mapping": [_op("each", wrong_mapping, ("sentence",), {"word": "string"})],
+        "not a list": [_op("each", one_string, ("sentence",), {"word": "string"})],
+        "fails first": [
+            _op("each", explode, ("sentence",), {"word": "string"}),
+            _op("map", words_then_lengths, ("word",), {"size": "long"}),
+        ],
+    }
+    for name, operations in chains.items():
+        pipeline = RecordPipeline(operations)
+        field = next(iter(operations[-1].out))
+        values_of = pipeline.field_values(field)
+        assert values_of is not None, name
+        for record in ({"sentence": "a bb"}, {"sentence": ""}):
+            outputs, letter = pipeline.run(dict(record))
+            values, values_letter = values_of(dict(record))
+            assert values == [out[field] for out in outputs], name
+            assert (letter, values_letter) == (None, None) or letter == values_letter, name
+    assert RecordPipeline(chains["fails"]).field_values("word")({"sentence": "x"})[1] is not None
+
+
+def test_field_values_only_for_a_chain_ending_in_that_one_field():
+    split_op = _op("each", split_words, ("sentence",), {"word": "string"})
+    assert RecordPipeline([split_op]).field_values("sentence") is None  # not the field it emits
+    assert RecordPipeline([_op("each", pairs, ("sentence",), {"word": "string", "n": "long"})]).field_values("word") is None
+    assert RecordPipeline([split_op, _op("filter", not_the, ("word",), {})]).field_values("word") is None
+    assert RecordPipeline([split_op], taps=[-1]).field_values("word") is None  # the input is read, not the end
+    assert RecordPipeline([]).field_values("word") is None
