@@ -33,6 +33,31 @@ from stream_ops.spark.session import create_spark_session
 SPARK_MASTER = "local[2]"
 
 
+class CommitWatch:
+    """Set when any task of a topology commits a batch: a ZooKeeper watch on each task's
+    transactional node, so a benchmark asks a state query right after a commit instead of
+    polling on a timer (a poll interval would be added to what it measures)."""
+
+    def __init__(self, store: ZkStore, topology_id: str) -> None:
+        self.changed = threading.Event()
+        self._stopped = False
+        client = store.client
+        for task in client.get_children(ZkPaths.tasks(topology_id)):
+            client.DataWatch(ZkPaths.transactional_task(topology_id, int(task)), self._on_change)
+
+    def _on_change(self, data: bytes | None, stat: Any) -> bool | None:
+        self.changed.set()
+        return False if self._stopped else None
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a task commits (or ``timeout_s`` passes); clears the event for the next wait."""
+        self.changed.wait(timeout_s)
+        self.changed.clear()
+
+    def close(self) -> None:
+        self._stopped = True  # each watch is dropped the next time it fires
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
     """Poll ``predicate`` until it holds (True) or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s

@@ -14,13 +14,18 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   compute on the driver when the Arrow path reads the batch, else in the JVM), as a
   ``map_batches`` function over Arrow batches (``--split arrow``) and/or as Trident's
   ``each(split)`` per record in Python (``--split row``). Timed from ``submit`` until the state query returns exactly
-  the ground truth (polled every ``--poll`` s: a sample of 16 words, then every word once the
-  sample matches), so it includes task start-up, the shuffle through files, RocksDB, the state
-  topic and the ZooKeeper commits. ``--arrow-path off`` runs stream_ops with FileTopic batches
+  the ground truth (asked right after each task's commit, which a ZooKeeper watch reports, and at
+  least every ``--poll`` s: a sample of 16 words, then every word once the sample matches), so it
+  includes task start-up, the shuffle through files, RocksDB, the state topic and the ZooKeeper
+  commits. ``--arrow-path off`` runs stream_ops with FileTopic batches
   always computed in Spark, to compare.
 
 Both results are checked against ``collections.Counter`` over the generated sentences. A small
-warm-up run of each engine comes first (JIT, Python workers), and is not reported.
+warm-up run of each engine comes first (JIT, Python workers), and is not reported. Each engine
+and split then runs ``--repeat`` times, the runs interleaved (plain Spark, then each split, then
+again), and the median is reported: the JVM's JIT compiler is still busy with Spark's code after
+the warm-up (0.3-0.7 cpu-seconds of compiling per stream_ops run of 1.2M words, measured per JVM
+thread), so one run depends on what ran before it.
 
 The fsync cost of the commit path is measured twice: stream_ops runs once with its batch files
 fsynced (the default) and once with ``ClusterConfig(fsync=False)`` (``--fsync``), and one
@@ -72,7 +77,7 @@ from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SPARK_MASTER, BenchRig, WorkerThread, wait_until  # the benchmarks' shared rig
+from harness import SPARK_MASTER, BenchRig, CommitWatch, WorkerThread, wait_until  # the benchmarks' shared rig
 
 STATES = {"opaque": OpaqueMapState, "transactional": TransactionalMapState}
 PROBE_KEYS = 16
@@ -138,6 +143,8 @@ class RunResult:
     startup_s: float | None = None
     arrow_batches: int | None = None
     """Source batches read and computed in Arrow on the driver (no Spark job)."""
+    all_seconds: list[float] = field(default_factory=list)
+    """The wall time of every repeat of this run (this one is their median)."""
 
     @property
     def sentences_per_s(self) -> float:
@@ -239,6 +246,7 @@ def run_stream_ops(
     submitted_wall = time.time()
     started = time.perf_counter()
     topology_id = submit(store, cluster, topology, workers=1)
+    commits = CommitWatch(store, topology_id)
     deadline = time.monotonic() + timeout_s
     last: dict[str, Any] = {}
     while True:
@@ -255,8 +263,9 @@ def run_stream_ops(
                 f"stream_ops ({state}) did not reach the ground truth in {timeout_s:.0f} s; "
                 f"{len(wrong)} words differ, e.g. {list(wrong.items())[:5]}"
             )
-        time.sleep(poll_s)
+        commits.wait(poll_s)
     seconds = time.perf_counter() - started
+    commits.close()
 
     runners = [r for (tid, _), r in list(worker.worker._runners.items()) if tid == topology_id]
     batches: dict[str, list[int]] = collections.defaultdict(list)
@@ -390,11 +399,11 @@ def report(
     )
     print(
         "timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
-        f"query matching the ground truth (polled every {args.poll} s)"
+        f"query matching the ground truth (asked after each commit, at least every {args.poll} s)"
     )
     print()
     header = (
-        f"{'run':<34} {'wall s':>7} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
+        f"{'run':<34} {'wall s':>7} {'runs s':>16} {'sentences/s':>12} {'words/s':>10} {'vs plain':>9} "
         f"{'batches/task src/keyed':>22} {'mean batch ms src/keyed':>23} {'stage ms/batch src':>18} "
         f"{'commit ms/batch src/keyed':>26}"
     )
@@ -403,12 +412,13 @@ def report(
     for r in results:
         ratio = r.words_per_s / plain.words_per_s
         print(
-            f"{r.label:<34} {r.seconds:>7.2f} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
+            f"{r.label:<34} {r.seconds:>7.2f} {' '.join(f'{x:.2f}' for x in r.all_seconds):>16} {r.sentences_per_s:>12,.0f} {r.words_per_s:>10,.0f} {ratio:>8.2f}x "
             f"{_pair(r.batches, 'd'):>22} {_pair(r.mean_batch_ms, '.0f'):>23} "
             f"{_fmt(r.stage_ms_per_batch.get('source'), '.1f'):>18} {_pair(r.commit_ms_per_batch, '.1f'):>26}"
         )
     print(
-        "columns: batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
+        "columns: wall s = the median of the runs (runs s, interleaved with the other engine's); the other columns "
+        "are the median run's; batches/task = micro-batches that had input, per task (stream_ops: 2 source + 2 keyed tasks); "
         "mean batch ms = Spark's triggerExecution per such batch; stage ms/batch = writing the shuffle files "
         "(TaskStats.stage_ms_total / batches); commit ms/batch = TaskStats.commit_ms_total / batches "
         "(source: ZooKeeper commit and publish; keyed: state topic, RocksDB write and ZooKeeper commit)"
@@ -479,11 +489,11 @@ def run_size(
 
     common = dict(trigger_s=args.trigger, max_files=args.max_files_per_trigger)
     load_before = os.getloadavg()
-    results: list[RunResult] = []
+    runs: dict[str, list[RunResult]] = collections.defaultdict(list)  # plain Spark first
     for mode in args.fsync:
         cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
         worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
-        if warm_up and args.warmup_sentences > 0 and not results:
+        if warm_up and args.warmup_sentences > 0 and not runs:
             t = time.perf_counter()
             warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
             warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
@@ -510,36 +520,46 @@ def run_size(
                     spark.conf.unset(ARROW_BATCH_BYTES_CONF)
             print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
             load_before = os.getloadavg()
-        if not results:
-            results.append(
-                run_plain(spark, topic, work, expected, label=f"main-{n_sentences}", n_sentences=n_sentences, **common)
-            )
-            print(f"plain Spark: {results[0].seconds:.2f} s, counts verified", flush=True)
-        for state, split_with, arrow_path in itertools.product(args.state, args.split, args.arrow_path):
-            spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
-            try:
-                result = run_stream_ops(
-                    store,
-                    cluster,
-                    worker,
-                    topic.root,
-                    expected,
-                    name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}-arrow-{arrow_path}",
-                    state=state,
-                    n_sentences=n_sentences,
-                    poll_s=args.poll,
-                    timeout_s=args.timeout,
-                    label=f"{split_with}, {state}, fsync {mode}" + ("" if arrow_path == "on" else ", Arrow path off"),
-                    split_with=split_with,
+        for repeat in range(args.repeat):  # interleaved, so every engine meets the JVM as warm
+            if mode == args.fsync[0]:
+                run = run_plain(
+                    spark, topic, work, expected, label=f"main-{n_sentences}-{repeat}", n_sentences=n_sentences, **common
                 )
-            finally:
-                spark.conf.unset(ARROW_BATCH_BYTES_CONF)
-            print(f"{result.label}: {result.seconds:.2f} s, counts verified", flush=True)
-            results.append(result)
+                runs["plain Spark"].append(run)
+                print(f"plain Spark: {run.seconds:.2f} s, counts verified", flush=True)
+            for state, split_with, arrow_path in itertools.product(args.state, args.split, args.arrow_path):
+                spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+                try:
+                    run = run_stream_ops(
+                        store,
+                        cluster,
+                        worker,
+                        topic.root,
+                        expected,
+                        name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}-arrow-{arrow_path}-{repeat}",
+                        state=state,
+                        n_sentences=n_sentences,
+                        poll_s=args.poll,
+                        timeout_s=args.timeout,
+                        label=f"{split_with}, {state}, fsync {mode}" + ("" if arrow_path == "on" else ", Arrow path off"),
+                        split_with=split_with,
+                    )
+                finally:
+                    spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+                print(f"{run.label}: {run.seconds:.2f} s, counts verified", flush=True)
+                runs[run.label].append(run)
         rig.stop_worker(worker)
     probe = measure_file_fsync(work, lines=args.vocabulary, repeats=args.fsync_repeats)
     shutil.rmtree(work / "input", ignore_errors=True)
+    results = [_median_run(label_runs) for label_runs in runs.values()]
     return results, load_before, probe, n_files, n_words
+
+
+def _median_run(runs: list[RunResult]) -> RunResult:
+    """The run of median wall time (the lower middle one of an even count), with every run's time."""
+    chosen = sorted(runs, key=lambda r: r.seconds)[(len(runs) - 1) // 2]
+    chosen.all_seconds = [r.seconds for r in runs]
+    return chosen
 
 
 def main() -> None:
@@ -581,13 +601,22 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
-    parser.add_argument("--poll", type=float, default=0.1, help="stream_ops state-query poll interval, seconds")
+    parser.add_argument(
+        "--poll", type=float, default=0.1, help="stream_ops state-query poll interval when no task commits, seconds"
+    )
     parser.add_argument(
         "--warmup-sentences",
         type=int,
         default=100_000,
         help="0 skips the warm-up runs; keep a source batch above spark.stream_ops.driverBatchBytes (1 MiB): smaller "
         "batches run on the driver and would leave Spark's Python workers to start inside the timed run",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of each engine and split per size, interleaved; the median is reported (the JVM's JIT still "
+        "compiles Spark's code for minutes, so a single run depends on what ran before it)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
