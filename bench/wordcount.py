@@ -23,9 +23,10 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
 Both results are checked against ``collections.Counter`` over the generated sentences. A small
 warm-up run of each engine comes first (JIT, Python workers), and is not reported. Each engine
 and split then runs ``--repeat`` times, the runs interleaved (plain Spark, then each split, then
-again), and the median is reported: the JVM's JIT compiler is still busy with Spark's code after
-the warm-up (0.3-0.7 cpu-seconds of compiling per stream_ops run of 1.2M words, measured per JVM
-thread), so one run depends on what ran before it.
+again, each round starting one run later) with a ``--settle`` pause before each, and the median
+is reported: the JVM's JIT compiler is still busy with Spark's code after the warm-up (0.3-0.7
+cpu-seconds of compiling per stream_ops run of 1.2M words, measured per JVM thread), so one run
+depends on what ran before it.
 
 The fsync cost of the commit path is measured twice: stream_ops runs once with its batch files
 fsynced (the default) and once with ``ClusterConfig(fsync=False)`` (``--fsync``), and one
@@ -520,14 +521,21 @@ def run_size(
                     spark.conf.unset(ARROW_BATCH_BYTES_CONF)
             print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
             load_before = os.getloadavg()
-        for repeat in range(args.repeat):  # interleaved, so every engine meets the JVM as warm
-            if mode == args.fsync[0]:
-                run = run_plain(
-                    spark, topic, work, expected, label=f"main-{n_sentences}-{repeat}", n_sentences=n_sentences, **common
-                )
-                runs["plain Spark"].append(run)
-                print(f"plain Spark: {run.seconds:.2f} s, counts verified", flush=True)
-            for state, split_with, arrow_path in itertools.product(args.state, args.split, args.arrow_path):
+        combinations = list(itertools.product(args.state, args.split, args.arrow_path))
+        jobs: list[tuple[str, str, str] | None] = [None] * (mode == args.fsync[0]) + combinations  # None: plain Spark
+        for repeat in range(args.repeat):
+            # Interleaved, each repeat starting one job later, and after a pause: a run leaves the
+            # JVM compiling and collecting for a while, which slowed whichever run came next.
+            for job in jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)]:
+                time.sleep(args.settle)
+                if job is None:
+                    run = run_plain(
+                        spark, topic, work, expected, label=f"main-{n_sentences}-{repeat}", n_sentences=n_sentences, **common
+                    )
+                    runs["plain Spark"].append(run)
+                    print(f"plain Spark: {run.seconds:.2f} s, counts verified", flush=True)
+                    continue
+                state, split_with, arrow_path = job
                 spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
                 try:
                     run = run_stream_ops(
@@ -618,6 +626,7 @@ def main() -> None:
         help="runs of each engine and split per size, interleaved; the median is reported (the JVM's JIT still "
         "compiles Spark's code for minutes, so a single run depends on what ran before it)",
     )
+    parser.add_argument("--settle", type=float, default=1.0, help="pause before each timed run, seconds")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
