@@ -591,6 +591,10 @@ class ArrowSql:
         return pa.Table.from_arrays(columns, schema=pa.schema(op.out))
 
 
+COLLATION_CONF = "spark.sql.session.collation.default"
+"""The session's default collation: string comparisons are translated for UTF8_BINARY only."""
+
+
 def compile_arrow_sql(spark: SparkSession, fields: Mapping[str, str], operations: Sequence[OperationSpec]) -> ArrowSql | None:
     """The operations (all of kind select_expr/where, applied in order to a stream of
     `fields`) compiled to Arrow, or None (logged at debug with the reason) when any
@@ -606,7 +610,7 @@ def _compile(spark: SparkSession, fields: dict[str, str], operations: Sequence[O
     if not operations:
         raise _UnsupportedError("no operation")
     ansi = (spark.conf.get("spark.sql.ansi.enabled") or "false").lower() == "true"
-    collation = spark.conf.get("spark.sql.session.collation.default", "UTF8_BINARY") or "UTF8_BINARY"
+    collation = spark.conf.get(COLLATION_CONF, "UTF8_BINARY") or "UTF8_BINARY"
     if collation.upper() != "UTF8_BINARY":
         raise _UnsupportedError(f"the session's default collation {collation}")
     compiler = _Compiler(ansi)

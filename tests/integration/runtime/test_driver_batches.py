@@ -353,3 +353,28 @@ def test_sql_that_fails_to_compile_to_arrow_runs_in_spark(spark, monkeypatch, ca
     op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
     assert arrow_source_batches._compiled(spark, {"s": "string"}, [op]) is None
     assert "compiling them to Arrow failed: analysis went wrong" in caplog.text
+
+
+def test_sql_is_compiled_to_arrow_once_for_every_batch_of_a_query(spark, monkeypatch):
+    """Each foreachBatch callback gets a new SparkSession object; the compiled SQL outlives it."""
+    from pyspark.sql import SparkSession
+
+    from stream_ops.spark import arrow_source_batches
+
+    calls = []
+    real = arrow_source_batches.compile_arrow_sql
+    monkeypatch.setattr(arrow_source_batches, "compile_arrow_sql", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(arrow_source_batches, "_COMPILED", {})
+    op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
+    batch_sessions = [
+        SparkSession(spark.sparkContext, spark._jsparkSession) for _ in range(3)
+    ]  # as ForeachBatchFunction makes them
+    compiled = {id(arrow_source_batches._compiled(session, {"s": "string"}, [op])) for session in batch_sessions}
+    assert len(calls) == 1 and len(compiled) == 1
+    ansi = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", "false" if ansi == "true" else "true")
+    try:
+        arrow_source_batches._compiled(spark, {"s": "string"}, [op])
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", ansi)
+    assert len(calls) == 2, "a setting that changes what the SQL means compiles it anew"
