@@ -534,10 +534,13 @@ class _PlanCompiler:
             lists = split(_broadcast(source.fn(env, n), n))
             if outer:  # split gives no empty list; a null one explodes to one null row
                 lists = pc.if_else(pc.is_null(lists), one_null, lists)
+            flat = pc.list_flatten(lists)
+            if not carried:  # the usual word split: no other column to repeat per element
+                return {out_key: flat}, len(flat)
             parents = pc.list_parent_indices(lists)
             result = {key: env[key].take(parents) for key in carried}
-            result[out_key] = pc.list_flatten(lists)
-            return result, len(parents)
+            result[out_key] = flat
+            return result, len(flat)
 
         return _Stage(run, child.output + [(out_key, "", out_type)])
 
