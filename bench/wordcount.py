@@ -17,7 +17,8 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   the ground truth (asked right after each task's commit, which a ZooKeeper watch reports, and at
   least every ``--poll`` s: a sample of 16 words, then every word once the sample matches), so it
   includes task start-up, the shuffle through files, RocksDB, the state topic and the ZooKeeper
-  commits. ``--arrow-path off`` runs stream_ops with FileTopic batches
+  commits (the keyed stage polls its shuffle on the worker's default shuffle trigger, a quarter
+  of ``--trigger``). ``--arrow-path off`` runs stream_ops with FileTopic batches
   always computed in Spark, to compare.
 
 Both results are checked against ``collections.Counter`` over the generated sentences. A small

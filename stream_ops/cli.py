@@ -711,7 +711,13 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 @click.option("--port", default=6700, show_default=True, type=int, help="Slot port (state queries).")
 @click.option("--bind-host", default=None, help="Interface of the query server (default: --host).")
 @click.option("--spark-master", default="local[*]", show_default=True)
-@click.option("--trigger-seconds", default=1.0, show_default=True, type=float)
+@click.option("--trigger-seconds", default=1.0, show_default=True, type=float, help="Trigger of the queries that read a source.")
+@click.option(
+    "--shuffle-trigger-seconds",
+    type=float,
+    default=None,
+    help="Trigger of the queries that read a shuffle (every later stage); default: a quarter of --trigger-seconds.",
+)
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
 @click.option(
@@ -759,6 +765,7 @@ def worker(
     bind_host: str | None,
     spark_master: str,
     trigger_seconds: float,
+    shuffle_trigger_seconds: float | None,
     max_files_per_trigger: int,
     heartbeat_interval: float,
     shutdown_timeout: float,
@@ -792,6 +799,7 @@ def worker(
         spark_conf=conf,
         kafka_connector=kafka_connector,
         trigger_seconds=trigger_seconds,
+        shuffle_trigger_seconds=shuffle_trigger_seconds,
         max_files_per_trigger=max_files_per_trigger,
         heartbeat_interval_s=heartbeat_interval,
         shutdown_timeout_s=shutdown_timeout,

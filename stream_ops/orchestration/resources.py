@@ -57,6 +57,7 @@ _WORKER_FIELDS: Mapping[str, str] = {
     "spark_master": "spark_master",
     "spark_conf": "spark_conf",
     "trigger_seconds": "trigger_seconds",
+    "shuffle_trigger_seconds": "shuffle_trigger_seconds",
     "max_files_per_trigger": "max_files_per_trigger",
 }
 
@@ -227,7 +228,12 @@ class StreamClusterResource(dg.ConfigurableResource):
     worker_capacity: int = Field(default=64, description="Most tasks one worker runs at once (>= 1).")
     trigger_seconds: float = Field(
         default=1.0,
-        description="Spark trigger interval of every task query, in seconds (>= 0; 0 = as fast as possible).",
+        description="Spark trigger interval of the task queries that read a source, in seconds (>= 0; 0 = as fast as possible).",
+    )
+    shuffle_trigger_seconds: float | None = Field(
+        default=None,
+        description="Trigger interval of the task queries that read a shuffle (every stage after the first); "
+        "None: a quarter of trigger_seconds.",
     )
     max_files_per_trigger: int = Field(
         default=100, description="Most input files one micro-batch reads (>= 1); keep above arrival rate x trigger."

@@ -33,5 +33,6 @@ stream_ops_cli worker \
     --spark-conf "spark.executor.cores=${SPARK_EXECUTOR_CORES:-1}" \
     --spark-conf "spark.cores.max=${SPARK_APP_CORES_MAX:-1}" \
     --trigger-seconds "${STREAM_OPS_TRIGGER_SECONDS:-1.0}" \
+    ${STREAM_OPS_SHUFFLE_TRIGGER_SECONDS:+--shuffle-trigger-seconds "$STREAM_OPS_SHUFFLE_TRIGGER_SECONDS"} \
     ${tls_args[@]+"${tls_args[@]}"} \
     "$@"
