@@ -72,12 +72,20 @@ class WorkerThread:
     """A stream_ops Worker running on a thread with the shared SparkSession."""
 
     def __init__(
-        self, zk: ZooKeeperConfig, cluster: ClusterConfig, spark: SparkSession, *, trigger_s: float, max_files: int
+        self,
+        zk: ZooKeeperConfig,
+        cluster: ClusterConfig,
+        spark: SparkSession,
+        *,
+        trigger_s: float,
+        max_files: int,
+        shuffle_trigger_s: float | None = None,
     ) -> None:
         settings = WorkerSettings(
             host="127.0.0.1",
             port=free_port(),
             trigger_seconds=trigger_s,
+            shuffle_trigger_seconds=shuffle_trigger_s,
             max_files_per_trigger=max_files,
             heartbeat_interval_s=1.0,
             spark_master=SPARK_MASTER,
@@ -162,9 +170,13 @@ class BenchRig:
             raise
         return self
 
-    def start_worker(self, cluster: ClusterConfig, *, trigger_s: float, max_files: int) -> WorkerThread:
+    def start_worker(
+        self, cluster: ClusterConfig, *, trigger_s: float, max_files: int, shuffle_trigger_s: float | None = None
+    ) -> WorkerThread:
         """A Worker on a thread, registered in ZooKeeper when this returns; stopped by :meth:`close`."""
-        worker = WorkerThread(self.zk_config, cluster, self.spark, trigger_s=trigger_s, max_files=max_files)
+        worker = WorkerThread(
+            self.zk_config, cluster, self.spark, trigger_s=trigger_s, max_files=max_files, shuffle_trigger_s=shuffle_trigger_s
+        )
         worker.start(self.store)
         self.workers.append(worker)
         return worker

@@ -451,6 +451,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--keys", type=int, default=1_000, help="distinct background keys")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between files (one per queue each time)")
+    parser.add_argument(
+        "--shuffle-trigger",
+        type=float,
+        default=None,
+        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, a quarter of --trigger)",
+    )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger of the worker's queries, seconds")
     parser.add_argument("--max-files-per-trigger", type=int, default=100)
     parser.add_argument("--poll", type=float, default=0.02, help="state-query poll interval, seconds")
@@ -487,7 +493,9 @@ def main() -> None:
         try:
             work, spark, store = rig.work, rig.spark, rig.store
             cluster = ClusterConfig(root=work / "cluster")
-            worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+            worker = rig.start_worker(
+                cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger, shuffle_trigger_s=args.shuffle_trigger
+            )
 
             topic = FileTopic(work / "input", queues=QUEUES)
             topology = Topology(NAME)

@@ -494,7 +494,9 @@ def run_size(
     runs: dict[str, list[RunResult]] = collections.defaultdict(list)  # plain Spark first
     for mode in args.fsync:
         cluster = ClusterConfig(root=work / f"cluster-fsync-{mode}", fsync=mode == "on")
-        worker = rig.start_worker(cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger)
+        worker = rig.start_worker(
+            cluster, trigger_s=args.trigger, max_files=args.max_files_per_trigger, shuffle_trigger_s=args.shuffle_trigger
+        )
         if warm_up and args.warmup_sentences > 0 and not runs:
             t = time.perf_counter()
             warm = make_sentences(args.warmup_sentences, args.vocabulary, args.seed + 1)
@@ -606,6 +608,12 @@ def main() -> None:
         default=["on"],
         help="stream_ops with FileTopic batches read and computed in Arrow on the driver (on, the default) and/or "
         "always in Spark (off: spark.stream_ops.arrowBatchBytes=0)",
+    )
+    parser.add_argument(
+        "--shuffle-trigger",
+        type=float,
+        default=None,
+        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, a quarter of --trigger)",
     )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
