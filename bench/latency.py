@@ -455,7 +455,7 @@ def parse_args() -> argparse.Namespace:
         "--shuffle-trigger",
         type=float,
         default=None,
-        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, a quarter of --trigger)",
+        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, the same as --trigger)",
     )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger of the worker's queries, seconds")
     parser.add_argument("--max-files-per-trigger", type=int, default=100)

@@ -17,8 +17,8 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   the ground truth (asked right after each task's commit, which a ZooKeeper watch reports, and at
   least every ``--poll`` s: a sample of 16 words, then every word once the sample matches), so it
   includes task start-up, the shuffle through files, RocksDB, the state topic and the ZooKeeper
-  commits (the keyed stage polls its shuffle on the worker's default shuffle trigger, a quarter
-  of ``--trigger``). ``--arrow-path off`` runs stream_ops with FileTopic batches
+  commits (the keyed stage polls its shuffle every ``--trigger`` s too, the worker's default;
+  ``--shuffle-trigger`` sets another interval). ``--arrow-path off`` runs stream_ops with FileTopic batches
   always computed in Spark, to compare.
 
 Both results are checked against ``collections.Counter`` over the generated sentences. A small
@@ -613,7 +613,7 @@ def main() -> None:
         "--shuffle-trigger",
         type=float,
         default=None,
-        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, a quarter of --trigger)",
+        help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, the same as --trigger)",
     )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)

@@ -716,7 +716,7 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
     "--shuffle-trigger-seconds",
     type=float,
     default=None,
-    help="Trigger of the queries that read a shuffle (every later stage); default: a quarter of --trigger-seconds.",
+    help="Trigger of the queries that read a shuffle (every later stage); default: --trigger-seconds.",
 )
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)

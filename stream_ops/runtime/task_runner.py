@@ -171,10 +171,9 @@ class RunnerSettings:
 
     trigger_seconds: float = 1.0
     """Trigger interval of a task that reads a source."""
-    shuffle_trigger_seconds: float = 0.25
-    """Trigger interval of a task that reads a shuffle: shorter than the sources', since the
-    batch its upstream committed waits for its next trigger (a trigger finding nothing costs
-    ~1 ms of JVM CPU)."""
+    shuffle_trigger_seconds: float = 1.0
+    """Trigger interval of a task that reads a shuffle: the batch its upstream committed waits
+    for its next trigger, and a trigger that finds nothing costs JVM CPU."""
     max_files_per_trigger: int = 100
     commit_wait_s: float = 10.0
     max_file_age: str = "7d"

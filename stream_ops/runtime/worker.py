@@ -112,9 +112,10 @@ class WorkerSettings(BaseModel):
     shuffle_trigger_seconds: float | None = Field(
         None,
         ge=0,
-        description="Trigger interval of the queries that read a shuffle (every stage after the first); None: a "
-        "quarter of trigger_seconds. An idle trigger costs ~1 ms of JVM CPU; a stage waits up to this long for "
-        "the batch its upstream just committed.",
+        description="Trigger interval of the queries that read a shuffle (every stage after the first); None: "
+        "trigger_seconds. Shorter, a batch its upstream committed waits less for the next stage (a 1.2M-word "
+        "burst at trigger 0.2 s finished 15% sooner with 0.05 s), but every idle trigger costs JVM CPU (+0.15 "
+        "cores on 2 busy cores at 10k records/s, with no gain in latency there).",
     )
     max_files_per_trigger: int = Field(100, ge=1)
     launched_by: str = "cli"
@@ -137,8 +138,8 @@ class WorkerSettings(BaseModel):
 
     @property
     def shuffle_trigger(self) -> float:
-        """:attr:`shuffle_trigger_seconds`, or a quarter of :attr:`trigger_seconds` when unset."""
-        return self.trigger_seconds / 4 if self.shuffle_trigger_seconds is None else self.shuffle_trigger_seconds
+        """:attr:`shuffle_trigger_seconds`, or :attr:`trigger_seconds` when unset."""
+        return self.trigger_seconds if self.shuffle_trigger_seconds is None else self.shuffle_trigger_seconds
 
 
 class _Desired(NamedTuple):
