@@ -355,8 +355,11 @@ class _Tally:
     tap: int
     key_of: Callable[[Any], Any]
     """The key of an output record: the value of the one key field, or a tuple of them."""
-    single: bool
     fields: tuple[str, ...]
+
+    @property
+    def single(self) -> bool:
+        return len(self.fields) == 1
 
     def values(self, slot: Any) -> tuple[Any, ...]:
         return (slot,) if self.single else tuple(slot)
@@ -369,7 +372,7 @@ def _python_count(outputs: list[_OutputPlan], mode: str) -> _Tally | None:
     fields = output.key_fields
     if not fields or (output.aggregator or {}).get("kind") != "Count" or any("." in f for f in fields):
         return None
-    return _Tally(output.index, output.tap, operator.itemgetter(*fields), len(fields) == 1, fields)
+    return _Tally(output.index, output.tap, operator.itemgetter(*fields), fields)
 
 
 def _arrow_count(
