@@ -178,6 +178,12 @@ class WorkerError(StreamOpsError):
     """A worker could not run its tasks."""
 
 
+class RowProcessError(WorkerError):
+    """A local process running a source batch's per-record operations died (killed, out of
+    memory, a user function ending it) or raised: the batch fails, as a Spark job fails when
+    a Python worker does."""
+
+
 class QueryError(StreamOpsError):
     """A state query could not be answered."""
 

@@ -7,7 +7,9 @@ multi-threaded JSON reader (:mod:`stream_ops.sources.arrow_json`) and runs the s
 SQL operations as Arrow compute (:mod:`stream_ops.spark.sql_arrow`); the stage's Python
 operations and partial aggregation then run on that table as they do for a small batch on the
 driver. A large batch of a stage with per-record Python operations stays in Spark: its Python
-workers run them on every core, where the driver runs them on one thread.
+workers run them on every core, where the driver runs them on one thread; on a local-mode
+worker its Python runs in a pool of local processes instead (:data:`ROW_PROCESSES_CONF`,
+:mod:`stream_ops.spark.row_processes`).
 
 Either part may answer "not sure": a line Spark would mark corrupt or coerce, an expression
 or a value outside the translated subset. The batch then runs in Spark exactly as before, so
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from stream_ops.errors import ConfigError
 from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
 from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
@@ -41,6 +44,12 @@ DEFAULT_ARROW_BATCH_BYTES = 128 << 20
 """Its value when the session does not set it. A batch takes about 5x its input size of driver
 memory at its peak (the file bytes, the parsed table, split columns and groups: 24 MB of word
 count input peaked at 88 MB of Arrow memory besides its 24 MB of bytes)."""
+
+ROW_PROCESSES_CONF = "spark.stream_ops.rowProcesses"
+"""Spark setting: how many local processes run the per-record Python operations of a source
+batch read in Arrow that is above :data:`~stream_ops.spark.driver_batches.DRIVER_BATCH_BYTES_CONF`;
+0 leaves such batches to Spark. Unset: the cores of a local master (``local[N]``), else 0 (a
+cluster's executors have more cores than the driver's machine)."""
 
 MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 """Spark's bound on the rows of one Arrow batch given to ``mapInArrow``; the Arrow path gives
@@ -73,7 +82,7 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     spark = df.sparkSession
     if noted.bytes > arrow_batch_bytes(spark) or not native_fields(source.fields):
         return None
-    if noted.bytes > driver_batch_bytes(spark) and _runs_per_record(stage):
+    if noted.bytes > driver_batch_bytes(spark) and _runs_per_record(stage) and not row_processes_setting(spark):
         return None  # Spark's Python workers run them in parallel; the driver has one thread
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     compiled = _compiled(spark, source.fields, sql) if sql else None
@@ -89,6 +98,34 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     if result is None:
         logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
     return result
+
+
+def row_processes_setting(spark: SparkSession) -> int:
+    """The session's :data:`ROW_PROCESSES_CONF`.
+
+    Raises:
+        ConfigError: the setting is not a whole number of processes.
+    """
+    value = spark.conf.get(ROW_PROCESSES_CONF, None)
+    if value is None:
+        master = spark.conf.get("spark.master", "") or ""
+        return spark.sparkContext.defaultParallelism if master.startswith("local") else 0
+    try:
+        processes = int(value)
+    except ValueError:
+        processes = -1
+    if processes < 0:
+        raise ConfigError(f"{ROW_PROCESSES_CONF} is {value!r}; set it to a number of processes (0 leaves them to Spark)")
+    return processes
+
+
+def batch_processes(df: DataFrame, stage: StageSpec) -> int:
+    """How many local processes run the per-record operations of ``df``, a source batch read in
+    Arrow: 0 (the driver's thread) when it has none or is small enough for the driver path."""
+    noted = noted_input(df)
+    if noted is None or not _runs_per_record(stage) or noted.bytes <= driver_batch_bytes(df.sparkSession):
+        return 0
+    return row_processes_setting(df.sparkSession)
 
 
 def groups_on_driver(df: DataFrame) -> bool:

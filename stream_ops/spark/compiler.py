@@ -43,7 +43,7 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark.arrow_source_batches import arrow_input, groups_on_driver, max_records_per_batch
+from stream_ops.spark.arrow_source_batches import arrow_input, batch_processes, groups_on_driver, max_records_per_batch
 from stream_ops.spark.checkpoint import batch_input_files
 from stream_ops.spark.driver_batches import (
     arrow_rows,
@@ -439,7 +439,8 @@ def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = No
     if on_driver is None:
         table = arrow_input(df, stage)
         if table is not None:
-            return arrow_batch(table, stage, max_records=max_records_per_batch(df.sparkSession))
+            max_records = max_records_per_batch(df.sparkSession)
+            return arrow_batch(table, stage, max_records=max_records, processes=batch_processes(df, stage))
         on_driver = computes_on_driver(df)
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     if not sql:
@@ -567,16 +568,17 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def arrow_batch(table: pa.Table, stage: StageSpec, *, max_records: int) -> SourceBatchResult:
+def arrow_batch(table: pa.Table, stage: StageSpec, *, max_records: int, processes: int = 0) -> SourceBatchResult:
     """A source batch read in Arrow on the driver (its SQL operations done): counted per key
     in Arrow when the stage's operations are all SQL or batch functions, else the stage's
-    function over it as for a small batch on the driver. Batch functions see batches of at
-    most ``max_records`` rows, as in Spark's workers; a stage without them takes the table as
-    one batch (its per-batch partials are then the batch's)."""
+    function over it as for a small batch on the driver, or with ``processes`` in that many
+    local processes. Batch functions see batches of at most ``max_records`` rows, as in
+    Spark's workers; a stage without them takes the table (or a process its slice) as one
+    batch (its per-batch partials are then the batch's)."""
     if not any(op.kind in BATCH_OPERATIONS for op in stage.operations):
         max_records = max(table.num_rows, 1)
     batches = table.combine_chunks().to_batches(max_chunksize=max_records)
-    return _arrow_partials(batches, stage) or _source_batch(batches, stage)
+    return _arrow_partials(batches, stage) or _source_batch(batches, stage, processes=processes)
 
 
 def _count_output(stage: StageSpec, kinds: tuple[str, ...] = SQL_OPERATIONS) -> ShuffleSpec | None:
@@ -625,12 +627,14 @@ def _arrow_partials(batches: list[pa.RecordBatch], stage: StageSpec) -> SourceBa
     return SourceBatchResult({0: list(counts.items())}, letters, input_rows)
 
 
-def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_driver: bool = False) -> SourceBatchResult:
+def _source_batch(
+    df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_driver: bool = False, processes: int = 0
+) -> SourceBatchResult:
     """The stage's Python operations and partial aggregation over ``df``: ``mapInArrow`` in
     Spark's Python workers (a typed partial combined per key by Spark, or on the driver when
     the batch's input is known to fit there, :func:`groups_on_driver`), or the same function
     on the driver over the collected batch (``on_driver``) or over the Arrow batches ``df``
-    (a batch read in Arrow on the driver)."""
+    (a batch read in Arrow on the driver; with ``processes``, in that many local processes)."""
     typed = _typed_partials(stage)
     columns = "out int, key string, value {}, dead string, inputs long, record string"
     rows: list[Any]
@@ -639,7 +643,7 @@ def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_
         spark_fn = aggregator.spark_function
         fn = _stage_rows(stage.operations, _output_plans(stage), "typed", typed.value_type)
         if isinstance(df, list):
-            rows = arrow_rows(df, fn, aggregator)
+            rows = arrow_rows(df, fn, aggregator, processes=processes)
         elif on_driver:
             rows = driver_rows(df, fn, aggregator)
         elif groups_on_driver(df):
@@ -660,7 +664,7 @@ def _source_batch(df: DataFrame | list[pa.RecordBatch], stage: StageSpec, *, on_
         mode = "raw" if needs_driver(stage.operations) else "outputs"
         fn = _stage_rows(stage.operations, _output_plans(stage), mode, "string")
         if isinstance(df, list):
-            rows = arrow_rows(df, fn, None)
+            rows = arrow_rows(df, fn, None, processes=processes)
         elif on_driver:
             rows = driver_rows(df, fn, None)
         else:

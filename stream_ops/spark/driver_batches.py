@@ -29,6 +29,7 @@ from stream_ops.errors import ConfigError
 from stream_ops.operators.aggregators import CombinerAggregator
 from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.spark.checkpoint import batch_input_files
+from stream_ops.spark.row_processes import row_processes
 
 logger = logging.getLogger(__name__)
 
@@ -144,10 +145,17 @@ def driver_rows(df: DataFrame, stage_rows: StageRows, aggregator: CombinerAggreg
 
 
 def arrow_rows(
-    batches: Iterable[pa.RecordBatch], stage_rows: StageRows, aggregator: CombinerAggregator | None
+    batches: Iterable[pa.RecordBatch], stage_rows: StageRows, aggregator: CombinerAggregator | None, *, processes: int = 0
 ) -> list[dict[str, Any]]:
-    """:func:`driver_rows` over a batch already in Arrow on the driver."""
-    produced = list(stage_rows(iter(batches)))
+    """:func:`driver_rows` over a batch already in Arrow on the driver: ``stage_rows`` runs on
+    this thread, or with ``processes`` in that many local processes
+    (:mod:`~stream_ops.spark.row_processes`)."""
+    if processes:
+        batches = list(batches)
+        max_records = max((batch.num_rows for batch in batches), default=1)
+        produced = row_processes(processes).run(stage_rows, batches, max_records=max(max_records, 1))
+    else:
+        produced = list(stage_rows(iter(batches)))
     return grouped_rows(pa.Table.from_batches(produced), aggregator) if produced else []
 
 

@@ -10,6 +10,7 @@ and a replayed batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -22,14 +23,14 @@ from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology, Transact
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import OwnershipLostError
+from stream_ops.errors import ConfigError, OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount, split, split_batch
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark import compiler
-from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, arrow_input
+from stream_ops.spark import compiler, driver_batches
+from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
 from stream_ops.topics.shuffle_files import read_partials
@@ -143,8 +144,9 @@ def _no_spark_job(monkeypatch):
         monkeypatch.setattr(DataFrame, name, refuse)
 
 
+@pytest.mark.parametrize("processes", [0, 2], ids=["driver thread", "local processes"])
 @pytest.mark.parametrize("name", list(STAGES))
-def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeypatch, name):
+def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeypatch, name, processes):
     monkeypatch.setenv("STREAM_OPS_CACHE", str(tmp_path / "cache"))
     fields = {"sentence": "string", "n": "long"}
     topology = Topology("paths")
@@ -158,10 +160,29 @@ def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeyp
     df = _source_df(spark, files, fields)
     in_spark = _canonical(source_batch(df, stage, on_driver=False))
     results = []
+    pools: list[int] = []
+    real_pool = driver_batches.row_processes
+    monkeypatch.setattr(driver_batches, "row_processes", lambda n: pools.append(n) or real_pool(n))
     _no_spark_job(monkeypatch)
-    compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
+    # a batch above the driver-batch limit: its per-record operations run in local processes
+    conf = {DRIVER_BATCH_BYTES_CONF: "0", ROW_PROCESSES_CONF: str(processes)} if processes else {}
+    with _spark_conf(spark, conf):
+        compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
     assert _canonical(results[0]) == in_spark
     assert any(in_spark[0].values()) and in_spark[2] >= 4, "the batch has outputs and input rows"
+    runs_per_record = any(op.kind in ("each", "map", "filter") for op in stage.operations)
+    assert pools == ([processes] if processes and runs_per_record else [])
+
+
+@contextlib.contextmanager
+def _spark_conf(spark, conf: dict[str, str]):
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
 
 
 def test_the_arrow_path_isolates_the_rows_a_batch_function_fails_on(spark, tmp_path, monkeypatch):
@@ -217,12 +238,22 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
     check("line Spark coerces", build_plan(plain).stage(0), [broken])
     check("above the limit", build_plan(plain).stage(0), [clean], {ARROW_BATCH_BYTES_CONF: size - 1})
     check("at the limit", build_plan(plain).stage(0), [clean], {ARROW_BATCH_BYTES_CONF: size})
-    check("per record, large", row, [clean], {DRIVER_BATCH_BYTES_CONF: size - 1})
-    check("per record, small", row, [clean], {DRIVER_BATCH_BYTES_CONF: size})
+    check("per record, large", row, [clean], {DRIVER_BATCH_BYTES_CONF: size - 1, ROW_PROCESSES_CONF: 0})
+    check("per record, large, local processes", row, [clean], {DRIVER_BATCH_BYTES_CONF: size - 1, ROW_PROCESSES_CONF: 2})
+    check("per record, small", row, [clean], {DRIVER_BATCH_BYTES_CONF: size, ROW_PROCESSES_CONF: 0})
     refused = ("regex split", "line Spark coerces", "above the limit", "per record, large")
     assert [label for label in refused if seen[label] is not None] == [], "left to Spark"
     assert seen["at the limit"] is not None and seen["at the limit"].to_pylist() == [{"w": "a"}, {"w": "b"}]
-    assert seen["per record, small"] is not None and seen["per record, small"].num_rows == 1
+    for label in ("per record, small", "per record, large, local processes"):
+        assert seen[label] is not None and seen[label].num_rows == 1, label
+
+
+def test_local_processes_default_to_a_local_masters_cores_and_refuse_a_bad_setting(spark):
+    assert spark.conf.get("spark.master").startswith("local")
+    assert row_processes_setting(spark) == spark.sparkContext.defaultParallelism
+    for bad in ("two", "-1"):
+        with _spark_conf(spark, {ROW_PROCESSES_CONF: bad}), pytest.raises(ConfigError, match=ROW_PROCESSES_CONF):
+            row_processes_setting(spark)
 
 
 def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
@@ -236,26 +267,30 @@ def _wait(condition, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(params=["driver", "arrow"])
+@pytest.fixture(params=["driver", "arrow", "processes"])
 def small_batch_path(request, spark):
-    """Which path small clean batches take: Spark's parse collected to the driver (the Arrow
-    path turned off), or read in Arrow (the default; a batch with a broken line still goes to
-    the driver)."""
-    if request.param == "driver":
-        spark.conf.set(ARROW_BATCH_BYTES_CONF, "0")
-    try:
+    """Which path clean batches take: Spark's parse collected to the driver (the Arrow path
+    turned off), read in Arrow (the default; a batch with a broken line still goes to the
+    driver), or read in Arrow as large batches whose per-record operations run in local
+    processes (a batch with a broken line then goes to Spark's Python workers)."""
+    conf = {
+        "driver": {ARROW_BATCH_BYTES_CONF: "0"},
+        "arrow": {},
+        "processes": {DRIVER_BATCH_BYTES_CONF: "0", ROW_PROCESSES_CONF: "2"},
+    }[request.param]
+    with _spark_conf(spark, conf):
         yield request.param
-    finally:
-        spark.conf.unset(ARROW_BATCH_BYTES_CONF)
 
 
 def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_config, tmp_path, monkeypatch, small_batch_path):
     cluster = ClusterConfig(root=tmp_path / "cluster")
     on_driver: list[int] = []
     in_arrow: list[int] = []
-    real_driver_rows, real_arrow_batch = compiler.driver_rows, compiler.arrow_batch
+    in_processes: list[int] = []
+    real_driver_rows, real_arrow_batch, real_pool = compiler.driver_rows, compiler.arrow_batch, driver_batches.row_processes
     monkeypatch.setattr(compiler, "driver_rows", lambda df, fn, agg: on_driver.append(1) or real_driver_rows(df, fn, agg))
     monkeypatch.setattr(compiler, "arrow_batch", lambda *a, **k: in_arrow.append(1) or real_arrow_batch(*a, **k))
+    monkeypatch.setattr(driver_batches, "row_processes", lambda n: in_processes.append(n) or real_pool(n))
     topic = FileTopic(tmp_path / "in", queues=1)
     topic.create()
     lines = [["how are you", "how"], ["you you", "nice"], ["how day", "{broken"]]
@@ -312,8 +347,10 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
     assert stats == ((2, 0, 2) if split_with == "row" else (4, 0, 3))
     if small_batch_path == "driver":
         assert (len(on_driver), len(in_arrow)) == (4, 0), "A: txids 0 and 1 (refused), B: txid 1, C: txid 2"
-    else:
+    elif small_batch_path == "arrow":
         assert (len(on_driver), len(in_arrow)) == (1, 3), "in Arrow: A's txids 0 and 1, B's txid 1; C's txid 2 has a broken line"
+    else:  # C's txid 2 has a broken line: Spark's Python workers
+        assert (len(on_driver), len(in_arrow), in_processes) == (0, 3, [2, 2, 2]), "A's txids 0 and 1, B's txid 1"
 
 
 def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):

@@ -1,0 +1,242 @@
+"""Per-record Python operations of a large Arrow-read source batch, run in local processes.
+
+A FileTopic source batch read in Arrow on the driver (:mod:`stream_ops.spark.arrow_source_batches`)
+whose stage runs Python per record (``each``, ``map``, ``filter``, ``peek``) would run it on the
+driver's one thread, so a large one used to stay in Spark: parsed by Jackson in the JVM and sent to
+Spark's Python workers row by row, on the same cores. On a local-mode worker this pool does what
+Spark's Python workers do without the JVM's share: the driver parses with pyarrow, and
+``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table.
+
+Each process is ``python -m stream_ops.spark.row_processes`` with the driver's ``sys.path``,
+started on first use, and serves one slice at a time over its stdin and stdout: the function
+(cloudpickled, as Spark ships it) and the slice as an Arrow IPC stream (a pickled slice would
+carry its whole table's buffers), the batches it yields back the same way. It imports the user's
+code from the submission's verified archive as the driver does
+(:mod:`stream_ops.topology.isolation`), and exits when its stdin closes: when the worker's
+process exits or is killed. A new interpreter rather than ``multiprocessing``: forking the
+worker's process (a JVM gateway, threads) is unsafe, and ``spawn``/``forkserver`` run the
+caller's ``__main__`` again in every child.
+
+Results are deterministic in the input, so a replayed batch computes the same partials wherever
+it runs. A process that dies (killed, out of memory, a user function ending it) or raises fails
+the batch with :class:`~stream_ops.errors.RowProcessError`, as a dead Python worker fails a
+Spark job; the next batch starts a new process in its place.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark import cloudpickle
+
+from stream_ops.errors import RowProcessError
+
+if TYPE_CHECKING:
+    from stream_ops.spark.driver_batches import StageRows
+
+logger = logging.getLogger(__name__)
+
+SLICES_PER_PROCESS = 4
+"""Slices a batch is cut into per process: two tasks' batches at once still share the processes
+evenly, and a slow slice holds up only a quarter of a process's share."""
+
+_FRAME = struct.Struct("!Q")
+_OK, _FAILED = b"0", b"1"
+
+
+class _RowProcess:
+    """One child interpreter serving slices, used by one thread at a time."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)}
+        self._popen = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+
+    def call(self, request: bytes) -> bytes:
+        assert self._popen.stdin is not None and self._popen.stdout is not None
+        try:
+            _write_frame(self._popen.stdin, request)
+            status = self._popen.stdout.read(1)
+            if status not in (_OK, _FAILED):
+                raise EOFError("no answer")
+            answer = _read_frame(self._popen.stdout)
+        except (OSError, EOFError, struct.error) as e:
+            self.close()
+            raise RowProcessError(
+                f"a process running per-record operations died (exit code {self._popen.poll()}): {e}; the batch fails"
+            ) from e
+        if status == _FAILED:
+            raise RowProcessError(f"per-record operations failed in a local process:\n{answer.decode(errors='replace')}")
+        return answer
+
+    @property
+    def alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def close(self) -> None:
+        if self._popen.stdin is not None:
+            try:
+                self._popen.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+class RowProcesses:
+    """``processes`` local Python processes that run a stage's ``mapInArrow`` function over
+    Arrow batches (one pool per worker process: :func:`row_processes`)."""
+
+    def __init__(self, processes: int) -> None:
+        if processes < 1:
+            raise ValueError(f"a pool needs at least one process, got {processes}")
+        self.processes = processes
+        self._threads = ThreadPoolExecutor(processes, thread_name_prefix="row-processes")
+        self._local = threading.local()
+        self._started: list[_RowProcess] = []
+        self._lock = threading.Lock()
+
+    def run(self, stage_rows: StageRows, batches: Sequence[pa.RecordBatch], *, max_records: int) -> list[pa.RecordBatch]:
+        """``stage_rows`` over ``batches`` (at most ``max_records`` rows per batch it sees, as in
+        Spark's workers), in the processes: the batches it yields, in input order.
+
+        Raises:
+            RowProcessError: a process died or raised while running a slice.
+        """
+        rows = sum(batch.num_rows for batch in batches)
+        if rows == 0:
+            return list(stage_rows(iter(batches)))
+        table = pa.Table.from_batches(batches)
+        function = cloudpickle.dumps(stage_rows)
+        step = -(-rows // (self.processes * SLICES_PER_PROCESS))
+        futures: list[Future[bytes]] = [
+            self._threads.submit(self._call, pickle.dumps((function, _to_ipc(table.slice(offset, step)), max_records)))
+            for offset in range(0, rows, step)
+        ]
+        try:
+            return [batch for future in futures for batch in _from_ipc(future.result())]
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def _call(self, request: bytes) -> bytes:
+        process: _RowProcess | None = getattr(self._local, "process", None)
+        if process is None or not process.alive:
+            process = _RowProcess()
+            self._local.process = process
+            with self._lock:
+                self._started.append(process)
+        return process.call(request)
+
+    def shutdown(self) -> None:
+        """Stop the processes (after the slices they run)."""
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for process in self._started:
+                process.close()
+            self._started.clear()
+
+
+_POOL: RowProcesses | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def row_processes(processes: int) -> RowProcesses:
+    """This process's pool of ``processes`` processes (started anew when the size changes)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None and _POOL.processes != processes:
+            _POOL.shutdown()
+            _POOL = None
+        if _POOL is None:
+            _POOL = RowProcesses(processes)
+        return _POOL
+
+
+def _write_frame(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_FRAME.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _read_frame(stream: IO[bytes]) -> bytes:
+    header = stream.read(_FRAME.size)
+    if len(header) != _FRAME.size:
+        raise EOFError("stream closed")
+    (size,) = _FRAME.unpack(header)
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError("stream closed")
+    return data
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> list[pa.RecordBatch]:
+    return list(pa.ipc.open_stream(pa.py_buffer(data))) if data else []
+
+
+@functools.lru_cache(maxsize=16)
+def _function(pickled: bytes) -> StageRows:
+    loaded: StageRows = cloudpickle.loads(pickled)
+    return loaded
+
+
+def _run_slice(request: bytes) -> bytes:
+    """(In a child) the stage's function over one slice, as an Arrow IPC stream."""
+    pickled, data, max_records = pickle.loads(request)
+    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    produced = list(_function(pickled)(iter(table.to_batches(max_chunksize=max_records))))
+    return _to_ipc(pa.Table.from_batches(produced)) if produced else b""
+
+
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """(A child's main loop) answer each request frame until ``stdin`` closes."""
+    while True:
+        try:
+            request = _read_frame(stdin)
+        except EOFError:
+            return
+        try:
+            answer, status = _run_slice(request), _OK
+        except Exception:  # noqa: BLE001 - reported to the driver, which fails the batch
+            answer, status = traceback.format_exc().encode(), _FAILED
+        stdout.write(status)
+        _write_frame(stdout, answer)
+
+
+def main() -> None:
+    """A child's entry point: the protocol keeps the real stdout, and what user functions
+    print goes to stderr (the worker's log)."""
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin.buffer, protocol)
+
+
+if __name__ == "__main__":
+    main()
