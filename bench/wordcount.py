@@ -73,8 +73,8 @@ from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.runtime.worker import WorkerSettings
-from stream_ops.spark import compiler
-from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES
+from stream_ops.spark import compiler, driver_batches
+from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES, ROW_PROCESSES_CONF
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 
@@ -145,6 +145,8 @@ class RunResult:
     startup_s: float | None = None
     arrow_batches: int | None = None
     """Source batches read and computed in Arrow on the driver (no Spark job)."""
+    process_batches: int | None = None
+    """Those of them whose per-record operations ran in local processes."""
     all_seconds: list[float] = field(default_factory=list)
     """The wall time of every repeat of this run (this one is their median)."""
 
@@ -244,7 +246,7 @@ def run_stream_ops(
     # sample of 16 ~3 ms, and polling every 0.1 s would otherwise slow the run it measures.
     probe = random.Random(len(keys)).sample(keys, min(PROBE_KEYS, len(keys)))
     probe_expected = {k[0]: expected[k[0]] for k in probe}
-    in_arrow_before = ARROW_BATCHES[0]
+    in_arrow_before, in_processes_before = ARROW_BATCHES
     submitted_wall = time.time()
     started = time.perf_counter()
     topology_id = submit(store, cluster, topology, workers=1)
@@ -308,22 +310,31 @@ def run_stream_ops(
         keyed_commit_steps_ms={step: ms / sum(batches["keyed"]) for step, ms in keyed_steps.items() if sum(batches["keyed"])},
         startup_s=startup,
         arrow_batches=ARROW_BATCHES[0] - in_arrow_before,
+        process_batches=ARROW_BATCHES[1] - in_processes_before,
     )
 
 
-ARROW_BATCHES = [0]
-"""Source batches computed in Arrow so far in this process (counted by :func:`count_arrow_batches`)."""
+ARROW_BATCHES = [0, 0]
+"""Source batches computed in Arrow so far in this process, and those of them run in local
+processes (counted by :func:`count_arrow_batches`)."""
 
 
 def count_arrow_batches() -> None:
-    """Count the source batches that take the Arrow path (``compiler.arrow_batch``)."""
+    """Count the source batches that take the Arrow path (``compiler.arrow_batch``), and those
+    of them whose per-record operations run in local processes (``driver_batches.row_processes``)."""
     real = compiler.arrow_batch
+    real_pool = driver_batches.row_processes
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         ARROW_BATCHES[0] += 1
         return real(*args, **kwargs)
 
-    compiler.arrow_batch = counted  # type: ignore[assignment]
+    def pooled(processes: int) -> Any:
+        ARROW_BATCHES[1] += 1
+        return real_pool(processes)
+
+    compiler.arrow_batch = counted
+    driver_batches.row_processes = pooled
 
 
 def measure_file_fsync(work: Path, *, lines: int, repeats: int) -> tuple[float, float]:
@@ -445,7 +456,10 @@ def report(
         if r.startup_s is not None:
             print(f"{r.label}: last task runner created {r.startup_s:.2f} s after submit (included in wall s)")
         if r.arrow_batches is not None:
-            print(f"{r.label}: {r.arrow_batches} of {sum(r.batches.get('source', []))} source batches read and computed in Arrow")
+            print(
+                f"{r.label}: {r.arrow_batches} of {sum(r.batches.get('source', []))} source batches read and computed in "
+                f"Arrow ({r.process_batches} with their per-record operations in local processes)"
+            )
         if r.keyed_commit_steps_ms:
             steps = ", ".join(f"{step} {ms:.1f}" for step, ms in r.keyed_commit_steps_ms.items())
             print(f"{r.label}: keyed commit ms per batch by step: {steps}")
@@ -503,8 +517,8 @@ def run_size(
             warm_expected = dict(collections.Counter(w for s in warm for w in s.split(" ")))
             warm_topic = write_input(work / "warmup-input", warm, max(1, args.warmup_sentences // 4))
             run_plain(spark, warm_topic, work, warm_expected, label="warmup", n_sentences=len(warm), **common)
-            for split_with, arrow_path in itertools.product(args.split, args.arrow_path):
-                spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+            for split_with, arrow_path, processes in itertools.product(args.split, args.arrow_path, args.row_processes):
+                set_paths(spark, arrow_path, processes)
                 try:
                     run_stream_ops(
                         store,
@@ -512,7 +526,7 @@ def run_size(
                         worker,
                         warm_topic.root,
                         warm_expected,
-                        name=f"wc-warmup-{split_with}-arrow-{arrow_path}",
+                        name=f"wc-warmup-{split_with}-arrow-{arrow_path}-{processes}",
                         state=args.state[0],
                         n_sentences=len(warm),
                         poll_s=args.poll,
@@ -521,11 +535,11 @@ def run_size(
                         split_with=split_with,
                     )
                 finally:
-                    spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+                    set_paths(spark, None, None)
             print(f"warm-up ({args.warmup_sentences:,} sentences, both engines) took {time.perf_counter() - t:.1f} s", flush=True)
             load_before = os.getloadavg()
-        combinations = list(itertools.product(args.state, args.split, args.arrow_path))
-        jobs: list[tuple[str, str, str] | None] = [None] * (mode == args.fsync[0]) + combinations  # None: plain Spark
+        combinations = list(itertools.product(args.state, args.split, args.arrow_path, args.row_processes))
+        jobs: list[tuple[str, str, str, str] | None] = [None] * (mode == args.fsync[0]) + combinations  # None: plain Spark
         for repeat in range(args.repeat):
             # Interleaved, each repeat starting one job later, and after a pause: a run leaves the
             # JVM compiling and collecting for a while, which slowed whichever run came next.
@@ -538,8 +552,8 @@ def run_size(
                     runs["plain Spark"].append(run)
                     print(f"plain Spark: {run.seconds:.2f} s, counts verified", flush=True)
                     continue
-                state, split_with, arrow_path = job
-                spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+                state, split_with, arrow_path, processes = job
+                set_paths(spark, arrow_path, processes)
                 try:
                     run = run_stream_ops(
                         store,
@@ -547,16 +561,18 @@ def run_size(
                         worker,
                         topic.root,
                         expected,
-                        name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}-arrow-{arrow_path}-{repeat}",
+                        name=f"wc-{n_sentences}-{state}-{split_with}-fsync-{mode}-arrow-{arrow_path}-{processes}-{repeat}",
                         state=state,
                         n_sentences=n_sentences,
                         poll_s=args.poll,
                         timeout_s=args.timeout,
-                        label=f"{split_with}, {state}, fsync {mode}" + ("" if arrow_path == "on" else ", Arrow path off"),
+                        label=f"{split_with}, {state}, fsync {mode}"
+                        + ("" if arrow_path == "on" else ", Arrow path off")
+                        + ("" if processes == "auto" else f", row processes {processes}"),
                         split_with=split_with,
                     )
                 finally:
-                    spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+                    set_paths(spark, None, None)
                 print(f"{run.label}: {run.seconds:.2f} s, counts verified", flush=True)
                 runs[run.label].append(run)
         rig.stop_worker(worker)
@@ -564,6 +580,19 @@ def run_size(
     shutil.rmtree(work / "input", ignore_errors=True)
     results = [_median_run(label_runs) for label_runs in runs.values()]
     return results, load_before, probe, n_files, n_words
+
+
+def set_paths(spark: SparkSession, arrow_path: str | None, processes: str | None) -> None:
+    """Set (or with None unset) the Arrow path's settings for the next stream_ops run: the Arrow
+    path on or off, and the local processes for per-record operations ("auto": the default)."""
+    if arrow_path is None:
+        spark.conf.unset(ARROW_BATCH_BYTES_CONF)
+    else:
+        spark.conf.set(ARROW_BATCH_BYTES_CONF, str(DEFAULT_ARROW_BATCH_BYTES if arrow_path == "on" else 0))
+    if processes in (None, "auto"):
+        spark.conf.unset(ROW_PROCESSES_CONF)
+    else:
+        spark.conf.set(ROW_PROCESSES_CONF, str(processes))
 
 
 def _median_run(runs: list[RunResult]) -> RunResult:
@@ -608,6 +637,13 @@ def main() -> None:
         default=["on"],
         help="stream_ops with FileTopic batches read and computed in Arrow on the driver (on, the default) and/or "
         "always in Spark (off: spark.stream_ops.arrowBatchBytes=0)",
+    )
+    parser.add_argument(
+        "--row-processes",
+        nargs="+",
+        default=["auto"],
+        help="local processes that run the row function of a large batch read in Arrow (spark.stream_ops.rowProcesses): "
+        "auto (the default, a local master's cores) and/or numbers; 0 leaves such batches to Spark's Python workers",
     )
     parser.add_argument(
         "--shuffle-trigger",

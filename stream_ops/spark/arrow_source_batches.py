@@ -32,6 +32,7 @@ from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
 from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
 from stream_ops.spark.driver_batches import bytes_setting, driver_batch_bytes, noted_input
+from stream_ops.spark.row_processes import row_processes
 from stream_ops.spark.sql_arrow import COLLATION_CONF, ArrowSql, compile_arrow_sql
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
@@ -126,6 +127,19 @@ def batch_processes(df: DataFrame, stage: StageSpec) -> int:
     if noted is None or not _runs_per_record(stage) or noted.bytes <= driver_batch_bytes(df.sparkSession):
         return 0
     return row_processes_setting(df.sparkSession)
+
+
+def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:
+    """Start the local processes a source stage's large Arrow-read batches will run their
+    per-record operations in, if it has any: they boot (~1 s) while its query starts rather
+    than in its first large batch."""
+    source = stage.source
+    if source is None or source.kind != FILE_TOPIC_KIND or not _runs_per_record(stage) or not native_fields(source.fields):
+        return
+    if arrow_batch_bytes(spark) and driver_batch_bytes(spark) < arrow_batch_bytes(spark):
+        processes = row_processes_setting(spark)
+        if processes:
+            row_processes(processes)
 
 
 def groups_on_driver(df: DataFrame) -> bool:

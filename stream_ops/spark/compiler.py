@@ -43,7 +43,13 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark.arrow_source_batches import arrow_input, batch_processes, groups_on_driver, max_records_per_batch
+from stream_ops.spark.arrow_source_batches import (
+    arrow_input,
+    batch_processes,
+    groups_on_driver,
+    max_records_per_batch,
+    start_row_processes,
+)
 from stream_ops.spark.checkpoint import batch_input_files
 from stream_ops.spark.driver_batches import (
     arrow_rows,
@@ -99,6 +105,7 @@ def start_stage_query(
             spark, stage.source, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age
         )
         on_batch = noting_input_bytes(on_batch, checkpoint_dir)
+        start_row_processes(spark, stage)
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     else:

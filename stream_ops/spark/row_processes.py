@@ -8,7 +8,7 @@ Spark's Python workers do without the JVM's share: the driver parses with pyarro
 ``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table.
 
 Each process is ``python -m stream_ops.spark.row_processes`` with the driver's ``sys.path``,
-started on first use, and serves one slice at a time over its stdin and stdout: the function
+started with the pool (when the first query that needs it starts), and serves one slice at a time over its stdin and stdout: the function
 (cloudpickled, as Spark ships it) and the slice as an Arrow IPC stream (a pickled slice would
 carry its whole table's buffers), the batches it yields back the same way. It imports the user's
 code from the submission's verified archive as the driver does
@@ -29,6 +29,7 @@ import functools
 import logging
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -90,6 +91,10 @@ class _RowProcess:
     def alive(self) -> bool:
         return self._popen.poll() is None
 
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
     def close(self) -> None:
         if self._popen.stdin is not None:
             try:
@@ -105,15 +110,18 @@ class _RowProcess:
 
 class RowProcesses:
     """``processes`` local Python processes that run a stage's ``mapInArrow`` function over
-    Arrow batches (one pool per worker process: :func:`row_processes`)."""
+    Arrow batches (one pool per worker process: :func:`row_processes`). They start with the
+    pool, in the background, so a query that will need them starts them with its own start."""
 
     def __init__(self, processes: int) -> None:
         if processes < 1:
             raise ValueError(f"a pool needs at least one process, got {processes}")
         self.processes = processes
         self._threads = ThreadPoolExecutor(processes, thread_name_prefix="row-processes")
-        self._local = threading.local()
-        self._started: list[_RowProcess] = []
+        self._idle: queue.SimpleQueue[_RowProcess] = queue.SimpleQueue()
+        self._all = [_RowProcess() for _ in range(processes)]
+        for process in self._all:
+            self._idle.put(process)
         self._lock = threading.Lock()
 
     def run(self, stage_rows: StageRows, batches: Sequence[pa.RecordBatch], *, max_records: int) -> list[pa.RecordBatch]:
@@ -140,21 +148,32 @@ class RowProcesses:
                 future.cancel()
 
     def _call(self, request: bytes) -> bytes:
-        process: _RowProcess | None = getattr(self._local, "process", None)
-        if process is None or not process.alive:
-            process = _RowProcess()
-            self._local.process = process
-            with self._lock:
-                self._started.append(process)
-        return process.call(request)
+        process = self._idle.get()  # one per pool thread: never waits
+        try:
+            if not process.alive:
+                process = self._replace(process)
+            return process.call(request)
+        finally:
+            self._idle.put(process)
+
+    def _replace(self, dead: _RowProcess) -> _RowProcess:
+        process = _RowProcess()
+        with self._lock:
+            self._all = [process if p is dead else p for p in self._all]
+        return process
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the pool's processes."""
+        with self._lock:
+            return [process.pid for process in self._all]
 
     def shutdown(self) -> None:
         """Stop the processes (after the slices they run)."""
         self._threads.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            for process in self._started:
+            for process in self._all:
                 process.close()
-            self._started.clear()
 
 
 _POOL: RowProcesses | None = None
@@ -235,6 +254,8 @@ def main() -> None:
     print goes to stderr (the worker's log)."""
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    import stream_ops.spark.compiler  # noqa: F401 - what every stage function needs, loaded before the first slice
+
     serve(sys.stdin.buffer, protocol)
 
 

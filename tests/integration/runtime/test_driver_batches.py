@@ -29,7 +29,7 @@ from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark import compiler, driver_batches
+from stream_ops.spark import arrow_source_batches, compiler, driver_batches
 from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
@@ -246,6 +246,22 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
     assert seen["at the limit"] is not None and seen["at the limit"].to_pylist() == [{"w": "a"}, {"w": "b"}]
     for label in ("per record, small", "per record, large, local processes"):
         assert seen[label] is not None and seen[label].num_rows == 1, label
+
+
+def test_a_per_record_source_stage_starts_its_local_processes_with_its_query(spark, tmp_path, monkeypatch):
+    started: list[int] = []
+    monkeypatch.setattr(arrow_source_batches, "row_processes", started.append)
+    for split_with, conf, expected in [
+        ("row", {ROW_PROCESSES_CONF: "2"}, [2]),
+        ("row", {ROW_PROCESSES_CONF: "0"}, []),
+        ("row", {ARROW_BATCH_BYTES_CONF: "0"}, []),
+        ("sql", {ROW_PROCESSES_CONF: "2"}, []),
+    ]:
+        started.clear()
+        stage = build_plan(build_wordcount(tmp_path / "in", queues=1, split_with=split_with)).stage(0)
+        with _spark_conf(spark, conf):
+            arrow_source_batches.start_row_processes(spark, stage)
+        assert started == expected, (split_with, conf)
 
 
 def test_local_processes_default_to_a_local_masters_cores_and_refuse_a_bad_setting(spark):

@@ -106,7 +106,7 @@ _PARENT = textwrap.dedent(
     from test_row_processes import printing
     pool = RowProcesses(2)
     pool.run(printing, [pa.record_batch({"x": list(range(100))})], max_records=10)
-    children = [process._popen.pid for process in pool._started]
+    children = pool.pids
     print(" ".join(map(str, children)), flush=True)
     time.sleep(600)
     """
