@@ -131,8 +131,24 @@ class RecordPipeline:
         last, fn = self._steps[-1][0], self._functions[-1]
         if last.kind not in ("each", "map") or tuple(last.out) != (field,) or fn is None:
             return None
-        steps = [*self._steps[:-1], (last, _compile_values_step(last, fn))]
+        steps = [*self._steps[:-1], (last, _compile_values_step(last, _caller(fn, last.fields)))]
         return lambda record: _run_steps(steps, record)
+
+    def column_values(self, field: str) -> ColumnValues | None:
+        """:meth:`field_values` for a chain whose one per-record operation is its last and reads
+        one top-level input field: that operation as a function of the field's value alone, so
+        the caller runs it over the input column without a record per row (the word count's
+        ``each(split, fields=["sentence"])``). None for any other pipeline."""
+        if not self._chain or not self._steps:
+            return None
+        last, fn = self._steps[-1][0], self._functions[-1]
+        if last.kind not in ("each", "map") or tuple(last.out) != (field,) or fn is None:
+            return None
+        if last.fields is None or len(last.fields) != 1 or "." in last.fields[0]:
+            return None
+        if any(op.kind not in SQL_OPERATIONS + BATCH_OPERATIONS for op, _ in self._steps[:-1]):
+            return None
+        return ColumnValues(last.fields[0], last, _compile_values_step(last, fn))
 
     def run_all(self, records: Iterable[Record]) -> tuple[list[Record], list[DeadLetter]]:
         """Apply the operations to many records."""
@@ -144,6 +160,23 @@ class RecordPipeline:
             if letter is not None:
                 dead.append(letter)
         return outputs, dead
+
+
+@dataclass(frozen=True)
+class ColumnValues:
+    """A chain's one per-record operation as a function of one input field's value
+    (:meth:`RecordPipeline.column_values`)."""
+
+    field: str
+    """The input field the operation reads."""
+    operation: OperationSpec
+    values_of: Callable[[Any], list[Any]]
+    """The field's value -> the output field's value in each output record (raises what the
+    user's function raises, or ValueError for an output that does not fit)."""
+
+    def dead_letter(self, record: Record, error: Exception) -> DeadLetter:
+        """The dead letter of ``record`` (the whole input record) when ``values_of`` raised ``error``."""
+        return _failed(self.operation, record, error)
 
 
 _NOT_MAPPINGS = frozenset({str, int, float, bool, type(None), bytes, list, tuple})
@@ -247,11 +280,10 @@ def _each_results(results: Any, op: OperationSpec) -> Iterable[Any]:
     return results
 
 
-def _compile_values_step(op: OperationSpec, fn: Callable[..., Any]) -> Callable[[Record], list[Any]]:
-    """An ``each`` or ``map`` with one output field as a function of one record: the value of
-    that field in each of its outputs (what :func:`_compile_step`'s records would hold, with
-    the same errors)."""
-    call = _caller(fn, op.fields)
+def _compile_values_step(op: OperationSpec, call: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
+    """An ``each`` or ``map`` with one output field, whose function ``call`` takes one record
+    (:func:`_caller`) or one value: the value of that field in each of its outputs (what
+    :func:`_compile_step`'s records would hold, with the same errors)."""
     out = list(op.out)
     (one,) = out
     what = f"{op.kind} {op.function}"
@@ -263,8 +295,9 @@ def _compile_values_step(op: OperationSpec, fn: Callable[..., Any]) -> Callable[
         return lambda record: [value_of(call(record))]
 
     def each(record: Record) -> list[Any]:
-        values = list(_each_results(call(record), op))
-        if set(map(type, values)) <= _NOT_MAPPINGS:  # the common case, checked without a Python loop
+        results = call(record)
+        values = list(results if type(results) in _ITERABLES else _each_results(results, op))
+        if _NOT_MAPPINGS.issuperset(map(type, values)):  # the common case, checked without a Python loop
             return values
         return [value if type(value) in _NOT_MAPPINGS else value_of(value) for value in values]
 

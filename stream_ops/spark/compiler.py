@@ -40,7 +40,13 @@ from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stre
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
 from stream_ops.operators.partials_combine import combine_partials
-from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS, RecordPipeline, needs_driver
+from stream_ops.operators.record_pipeline import (
+    BATCH_OPERATIONS,
+    SQL_OPERATIONS,
+    ColumnValues,
+    RecordPipeline,
+    needs_driver,
+)
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.arrow_source_batches import (
@@ -240,6 +246,7 @@ def _stage_rows(
         tallied = _python_count(outputs, mode)
         # counting per the field the chain's last operation emits: its values alone, no records
         values_of = pipeline.field_values(tallied.fields[0]) if tallied is not None and tallied.single else None
+        by_column = pipeline.column_values(tallied.fields[0]) if values_of is not None and tallied is not None else None
         for batch in batches:
             columns: tuple[list[Any], ...] = ([], [], [], [], [])
 
@@ -253,16 +260,20 @@ def _stage_rows(
                 batch, letters = _run_batch_operations(batch, batch_operations)
                 for dead_letter in letters:
                     add(None, None, None, json.dumps(dead_letter, default=str), None)
+            slots: list[Any] = []  # the key of each record a tallied output counts
+            records: list[dict[str, Any]] = []
             if counted is not None:  # count per key in Arrow: no Python per record
                 index, key_fields = counted
                 grouped = pa.Table.from_batches([batch]).group_by(list(key_fields)).aggregate([([], "count_all")])
                 for group in grouped.to_pylist():
                     add(index, encode_key([group[k] for k in key_fields]), group["count_all"], None, None)
-                records = []
+            elif by_column is not None and by_column.field in batch.schema.names:  # no record per row
+                slots, dead_texts = _column_slots(batch, by_column)
+                for text in dead_texts:
+                    add(None, None, None, text, None)
             else:
                 records = batch.to_pylist()
             partials: dict[int, dict[Any, Any]] = {o.index: {} for o in outputs if o.key_fields is not None}
-            slots: list[Any] = []  # the key of each record a tallied output counts
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
@@ -336,6 +347,29 @@ def _stage_rows(
             )
 
     return run
+
+
+def _column_slots(batch: pa.RecordBatch, column: ColumnValues) -> tuple[list[Any], list[str]]:
+    """The tallied key values a batch's records give when the chain's one per-record operation
+    reads one input column (:meth:`RecordPipeline.column_values`), and its dead letters (JSON),
+    in row order: what the record loop of :func:`_stage_rows` gives, without a record per row."""
+    values_of = column.values_of
+    names = batch.schema.names
+    unparsed = batch.column(CORRUPT_COLUMN) if CORRUPT_COLUMN in names else None
+    corrupt = unparsed.to_pylist() if unparsed is not None and unparsed.null_count < len(unparsed) else None
+    slots: list[Any] = []
+    letters: list[str] = []
+    for i, value in enumerate(batch.column(column.field).to_pylist()):
+        if corrupt is not None and corrupt[i] is not None:
+            letters.append(json.dumps({"record": corrupt[i], "error": "does not parse against the source schema"}))
+            continue
+        try:
+            slots += values_of(value)
+        except Exception as e:  # noqa: BLE001 - user code may raise anything; it must not stop the task
+            record = batch.slice(i, 1).to_pylist()[0]
+            record.pop(CORRUPT_COLUMN, None)
+            letters.append(json.dumps({"record": record, "error": column.dead_letter(record, e).error}, default=str))
+    return slots, letters
 
 
 def _tally(slots: list[Any], partial: dict[Any, Any], aggregator: Any, tallied: _Tally) -> dict[Any, int]:

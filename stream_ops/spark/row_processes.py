@@ -7,7 +7,7 @@ Spark's Python workers row by row, on the same cores. On a local-mode worker thi
 Spark's Python workers do without the JVM's share: the driver parses with pyarrow, and
 ``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table.
 
-Each process is ``python -m stream_ops.spark.row_processes`` with the driver's ``sys.path``,
+Each process is ``python -m stream_ops.spark.row_process_main`` with the driver's ``sys.path``,
 started with the pool (when the first query that needs it starts), and serves one slice at a time over its stdin and stdout: the function
 (cloudpickled, as Spark ships it) and the slice as an Arrow IPC stream (a pickled slice would
 carry its whole table's buffers), the batches it yields back the same way. It imports the user's
@@ -53,6 +53,9 @@ SLICES_PER_PROCESS = 4
 """Slices a batch is cut into per process: two tasks' batches at once still share the processes
 evenly, and a slow slice holds up only a quarter of a process's share."""
 
+CHILD_MODULE = "stream_ops.spark.row_process_main"
+"""What each process runs (``python -m``): :func:`serve` on its stdin and stdout."""
+
 _FRAME = struct.Struct("!Q")
 _OK, _FAILED = b"0", b"1"
 
@@ -63,7 +66,7 @@ class _RowProcess:
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)}
         self._popen = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", CHILD_MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -247,17 +250,3 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             answer, status = traceback.format_exc().encode(), _FAILED
         stdout.write(status)
         _write_frame(stdout, answer)
-
-
-def main() -> None:
-    """A child's entry point: the protocol keeps the real stdout, and what user functions
-    print goes to stderr (the worker's log)."""
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    import stream_ops.spark.compiler  # noqa: F401 - what every stage function needs, loaded before the first slice
-
-    serve(sys.stdin.buffer, protocol)
-
-
-if __name__ == "__main__":
-    main()

@@ -58,21 +58,56 @@ def split_some(sentence: str) -> list[Any]:
     return [["x", 1]] if sentence == "list" else sentence.split(" ")
 
 
-def _run_each() -> tuple[list[tuple[str, int]], list[str], int]:
+SENTENCES = ("a b a", "boom", "list", "b", None, "list", "", "{broken")
+"""``None`` makes ``split_some`` raise an AttributeError; "{broken" stands for a line that did not parse."""
+
+
+def _run_each(*, sql_first: bool = False) -> tuple[list[tuple[str, int]], list[Any], int]:
     each = OperationSpec(kind="each", function=f"{__name__}:split_some", fields=("sentence",), out={"word": "string"})
-    run = _stage_rows((each,), [_OutputPlan(0, 0, ("word",), Count().to_spec())], "typed", "long")
-    batch = pa.RecordBatch.from_pylist([{"sentence": s} for s in ("a b a", "boom", "list", "b", "list", "")])
+    head = (
+        OperationSpec(
+            kind="select_expr", function="", fields=None, exprs=("sentence", "n"), out={"sentence": "string", "n": "long"}
+        ),
+    )
+    run = _stage_rows(
+        (*head, each) if sql_first else (each,),
+        [_OutputPlan(0, 1 if sql_first else 0, ("word",), Count().to_spec())],
+        "typed",
+        "long",
+    )
+    rows = [
+        {"sentence": None, "n": None, "_corrupt_record": s}
+        if s == "{broken"
+        else {"sentence": s, "n": i, "_corrupt_record": None}
+        for i, s in enumerate(SENTENCES)
+    ]
+    batch = pa.RecordBatch.from_pylist(rows)
     out = pa.Table.from_batches(list(run(iter([batch])))).to_pylist()
     partials = sorted((r["key"], r["value"]) for r in out if r["key"] is not None)
-    dead = [json.loads(r["dead"])["error"] for r in out if r["dead"] is not None]
+    dead = [json.loads(r["dead"]) for r in out if r["dead"] is not None]
     return partials, dead, sum(r["inputs"] for r in out if r["inputs"] is not None)
 
 
-def test_counting_the_values_an_each_emits_equals_counting_its_records(monkeypatch):
-    by_values = _run_each()
-    assert by_values[0] == [('[""]', 1), ('["a"]', 2), ('["b"]', 2), ('[["x",1]]', 2)]
-    assert len(by_values[1]) == 1 and "ValueError: boom" in by_values[1][0] and by_values[2] == 6
+@pytest.mark.parametrize("sql_first", [False, True], ids=["each", "select_expr then each"])
+def test_counting_the_values_an_each_emits_equals_counting_its_records(monkeypatch, sql_first):
+    columns: list[int] = []
+    real_column_slots = compiler._column_slots
+    monkeypatch.setattr(compiler, "_column_slots", lambda *a: columns.append(1) or real_column_slots(*a))
+    by_column = _run_each(sql_first=sql_first)
+    assert columns == [1], "the values were read from the input column"
+    assert by_column[0] == [('[""]', 1), ('["a"]', 2), ('["b"]', 2), ('[["x",1]]', 2)]
+    expected_letters = [
+        ({"sentence": "boom", "n": 1}, "ValueError: boom"),
+        ({"sentence": None, "n": 4}, "AttributeError"),
+        ("{broken", "does not parse against the source schema"),
+    ]
+    assert len(by_column[1]) == len(expected_letters), by_column[1]
+    for letter, (record, error) in zip(by_column[1], expected_letters, strict=True):
+        assert letter["record"] == record and error in letter["error"], letter
+    assert by_column[2] == len(SENTENCES)
+    monkeypatch.setattr(RecordPipeline, "column_values", lambda self, field: None)
+    assert _run_each(sql_first=sql_first) == by_column
     monkeypatch.setattr(RecordPipeline, "field_values", lambda self, field: None)
-    assert _run_each() == by_values
+    assert _run_each(sql_first=sql_first) == by_column
     monkeypatch.setattr(compiler, "_python_count", lambda outputs, mode: None)
-    assert _run_each() == by_values
+    assert _run_each(sql_first=sql_first) == by_column

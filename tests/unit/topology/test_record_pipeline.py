@@ -181,3 +181,30 @@ def test_field_values_only_for_a_chain_ending_in_that_one_field():
     assert RecordPipeline([split_op, _op("filter", not_the, ("word",), {})]).field_values("word") is None
     assert RecordPipeline([split_op], taps=[-1]).field_values("word") is None  # the input is read, not the end
     assert RecordPipeline([]).field_values("word") is None
+
+
+def test_column_values_give_what_field_values_give_from_the_one_field_read():
+    for operations in (
+        [_op("each", mixed_outputs, ("sentence",), {"word": "string"})],
+        [_op("map", mixed_outputs, ("sentence",), {"word": "string"})],
+        [_op("each", wrong_mapping, ("sentence",), {"word": "string"})],
+        [_op("each", one_string, ("sentence",), {"word": "string"})],
+        [_op("each", explode, ("sentence",), {"word": "string"})],
+    ):
+        pipeline = RecordPipeline(operations)
+        column = pipeline.column_values("word")
+        assert column is not None and column.field == "sentence"
+        values, letter = pipeline.field_values("word")({"sentence": "a bb", "n": 1})
+        try:
+            assert column.values_of("a bb") == values and letter is None
+        except Exception as e:  # noqa: BLE001 - the same failure, as the same dead letter
+            assert letter is not None and column.dead_letter({"sentence": "a bb", "n": 1}, e) == letter
+
+
+def test_column_values_only_for_one_per_record_operation_reading_one_top_level_field():
+    split_op = _op("each", split_words, ("sentence",), {"word": "string"})
+    assert RecordPipeline([split_op, _op("map", words_then_lengths, ("word",), {"size": "long"})]).column_values("size") is None
+    assert RecordPipeline([_op("each", split_words, None, {"word": "string"})]).column_values("word") is None
+    assert RecordPipeline([_op("each", split_words, ("a.b",), {"word": "string"})]).column_values("word") is None
+    assert RecordPipeline([_op("each", pairs, ("sentence", "n"), {"word": "string"})]).column_values("word") is None
+    assert RecordPipeline([split_op]).column_values("sentence") is None
