@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import time
 from collections import Counter
 
@@ -30,6 +32,7 @@ from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import arrow_source_batches, compiler, driver_batches
+from stream_ops.spark import row_processes as row_processes_module
 from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
@@ -431,3 +434,44 @@ def test_sql_is_compiled_to_arrow_once_for_every_batch_of_a_query(spark, monkeyp
     finally:
         spark.conf.set("spark.sql.ansi.enabled", ansi)
     assert len(calls) == 2, "a setting that changes what the SQL means compiles it anew"
+
+
+def test_a_row_process_killed_in_a_batch_fails_it_and_the_replay_counts_once(spark, zk_config, tmp_path, monkeypatch):
+    """SIGKILL of the local process running a slice: the batch fails (RowProcessError), nothing
+    is committed, and the task's next owner replays the batch with a new process."""
+    cluster = ClusterConfig(root=tmp_path / "cluster")
+    topic = FileTopic(tmp_path / "in", queues=1)
+    topic.create()
+    killed: list[int] = []
+    real_write = row_processes_module._write_frame
+
+    def write_then_kill(stream, data):
+        real_write(stream, data)
+        if not killed:  # the first slice sent: its process dies with the request in its pipe
+            process = next(p for p in row_processes_module.row_processes(2)._all if p._popen.stdin is stream)
+            os.kill(process.pid, signal.SIGKILL)
+            killed.append(process.pid)
+
+    monkeypatch.setattr(row_processes_module, "_write_frame", write_then_kill)
+    sentences = ["how are you", "how", "you you"]
+    with _spark_conf(spark, {DRIVER_BATCH_BYTES_CONF: "0", ROW_PROCESSES_CONF: "2"}), ZkStore.connect(zk_config) as admin:
+        wordcount = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState, split_with="row")
+        topology_id = submit(admin, cluster, wordcount, workers=1)
+        a = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=0, trigger_seconds=0.1)
+        task = a.task.task_id
+        a.start()
+        topic.write_lines(0, "in-0.jsonl", [json.dumps({"sentence": s}) for s in sentences])
+        _wait(lambda: not a.is_running(), "the batch fails with its process")
+        assert "RowProcessError" in (a.failure() or ""), a.failure()
+        a.stop()
+        assert killed and _committed(admin, topology_id, task) < 0, "nothing committed"
+        b = make_runner(admin, spark, cluster, topology_id, "host-b:2", stage=0, trigger_seconds=0.1)
+        b.start()
+        _wait(lambda: _committed(admin, topology_id, task) == 0, "the replay commits txid 0")
+        b.stop()
+        shuffle = b.layout.shuffle_topic(b.plan.stage(1))
+    counted: Counter[str] = Counter()
+    for row in read_partials(shuffle.files(0), "long").to_pylist():
+        counted[row["key"]] += row["value"]
+    assert counted == Counter(encode_key([w]) for s in sentences for w in s.split(" "))
+    assert killed[0] not in row_processes_module.row_processes(2).pids, "a new process took the dead one's place"
