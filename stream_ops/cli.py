@@ -780,8 +780,8 @@ def worker(
     from stream_ops.runtime.worker import Worker, WorkerSettings
 
     zk_config = obj.secured_zk_config("worker", insecure)
-    # The worker spawns no stream_ops process: keep the credentials out of what its Spark JVM and
-    # Python workers (which run topology code) inherit.
+    # Keep the credentials out of what the worker's children inherit: its Spark JVM, Spark's
+    # Python workers and its row processes run topology code and need none.
     for name in ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE"):
         os.environ.pop(name, None)
 

@@ -56,6 +56,9 @@ evenly, and a slow slice holds up only a quarter of a process's share."""
 CHILD_MODULE = "stream_ops.spark.row_process_main"
 """What each process runs (``python -m``): :func:`serve` on its stdin and stdout."""
 
+_SECRETS = frozenset({"STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_QUERY_TOKEN_FILE"})
+"""What the worker's environment may hold that the processes, which run topology code, must not get."""
+
 _FRAME = struct.Struct("!Q")
 _OK, _FAILED = b"0", b"1"
 
@@ -64,7 +67,8 @@ class _RowProcess:
     """One child interpreter serving slices, used by one thread at a time."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)}
+        env = {name: value for name, value in os.environ.items() if name not in _SECRETS}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
         self._popen = subprocess.Popen(
             [sys.executable, "-m", CHILD_MODULE],
             stdin=subprocess.PIPE,

@@ -3,8 +3,8 @@
 
 They give what the driver's thread gives for a real stage function (dead letters included),
 report a function that raises or a process that dies as :class:`RowProcessError` and carry on
-with a new process, keep what user functions print out of their protocol, and exit when the
-process that started them is SIGKILLed.
+with a new process, keep what user functions print out of their protocol, get no credentials
+from the worker's environment, and exit when the process that started them is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -96,6 +96,27 @@ def test_a_raising_function_or_a_dying_process_fails_the_batch_and_the_next_one_
     with pytest.raises(RowProcessError, match="died"):
         pool.run(exiting, batches, max_records=1_000)
     assert pa.Table.from_batches(pool.run(printing, batches, max_records=1_000)).equals(pa.Table.from_batches(batches))
+
+
+def environment(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        names = ("STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_ZK_AUTH", "OTHER_SETTING")
+        yield pa.record_batch({"name": list(names), "value": [os.environ.get(n) for n in names]})
+
+
+def test_the_processes_get_the_workers_environment_without_its_secrets(monkeypatch):
+    for name in ("STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_ZK_AUTH", "OTHER_SETTING"):
+        monkeypatch.setenv(name, f"{name.lower()}-value")
+    pool = RowProcesses(1)
+    try:
+        seen = pa.Table.from_batches(pool.run(environment, _sentences(10), max_records=1_000)).to_pylist()
+    finally:
+        pool.shutdown()
+    assert {row["name"]: row["value"] for row in seen} == {
+        "STREAM_OPS_QUERY_TOKEN": None,
+        "STREAM_OPS_ZK_AUTH": None,
+        "OTHER_SETTING": "other_setting-value",
+    }
 
 
 _PARENT = textwrap.dedent(
