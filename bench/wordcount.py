@@ -409,6 +409,7 @@ def report(
         f"settings: {SPARK_MASTER}, shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
         f"trigger processingTime {args.trigger} s (both), maxFilesPerTrigger {args.max_files_per_trigger} "
         f"(per query: plain Spark 1 query over both queues; stream_ops 1 query per task)"
+        + "".join(f"; {item}" for item in args.spark_conf)
     )
     print(
         "timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
@@ -651,6 +652,14 @@ def main() -> None:
         default=None,
         help="trigger of the stream_ops stages that read a shuffle, seconds (default: the worker's, the same as --trigger)",
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the one SparkSession both engines run in, e.g. "
+        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 (repeatable)",
+    )
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
@@ -679,7 +688,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     count_arrow_batches()
     summary: list[tuple[int, int, list[RunResult], tuple[float, ...], float]] = []
-    with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep) as rig:
+    spark_conf = dict(item.split("=", 1) for item in args.spark_conf) or None
+    with BenchRig("wordcount", app_name="bench-wordcount", keep=args.keep, spark_conf=spark_conf) as rig:
         for n_sentences in args.sentences:
             results, load, probe, n_files, n_words = run_size(rig, args, n_sentences, warm_up=not summary)
             report(rig.spark, args, n_sentences, n_files, n_words, results, load, probe)

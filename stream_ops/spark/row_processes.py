@@ -36,7 +36,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
@@ -144,12 +144,14 @@ class RowProcesses:
         table = pa.Table.from_batches(batches)
         function = cloudpickle.dumps(stage_rows)
         step = -(-rows // (self.processes * SLICES_PER_PROCESS))
-        futures: list[Future[bytes]] = [
-            self._threads.submit(self._call, pickle.dumps((function, _to_ipc(table.slice(offset, step)), max_records)))
-            for offset in range(0, rows, step)
-        ]
+        futures: list[Future[bytes]] = []
         try:
+            for offset in range(0, rows, step):
+                request = pickle.dumps((function, _to_ipc(table.slice(offset, step)), max_records))
+                futures.append(self._threads.submit(self._call, request))
             return [batch for future in futures for batch in _from_ipc(future.result())]
+        except (CancelledError, RuntimeError) as e:  # the pool was shut down (replaced by one of a new size)
+            raise RowProcessError(f"the row processes were restarted while the batch needed them ({e!r}); the batch fails") from e
         finally:
             for future in futures:
                 future.cancel()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -96,6 +97,30 @@ def test_a_raising_function_or_a_dying_process_fails_the_batch_and_the_next_one_
     with pytest.raises(RowProcessError, match="died"):
         pool.run(exiting, batches, max_records=1_000)
     assert pa.Table.from_batches(pool.run(printing, batches, max_records=1_000)).equals(pa.Table.from_batches(batches))
+
+
+def slow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    time.sleep(0.5)
+    yield from batches
+
+
+def test_a_batch_waiting_for_a_pool_that_is_shut_down_fails():
+    pool = RowProcesses(1)
+    pool.run(printing, _sentences(10), max_records=1_000)  # its process is up
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.run(slow, _sentences(100), max_records=1_000)
+        except RowProcessError as e:
+            failures.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    time.sleep(0.2)  # the first of its four slices is running, three wait
+    pool.shutdown()
+    runner.join(10)
+    assert len(failures) == 1 and "restarted" in str(failures[0])
 
 
 def environment(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
