@@ -25,18 +25,18 @@ Spark job; the next batch starts a new process in its place.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
 import pickle
-import queue
 import struct
 import subprocess
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
@@ -115,28 +115,44 @@ class _RowProcess:
             self._popen.wait()
 
 
+class _Slices:
+    """The requests of one batch still to start, and the future of each."""
+
+    def __init__(self, requests: list[bytes]) -> None:
+        self.waiting = collections.deque(zip(requests, [Future[bytes]() for _ in requests], strict=True))
+        self.futures = [future for _, future in self.waiting]
+
+
 class RowProcesses:
     """``processes`` local Python processes that run a stage's ``mapInArrow`` function over
     Arrow batches (one pool per worker process: :func:`row_processes`). They start with the
-    pool, in the background, so a query that will need them starts them with its own start."""
+    pool, in the background, so a query that will need them starts them with its own start.
+
+    Batches that need the processes at once take turns slice by slice, so a large batch of one
+    topology does not hold back a small one of another until it is done."""
 
     def __init__(self, processes: int) -> None:
         if processes < 1:
             raise ValueError(f"a pool needs at least one process, got {processes}")
         self.processes = processes
-        self._threads = ThreadPoolExecutor(processes, thread_name_prefix="row-processes")
-        self._idle: queue.SimpleQueue[_RowProcess] = queue.SimpleQueue()
+        self._turns: collections.deque[_Slices] = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
         self._all = [_RowProcess() for _ in range(processes)]
-        for process in self._all:
-            self._idle.put(process)
-        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._serve, args=(index,), name=f"row-processes-{index}", daemon=True)
+            for index in range(processes)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def run(self, stage_rows: StageRows, batches: Sequence[pa.RecordBatch], *, max_records: int) -> list[pa.RecordBatch]:
         """``stage_rows`` over ``batches`` (at most ``max_records`` rows per batch it sees, as in
         Spark's workers), in the processes: the batches it yields, in input order.
 
         Raises:
-            RowProcessError: a process died or raised while running a slice.
+            RowProcessError: a process died or raised while running a slice, or the pool was
+                shut down before the batch was done.
         """
         rows = sum(batch.num_rows for batch in batches)
         if rows == 0:
@@ -144,45 +160,64 @@ class RowProcesses:
         table = pa.Table.from_batches(batches)
         function = cloudpickle.dumps(stage_rows)
         step = -(-rows // (self.processes * SLICES_PER_PROCESS))
-        futures: list[Future[bytes]] = []
+        slices = _Slices(
+            [pickle.dumps((function, _to_ipc(table.slice(offset, step)), max_records)) for offset in range(0, rows, step)]
+        )
+        with self._changed:
+            if self._closed:
+                raise RowProcessError("the row processes were shut down (replaced by a pool of another size); the batch fails")
+            self._turns.append(slices)
+            self._changed.notify_all()
         try:
-            for offset in range(0, rows, step):
-                request = pickle.dumps((function, _to_ipc(table.slice(offset, step)), max_records))
-                futures.append(self._threads.submit(self._call, request))
-            return [batch for future in futures for batch in _from_ipc(future.result())]
-        except (CancelledError, RuntimeError) as e:  # the pool was shut down (replaced by one of a new size)
-            raise RowProcessError(f"the row processes were restarted while the batch needed them ({e!r}); the batch fails") from e
+            return [batch for future in slices.futures for batch in _from_ipc(future.result())]
+        except CancelledError as e:
+            raise RowProcessError("the row processes were shut down while the batch waited for them; the batch fails") from e
         finally:
-            for future in futures:
-                future.cancel()
+            with self._changed:
+                if slices in self._turns:  # a slice failed: the rest of the batch is not run
+                    self._turns.remove(slices)
 
-    def _call(self, request: bytes) -> bytes:
-        process = self._idle.get()  # one per pool thread: never waits
-        try:
-            if not process.alive:
-                process = self._replace(process)
-            return process.call(request)
-        finally:
-            self._idle.put(process)
-
-    def _replace(self, dead: _RowProcess) -> _RowProcess:
-        process = _RowProcess()
-        with self._lock:
-            self._all = [process if p is dead else p for p in self._all]
-        return process
+    def _serve(self, index: int) -> None:
+        """(A pool thread) run slices on process ``index``, one batch's at a time in turn."""
+        while True:
+            with self._changed:
+                while not self._turns and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                slices = self._turns.popleft()
+                request, future = slices.waiting.popleft()
+                if slices.waiting:
+                    self._turns.append(slices)  # its next slice after the other batches' next ones
+                process = self._all[index]
+                if not process.alive:
+                    process = self._all[index] = _RowProcess()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(process.call(request))
+            except BaseException as e:  # noqa: BLE001 - handed to the batch's thread, which raises it
+                future.set_exception(e)
 
     @property
     def pids(self) -> list[int]:
         """The process ids of the pool's processes."""
-        with self._lock:
+        with self._changed:
             return [process.pid for process in self._all]
 
     def shutdown(self) -> None:
-        """Stop the processes (after the slices they run)."""
-        self._threads.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for process in self._all:
-                process.close()
+        """Stop the processes after the slices they run; batches still waiting fail."""
+        with self._changed:
+            self._closed = True
+            for slices in self._turns:
+                for _, future in slices.waiting:
+                    future.cancel()
+            self._turns.clear()
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join()
+        for process in self._all:
+            process.close()
 
 
 _POOL: RowProcesses | None = None

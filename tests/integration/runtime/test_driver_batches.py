@@ -437,22 +437,22 @@ def test_sql_is_compiled_to_arrow_once_for_every_batch_of_a_query(spark, monkeyp
 
 
 def test_a_row_process_killed_in_a_batch_fails_it_and_the_replay_counts_once(spark, zk_config, tmp_path, monkeypatch):
-    """SIGKILL of the local process running a slice: the batch fails (RowProcessError), nothing
-    is committed, and the task's next owner replays the batch with a new process."""
+    """SIGKILL of the local process a slice is sent to: the batch fails (RowProcessError),
+    nothing is committed, and the task's next owner replays the batch with a new process."""
     cluster = ClusterConfig(root=tmp_path / "cluster")
     topic = FileTopic(tmp_path / "in", queues=1)
     topic.create()
     killed: list[int] = []
     real_write = row_processes_module._write_frame
 
-    def write_then_kill(stream, data):
-        real_write(stream, data)
-        if not killed:  # the first slice sent: its process dies with the request in its pipe
+    def kill_then_write(stream, data):
+        if not killed:  # the first slice sent: its process is killed first, so it can never answer
             process = next(p for p in row_processes_module.row_processes(2)._all if p._popen.stdin is stream)
             os.kill(process.pid, signal.SIGKILL)
             killed.append(process.pid)
+        real_write(stream, data)
 
-    monkeypatch.setattr(row_processes_module, "_write_frame", write_then_kill)
+    monkeypatch.setattr(row_processes_module, "_write_frame", kill_then_write)
     sentences = ["how are you", "how", "you you"]
     with _spark_conf(spark, {DRIVER_BATCH_BYTES_CONF: "0", ROW_PROCESSES_CONF: "2"}), ZkStore.connect(zk_config) as admin:
         wordcount = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState, split_with="row")

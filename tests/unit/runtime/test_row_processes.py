@@ -120,7 +120,38 @@ def test_a_batch_waiting_for_a_pool_that_is_shut_down_fails():
     time.sleep(0.2)  # the first of its four slices is running, three wait
     pool.shutdown()
     runner.join(10)
-    assert len(failures) == 1 and "restarted" in str(failures[0])
+    assert len(failures) == 1 and "shut down" in str(failures[0])
+
+
+def stamped(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Each slice takes 0.1 s and says when it ended (CLOCK_MONOTONIC is one clock for every process)."""
+    rows = sum(batch.num_rows for batch in batches)
+    time.sleep(0.1)
+    yield pa.record_batch({"rows": [rows], "ended": [time.monotonic()]})
+
+
+def test_batches_that_need_the_processes_at_once_take_turns():
+    pool = RowProcesses(1)
+    try:
+        pool.run(printing, _sentences(10), max_records=1_000)  # its process is up
+        ended: dict[str, list[float]] = {}
+
+        def run(name: str) -> None:
+            out = pa.Table.from_batches(pool.run(stamped, _sentences(400), max_records=1_000))
+            ended[name] = out.column("ended").to_pylist()
+
+        large = threading.Thread(target=run, args=("large",))
+        large.start()
+        time.sleep(0.05)  # the large batch's first slice runs, three wait
+        run("small")
+        large.join(10)
+    finally:
+        pool.shutdown()
+    assert len(ended["large"]) == len(ended["small"]) == 4
+    # in turn: the small batch's slices ran between the large one's, not after them
+    assert min(ended["small"]) < max(ended["large"]) and max(ended["small"]) > min(ended["large"])
+    order = "".join(name[0] for _, name in sorted((t, name) for name, times in ended.items() for t in times))
+    assert order.startswith(("lsl", "llsl")), order  # first in, first out would be "llllssss"
 
 
 def environment(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
