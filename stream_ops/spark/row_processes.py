@@ -8,14 +8,15 @@ Spark's Python workers do without the JVM's share: the driver parses with pyarro
 ``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table.
 
 Each process is ``python -m stream_ops.spark.row_process_main`` with the driver's ``sys.path``,
-started with the pool (when the first query that needs it starts), and serves one slice at a time over its stdin and stdout: the function
-(cloudpickled, as Spark ships it) and the slice as an Arrow IPC stream (a pickled slice would
-carry its whole table's buffers), the batches it yields back the same way. It imports the user's
-code from the submission's verified archive as the driver does
-(:mod:`stream_ops.topology.isolation`), and exits when its stdin closes: when the worker's
-process exits or is killed. A new interpreter rather than ``multiprocessing``: forking the
-worker's process (a JVM gateway, threads) is unsafe, and ``spawn``/``forkserver`` run the
-caller's ``__main__`` again in every child.
+started with the pool (when the first query that needs it starts). It serves one slice at a
+time over its stdin and stdout: the function (cloudpickled, as Spark ships it) and the slice as
+an Arrow IPC stream (a pickled slice would carry its whole table's buffers), the batches it
+yields back the same way. It imports the user's code from the submission's verified archive as
+the driver does (:mod:`stream_ops.topology.isolation`), and exits when its stdin closes: when
+the worker's process exits or is killed. A new interpreter rather than ``multiprocessing``:
+forking the worker's process (a JVM gateway, threads) is unsafe, and ``spawn``/``forkserver``
+run the caller's ``__main__`` again in every child. Batches that need the processes at once
+take turns slice by slice.
 
 Results are deterministic in the input, so a replayed batch computes the same partials wherever
 it runs. A process that dies (killed, out of memory, a user function ending it) or raises fails
@@ -88,7 +89,7 @@ class _RowProcess:
         except (OSError, EOFError, struct.error) as e:
             self.close()
             raise RowProcessError(
-                f"a process running per-record operations died (exit code {self._popen.poll()}): {e}; the batch fails"
+                f"a process running per-record operations died (exit code {self.exit_code}): {e}; the batch fails"
             ) from e
         if status == _FAILED:
             raise RowProcessError(f"per-record operations failed in a local process:\n{answer.decode(errors='replace')}")
@@ -101,6 +102,10 @@ class _RowProcess:
     @property
     def pid(self) -> int:
         return self._popen.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._popen.poll()
 
     def close(self) -> None:
         if self._popen.stdin is not None:
@@ -191,6 +196,7 @@ class RowProcesses:
                     self._turns.append(slices)  # its next slice after the other batches' next ones
                 process = self._all[index]
                 if not process.alive:
+                    logger.warning("row process %d exited (code %s); starting another", process.pid, process.exit_code)
                     process = self._all[index] = _RowProcess()
             if not future.set_running_or_notify_cancel():
                 continue
