@@ -89,7 +89,9 @@ class _RowProcess:
         except (OSError, EOFError, struct.error) as e:
             self.close()
             raise RowProcessError(
-                f"a process running per-record operations died (exit code {self.exit_code}): {e}; the batch fails"
+                f"a process running per-record operations died (exit code {self.exit_code}): {e}; the batch fails "
+                "(its error, if it printed one, is in the worker's stderr; spark.stream_ops.rowProcesses=0 runs them "
+                "in Spark's Python workers instead)"
             ) from e
         if status == _FAILED:
             raise RowProcessError(f"per-record operations failed in a local process:\n{answer.decode(errors='replace')}")
