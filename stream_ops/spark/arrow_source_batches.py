@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -71,11 +72,22 @@ def max_records_per_batch(spark: SparkSession) -> int:
     return value if value > 0 else 1 << 62
 
 
-def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
+@dataclass(frozen=True)
+class ArrowInput:
+    """A source batch read in Arrow (its SQL operations done), and where its per-record
+    operations run."""
+
+    table: pa.Table
+    processes: int
+    """Local processes for its per-record operations; 0: the driver's thread (none, or a
+    batch within the driver-batch limit)."""
+
+
+def arrow_input(df: DataFrame, stage: StageSpec) -> ArrowInput | None:
     """The source batch ``df`` of ``stage`` read in Arrow, after the stage's SQL operations, or
     None when Spark computes it (not a FileTopic batch with noted files, too large, larger than
-    the driver-batch limit with per-record Python operations, a field type, expression or line
-    the Arrow path does not reproduce exactly)."""
+    the driver-batch limit with per-record Python operations and no local processes for them,
+    a field type, expression or line the Arrow path does not reproduce exactly)."""
     noted = noted_input(df)
     source = stage.source
     if noted is None or source is None or source.kind != FILE_TOPIC_KIND:
@@ -83,8 +95,11 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     spark = df.sparkSession
     if noted.bytes > arrow_batch_bytes(spark) or not native_fields(source.fields):
         return None
-    if noted.bytes > driver_batch_bytes(spark) and _runs_per_record(stage) and not row_processes_setting(spark):
-        return None  # Spark's Python workers run them in parallel; the driver has one thread
+    processes = 0
+    if _runs_per_record(stage) and noted.bytes > driver_batch_bytes(spark):
+        processes = row_processes_setting(spark)
+        if not processes:
+            return None  # Spark's Python workers run them in parallel; the driver has one thread
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     compiled = _compiled(spark, source.fields, sql) if sql else None
     if sql and compiled is None:
@@ -93,12 +108,12 @@ def arrow_input(df: DataFrame, stage: StageSpec) -> pa.Table | None:
     if table is None:
         logger.debug("stage %s: a batch's files need Spark's JSON reader", stage.name)
         return None
-    if compiled is None:
-        return table
-    result = compiled.apply(table)
-    if result is None:
-        logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
-    return result
+    if compiled is not None:
+        table = compiled.apply(table)
+        if table is None:
+            logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
+            return None
+    return ArrowInput(table, processes)
 
 
 def row_processes_setting(spark: SparkSession) -> int:
@@ -118,15 +133,6 @@ def row_processes_setting(spark: SparkSession) -> int:
     if processes < 0:
         raise ConfigError(f"{ROW_PROCESSES_CONF} is {value!r}; set it to a number of processes (0 leaves them to Spark)")
     return processes
-
-
-def batch_processes(df: DataFrame, stage: StageSpec) -> int:
-    """How many local processes run the per-record operations of ``df``, a source batch read in
-    Arrow: 0 (the driver's thread) when it has none or is small enough for the driver path."""
-    noted = noted_input(df)
-    if noted is None or not _runs_per_record(stage) or noted.bytes <= driver_batch_bytes(df.sparkSession):
-        return 0
-    return row_processes_setting(df.sparkSession)
 
 
 def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:

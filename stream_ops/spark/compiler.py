@@ -51,7 +51,6 @@ from stream_ops.sources import CORRUPT_COLUMN, source_kind
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.arrow_source_batches import (
     arrow_input,
-    batch_processes,
     groups_on_driver,
     max_records_per_batch,
     start_row_processes,
@@ -73,6 +72,9 @@ from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 logger = logging.getLogger(__name__)
 
 HEAD_OPERATIONS = SQL_OPERATIONS + BATCH_OPERATIONS
+
+UNPARSED_ERROR = "does not parse against the source schema"
+"""The dead-letter error of an input line that does not parse (its text is the record)."""
 
 _MISSING = object()
 
@@ -277,7 +279,7 @@ def _stage_rows(
             for record in records:
                 corrupt = record.pop(CORRUPT_COLUMN, None)
                 if corrupt is not None:
-                    error = {"record": corrupt, "error": "does not parse against the source schema"}
+                    error = {"record": corrupt, "error": UNPARSED_ERROR}
                     add(None, None, None, json.dumps(error), None)
                     continue
                 if mode == "raw":
@@ -361,7 +363,7 @@ def _column_slots(batch: pa.RecordBatch, column: ColumnValues) -> tuple[list[Any
     letters: list[str] = []
     for i, value in enumerate(batch.column(column.field).to_pylist()):
         if corrupt is not None and corrupt[i] is not None:
-            letters.append(json.dumps({"record": corrupt[i], "error": "does not parse against the source schema"}))
+            letters.append(json.dumps({"record": corrupt[i], "error": UNPARSED_ERROR}))
             continue
         try:
             slots += values_of(value)
@@ -440,7 +442,7 @@ def _run_batch_operations(
     if CORRUPT_COLUMN in batch.schema.names:
         parsed = pc.is_null(batch.column(CORRUPT_COLUMN))
         bad = batch.filter(pc.invert(parsed)).column(CORRUPT_COLUMN).to_pylist()
-        letters += [{"record": text, "error": "does not parse against the source schema"} for text in bad]
+        letters += [{"record": text, "error": UNPARSED_ERROR} for text in bad]
         batch = batch.filter(parsed)
         batch = batch.select([name for name in batch.schema.names if name != CORRUPT_COLUMN])
     for op, fn, schema in operations:
@@ -478,10 +480,9 @@ def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = No
     partials, dead letters and input count.
     """
     if on_driver is None:
-        table = arrow_input(df, stage)
-        if table is not None:
-            max_records = max_records_per_batch(df.sparkSession)
-            return arrow_batch(table, stage, max_records=max_records, processes=batch_processes(df, stage))
+        read = arrow_input(df, stage)
+        if read is not None:
+            return arrow_batch(read.table, stage, max_records=max_records_per_batch(df.sparkSession), processes=read.processes)
         on_driver = computes_on_driver(df)
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     if not sql:
@@ -518,7 +519,7 @@ def _sql_batch(df: DataFrame, stage: StageSpec, sql: list[OperationSpec], *, on_
     if not unparsed.get["n"]:
         return result
     texts = [row[0] for row in df.where(corrupt.isNotNull()).select(corrupt).collect()]
-    letters = [{"record": text, "error": "does not parse against the source schema"} for text in texts]
+    letters = [{"record": text, "error": UNPARSED_ERROR} for text in texts]
     return SourceBatchResult(result.outputs, result.dead_letters + letters, result.input_rows + len(texts), result.inputs)
 
 
@@ -561,7 +562,7 @@ def _jvm_partials(data: DataFrame, stage: StageSpec) -> SourceBatchResult | None
     dead: list[dict[str, Any]] = []
     for row in rows:
         if row["dead"] is not None:
-            dead.extend([{"record": row["dead"], "error": "does not parse against the source schema"}] * int(row["n"]))
+            dead.extend([{"record": row["dead"], "error": UNPARSED_ERROR}] * int(row["n"]))
         else:
             # Jackson's JSON and encode_key's differ in escapes and float spelling: re-encode
             # (per distinct key), merging keys that are one key there (0.0 and -0.0).

@@ -152,8 +152,8 @@ def arrow_rows(
     (:mod:`~stream_ops.spark.row_processes`)."""
     if processes:
         batches = list(batches)
-        max_records = max((batch.num_rows for batch in batches), default=1)
-        produced = row_processes(processes).run(stage_rows, batches, max_records=max(max_records, 1))
+        max_records = max((batch.num_rows for batch in batches), default=0) or 1
+        produced = row_processes(processes).run(stage_rows, batches, max_records=max_records)
     else:
         produced = list(stage_rows(iter(batches)))
     return grouped_rows(pa.Table.from_batches(produced), aggregator) if produced else []

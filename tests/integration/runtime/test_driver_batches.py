@@ -246,9 +246,10 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
     check("per record, small", row, [clean], {DRIVER_BATCH_BYTES_CONF: size, ROW_PROCESSES_CONF: 0})
     refused = ("regex split", "line Spark coerces", "above the limit", "per record, large")
     assert [label for label in refused if seen[label] is not None] == [], "left to Spark"
-    assert seen["at the limit"] is not None and seen["at the limit"].to_pylist() == [{"w": "a"}, {"w": "b"}]
-    for label in ("per record, small", "per record, large, local processes"):
-        assert seen[label] is not None and seen[label].num_rows == 1, label
+    assert seen["at the limit"] is not None and seen["at the limit"].table.to_pylist() == [{"w": "a"}, {"w": "b"}]
+    for label, processes in (("per record, small", 0), ("per record, large, local processes", 2)):
+        assert seen[label] is not None and seen[label].table.num_rows == 1, label
+        assert seen[label].processes == processes, label
 
 
 def test_a_per_record_source_stage_starts_its_local_processes_with_its_query(spark, tmp_path, monkeypatch):
