@@ -26,7 +26,7 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.local_stack import free_port
+from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.spark.session import create_spark_session
 

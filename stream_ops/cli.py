@@ -893,7 +893,7 @@ def _kafka_port(kafka: bool, port: int) -> int | None:
     """The broker port the stack uses (chosen now, so the topology can name it), None without Kafka."""
     if not kafka:
         return None
-    from stream_ops.local_stack import free_port
+    from stream_ops.ports import free_port
 
     chosen = port or free_port()
     os.environ["STREAM_OPS_KAFKA"] = f"127.0.0.1:{chosen}"  # read by the Kafka example when it loads

@@ -39,8 +39,9 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.ensemble import EnsembleServer, connect_string, parse_servers, server_mode, wait_for_quorum
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError, WorkerError
-from stream_ops.local_stack import _tail, free_port
+from stream_ops.local_stack import _tail
 from stream_ops.nimbus.assignment import live_workers
+from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group, spawn, stop_process
 
 __all__ = ["ClusterStack", "Service", "deployment_dir", "loopback_settings", "write_env_file"]

@@ -16,7 +16,6 @@ import collections
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from stream_ops.kafka.producing import produce_json
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.leader import run_nimbus
 from stream_ops.nimbus.submission import submit
+from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.runtime.query_client import query_state
 from stream_ops.sources import KafkaTopic
@@ -56,13 +56,6 @@ _QUERY_ENV = (
 )
 #: Environment variables of ZooKeeper credentials, never passed to the stack's processes.
 _ZK_AUTH_ENV = ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_ZK_OPEN_READS")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

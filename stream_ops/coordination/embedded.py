@@ -36,6 +36,7 @@ from pathlib import Path
 
 from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError
 from stream_ops.jvm_server import JvmServer
+from stream_ops.ports import free_port, port_is_free
 
 logger = logging.getLogger(__name__)
 
@@ -164,23 +165,6 @@ def zookeeper_classpath(jars_dir: Path) -> str:
     return f"{jars_dir}{os.sep}*"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 def four_letter_word(host: str, port: int, word: str = "srvr", timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """Send a ZooKeeper four-letter command and return the reply.
 
@@ -280,7 +264,7 @@ class EmbeddedZooKeeper(JvmServer):
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if self._requested_port is None:
                 self._port = free_port(self.host)
-            elif not _port_is_free(self.host, self._requested_port):
+            elif not port_is_free(self.host, self._requested_port):
                 raise ZooKeeperServerError(
                     f"port {self.host}:{self._requested_port} is already in use; stop whatever "
                     "listens there or choose another port (or none, to pick a free one)"

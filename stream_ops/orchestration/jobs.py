@@ -48,7 +48,6 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 
 from stream_ops.coordination.acl import require_auth
-from stream_ops.coordination.embedded import free_port
 from stream_ops.nimbus.assignment import read_assignment, reassign, spread_topology
 from stream_ops.nimbus.rebalance import rebalance
 from stream_ops.nimbus.status import describe_topology, lost_tasks_now
@@ -80,6 +79,7 @@ from stream_ops.orchestration.run_config import (
 )
 from stream_ops.orchestration.state import build_compact_op
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker
 
 __all__ = [

@@ -46,9 +46,10 @@ import pytest
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
-from stream_ops.local_stack import LocalStack, free_port, run_demo
+from stream_ops.local_stack import LocalStack, run_demo
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.status import describe_topology
+from stream_ops.ports import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,9 @@ import time
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.local_stack import LocalStack, free_port
+from stream_ops.local_stack import LocalStack
 from stream_ops.nimbus.assignment import live_workers
+from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group
 from stream_ops.runtime.supervisor import Supervisor
 

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
-from stream_ops.local_stack import free_port
+from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.spark.session import create_spark_session
 

@@ -23,8 +23,9 @@ from stream_ops.coordination.acl import audit_acls
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.local_stack import LocalStack, free_port
+from stream_ops.local_stack import LocalStack
 from stream_ops.nimbus.assignment import live_workers
+from stream_ops.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "cli-file-password-7c1e"

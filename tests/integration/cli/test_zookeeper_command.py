@@ -9,7 +9,7 @@ import sys
 import time
 
 from stream_ops.coordination.embedded import four_letter_word
-from stream_ops.local_stack import free_port
+from stream_ops.ports import free_port
 
 
 def test_zookeeper_start_serves_and_stops_on_sigterm(tmp_path):

@@ -26,7 +26,8 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import KafkaJarsError
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.jars import broker_jars, spark_kafka_jars
-from stream_ops.local_stack import WorkerProcess, free_port
+from stream_ops.local_stack import WorkerProcess
+from stream_ops.ports import free_port
 from stream_ops.runtime.processes import spawn, stop_process, worker_command
 
 WORKER_START_TIMEOUT_S = 120.0

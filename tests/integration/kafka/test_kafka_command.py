@@ -15,7 +15,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from stream_ops.kafka.producing import produce_json
-from stream_ops.local_stack import free_port
+from stream_ops.ports import free_port
 
 
 def _start(port: int, data_dir: Path, *topics: str) -> subprocess.Popen[str]:

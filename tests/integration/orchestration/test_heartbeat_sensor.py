@@ -9,7 +9,6 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from stream_ops.coordination.embedded import free_port
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.nimbus.assignment import read_assignment
@@ -27,6 +26,7 @@ from stream_ops.orchestration import (
     rebalance_run_key,
     workers_to_launch,
 )
+from stream_ops.ports import free_port
 from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])

@@ -29,7 +29,7 @@ from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES
-from stream_ops.local_stack import expected_word_counts, free_port, wait_for_counts
+from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import submit
@@ -41,6 +41,7 @@ from stream_ops.orchestration import (
     build_worker_relaunch_sensor,
     worker_run_config,
 )
+from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.topics.producer import produce
 from stream_ops.topology.dsl import Topology

@@ -28,10 +28,10 @@ from stream_ops.coordination.records import StormRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import SubmissionIntegrityError, WorkerError
 from stream_ops.examples.wordcount import build_wordcount
-from stream_ops.local_stack import free_port
 from stream_ops.nimbus import live_workers, reassign, submit
 from stream_ops.nimbus.dist_store import CODE_FILE, MANIFEST_FILE, PLAN_FILE, load_submission, sha256_hex, write_submission
 from stream_ops.nimbus.submission import read_storm
+from stream_ops.ports import free_port
 from stream_ops.runtime.user_code import PrivateArchives
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topology.functions import resolve_function

@@ -12,8 +12,8 @@ from stream_ops.cli import main
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.doctor import security_report
-from stream_ops.local_stack import free_port
 from stream_ops.nimbus.assignment import live_workers
+from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker, WorkerSettings
 
 

@@ -28,9 +28,10 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
-from stream_ops.local_stack import expected_word_counts, free_port, wait_for_counts
+from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.orchestration.observations import observe_topology
+from stream_ops.ports import free_port
 from stream_ops.runtime.task_failures import FailurePolicy, clear_task_errors, read_task_error
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topics.producer import produce

@@ -30,8 +30,9 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
-from stream_ops.local_stack import expected_word_counts, free_port, wait_for_counts
+from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import submit
+from stream_ops.ports import free_port
 from stream_ops.runtime.query_server import MAX_JSON_DEPTH, QueryLimits, QueryServer
 from stream_ops.topics.producer import produce
 

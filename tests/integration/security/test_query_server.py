@@ -36,9 +36,10 @@ from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.examples.wordcount import split
-from stream_ops.local_stack import free_port, wait_for_counts
+from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import live_workers, submit
 from stream_ops.operators.trident_state import MapGet
+from stream_ops.ports import free_port
 from stream_ops.runtime.query_client import QueryAccess, _ask, client_tls_context, query_state
 from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES, QueryServer, server_tls_context
 from stream_ops.runtime.worker import Worker, WorkerSettings

@@ -28,7 +28,7 @@ from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore, encode_json
 from stream_ops.errors import ZooKeeperTreeNotOwnedError
-from stream_ops.local_stack import free_port
+from stream_ops.ports import free_port
 
 CLUSTER_AUTH = "stream-ops:tree-owner-password"
 REPO = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ import pytest
 
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination import ZkPaths, ZkStore, encode_json
-from stream_ops.coordination.embedded import EmbeddedZooKeeper, free_port
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.session import ConnectionState
 from stream_ops.errors import (
     ConcurrentUpdateError,
@@ -21,6 +21,7 @@ from stream_ops.errors import (
     ZnodeNotFoundError,
     ZooKeeperUnavailableError,
 )
+from stream_ops.ports import free_port
 
 
 def _wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.01) -> None:
