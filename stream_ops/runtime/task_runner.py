@@ -426,6 +426,7 @@ class TaskRunner:
             max_files_per_trigger=self.settings.max_files_per_trigger,
             max_file_age=self.settings.max_file_age,
             kafka_input=kafka_input,
+            wake_producers=sum(self.plan.stages[index].queues for index in self.stage.from_stages),
         )
 
     @property

@@ -64,6 +64,7 @@ from stream_ops.spark.driver_batches import (
     local_path,
     noting_input_bytes,
 )
+from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -92,6 +93,7 @@ def start_stage_query(
     max_files_per_trigger: int,
     max_file_age: str = "7d",
     kafka_input: KafkaShuffleInput | None = None,
+    wake_producers: int = 0,
 ) -> StreamingQuery:
     """Start the streaming query of one task; ``on_batch(df, txid)`` runs per micro-batch.
 
@@ -106,6 +108,8 @@ def start_stage_query(
     its batches' files (from the file source's log in ``checkpoint_dir``) are noted for
     :func:`keyed_batch`, which reads them itself. A source stage's batches have their input
     size noted (file sources), so that :func:`source_batch` computes small ones on the driver.
+    A stage reading shuffle files with ``wake_producers`` upstream tasks starts its next batch
+    as soon as each of them published a newer file (:mod:`stream_ops.spark.input_wake`).
     """
     if stage.reads_source:
         assert stage.source is not None
@@ -127,13 +131,18 @@ def start_stage_query(
             on_batch = _noting_batch_files(on_batch, checkpoint_dir)
         else:
             df = files.json(str(input_dir))
-    return (
+    query = (
         df.writeStream.queryName(query_name)
         .foreachBatch(on_batch)
         .option("checkpointLocation", str(checkpoint_dir))
         .trigger(processingTime=f"{trigger_seconds} seconds")
         .start()
     )
+    reads_shuffle_files = not stage.reads_source and kafka_input is None and input_dir is not None
+    if reads_shuffle_files and wake_producers > 0 and shuffle_wake_setting(spark):
+        assert input_dir is not None
+        wake_on_input(spark, query, input_dir, wake_producers)
+    return query
 
 
 def _reads_parquet_partials(stage: StageSpec) -> bool:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from stream_ops.spark.driver_batches import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF
-from stream_ops.spark.local_fs import bind_local_fs, local_fs_jar, with_local_fs_jar
+from stream_ops.spark.jvm_classes import jvm_classes_jar, with_jvm_classes
+from stream_ops.spark.local_fs import bind_local_fs
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,10 @@ def create_spark_session(
         from stream_ops.kafka.jars import with_kafka_connector
 
         settings = with_kafka_connector(settings, fetch=kafka_connector is True)
-    # Checkpoint writes without a forked chmod per file (spark/local_fs.py): 18 ms -> ~1 ms
-    # per log entry, three entries per micro-batch and query.
-    settings = with_local_fs_jar(settings, local_fs_jar())
+    # stream_ops' JVM classes (spark/jvm_classes.py): checkpoint writes without a forked chmod
+    # per file (18 ms -> ~1 ms per log entry, three per micro-batch and query), and the clock
+    # that starts a shuffle stage's batch when its input lands (spark/input_wake.py).
+    settings = with_jvm_classes(settings, jvm_classes_jar())
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -11,8 +11,9 @@ import stat
 
 import pytest
 
-from stream_ops.spark import local_fs
-from stream_ops.spark.local_fs import BINDING_KEY, LOCAL_FS_CLASS, bind_local_fs, local_fs_jar
+from stream_ops.spark import jvm_classes, local_fs
+from stream_ops.spark.jvm_classes import jvm_classes_jar
+from stream_ops.spark.local_fs import BINDING_KEY, LOCAL_FS_CLASS, bind_local_fs
 
 
 def _file_context(spark, path):
@@ -52,17 +53,17 @@ def test_links_are_still_links(spark, tmp_path):
 
 
 def test_the_jar_is_built_once_and_reused(tmp_path, monkeypatch):
-    jar = local_fs_jar(tmp_path)
+    jar = jvm_classes_jar(tmp_path)
     assert jar is not None and jar.is_file() and jar.parent == tmp_path
-    monkeypatch.setattr(local_fs.shutil, "which", lambda name: None)  # no JDK any more
-    assert local_fs_jar(tmp_path) == jar
+    monkeypatch.setattr(jvm_classes.shutil, "which", lambda name: None)  # no JDK any more
+    assert jvm_classes_jar(tmp_path) == jar
     assert [p.name for p in tmp_path.iterdir()] == [jar.name], "no build directory left behind"
 
 
 def test_without_a_jdk_no_jar_and_hadoops_binding(spark, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(local_fs.shutil, "which", lambda name: None)
-    with caplog.at_level("INFO", logger="stream_ops.spark.local_fs"):
-        assert local_fs_jar(tmp_path / "empty") is None
+    monkeypatch.setattr(jvm_classes.shutil, "which", lambda name: None)
+    with caplog.at_level("INFO", logger="stream_ops.spark.jvm_classes"):
+        assert jvm_classes_jar(tmp_path / "empty") is None
     assert "no JDK" in caplog.text
     monkeypatch.setattr(local_fs, "LOCAL_FS_CLASS", "io.streamops.hadoop.Missing")  # as if not on the class path
     try:
@@ -73,9 +74,9 @@ def test_without_a_jdk_no_jar_and_hadoops_binding(spark, tmp_path, monkeypatch, 
 
 
 def test_a_failing_build_is_logged_not_raised(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(local_fs, "_SOURCES", tmp_path / "src")
+    monkeypatch.setattr(jvm_classes, "_SOURCES", tmp_path / "src")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "Broken.java").write_text("class Broken { nonsense }")
-    with caplog.at_level("WARNING", logger="stream_ops.spark.local_fs"):
-        assert local_fs_jar(tmp_path / "cache") is None
+    with caplog.at_level("WARNING", logger="stream_ops.spark.jvm_classes"):
+        assert jvm_classes_jar(tmp_path / "cache") is None
     assert "could not build" in caplog.text and "javac exited" in caplog.text
