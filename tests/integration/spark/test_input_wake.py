@@ -110,7 +110,9 @@ def test_a_query_with_the_clock_runs_a_batch_when_its_upstream_tasks_published(s
         installer = wake_on_input(spark, query, queue, producers=2)
         assert installer is not None
         installer.join(10)
-        query.processAllAvailable()
+        deadline = time.monotonic() + 30
+        while query.lastProgress is None and time.monotonic() < deadline:  # batch 0 committed
+            time.sleep(0.02)
         assert [b for b, _ in batches] == [0]
         published = time.monotonic()
         _publish(queue, task=0, txid=1)
@@ -125,6 +127,9 @@ def test_a_query_with_the_clock_runs_a_batch_when_its_upstream_tasks_published(s
             batch_file_name(0, 1, 1, ".parquet"),
             batch_file_name(1, 0, 1, ".parquet"),
         ], "one batch read both upstream tasks' files"
+        stopping = time.monotonic()
+        query.stop()
+        assert time.monotonic() - stopping < 10, "a query waiting on the clock stops at once"
     finally:
         query.stop()
 

@@ -93,11 +93,16 @@ public final class InputWakeClock implements Clock {
       try {
         Thread.sleep(Math.min(pollMillis, targetTime - now));
       } catch (InterruptedException e) {
-        // The query is stopping: end the wait and keep the interrupt for Spark to see.
-        Thread.currentThread().interrupt();
-        return System.currentTimeMillis();
+        // The query is stopping: Spark's own clock lets the interrupt out of this call, and the
+        // query's thread expects it (Clock declares no exceptions: Scala has no checked ones).
+        throw InputWakeClock.<RuntimeException>rethrow(e);
       }
     }
+  }
+
+  @SuppressWarnings("unchecked")
+  private static <E extends Throwable> E rethrow(Throwable e) throws E {
+    throw (E) e;
   }
 
   /** How many waits ended early because the input advanced. */
