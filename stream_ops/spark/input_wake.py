@@ -40,7 +40,7 @@ SHUFFLE_WAKE_CONF = "spark.stream_ops.shuffleWake"
 upstream task published a newer batch; ``false`` leaves it to the processing-time trigger."""
 
 WAKE_CLASS = "io.streamops.spark.InputWakeClock"
-POLL_MS = 5
+POLL_MS = 10
 """How often the input directory's modification time is checked while a query waits."""
 _INSTALL_TIMEOUT_MS = 5000
 
