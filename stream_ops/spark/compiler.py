@@ -121,15 +121,9 @@ def start_stage_query(
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     else:
-        # Shuffle files are deleted once Spark committed the batch that read them (Spark's
-        # cleanSource, done as the next batch is planned): the file source lists its whole
-        # directory at every trigger, and a queue keeping every file ever shuffled would make
-        # each listing slower for as long as the topology runs. Replays never need them: a
-        # batch Spark committed is never planned again, and one it did not commit keeps its files.
         files = (
             spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
             .option("maxFileAge", max_file_age)
-            .option("cleanSource", "delete")
             .schema(schema_ddl(stage.input_fields))
         )
         if _reads_parquet_partials(stage):
