@@ -138,9 +138,8 @@ def start_stage_query(
         .trigger(processingTime=f"{trigger_seconds} seconds")
         .start()
     )
-    reads_shuffle_files = not stage.reads_source and kafka_input is None and input_dir is not None
-    if reads_shuffle_files and wake_producers > 0 and shuffle_wake_setting(spark):
-        assert input_dir is not None
+    reads_shuffle_files = not stage.reads_source and kafka_input is None
+    if reads_shuffle_files and input_dir is not None and wake_producers > 0 and shuffle_wake_setting(spark):
         wake_on_input(spark, query, input_dir, wake_producers)
     return query
 

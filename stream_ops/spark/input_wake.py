@@ -8,16 +8,16 @@ that wait but lists the input directory more often, and an idle listing costs 3-
 CPU (Spark's file source builds a Hadoop configuration and a file index each time).
 
 :class:`io.streamops.spark.InputWakeClock` (``spark/java/``) replaces the clock of such a
-query's trigger: it checks the input directory's modification time every few milliseconds
-(one ``stat``) and ends the wait as soon as a round of upstream batches has landed: every
-upstream task has published a newer batch file than at the last round, and one of them is not
-yet read. A round of upstream batches so becomes one batch of the stage at once, and a timed
-trigger that read half a round is followed by the other half as soon as it lands. An upstream
-task that publishes nothing for a queue leaves that queue's query on its trigger, as before. Spark's file
-source still lists and logs each batch's files, so what a batch reads and how it replays do
-not change. Spark gives no way to pass a clock to ``DataStreamWriter.start()``: the clock is
-set by reflection into the started query's trigger executor, and when that fails (another
-Spark, no JDK to build the class) the query keeps its trigger, with a logged line.
+query's trigger: it checks the input directory's modification time every few milliseconds (one
+``stat``) and ends the wait as soon as a round of upstream batches has landed: every upstream
+task has published a newer batch file than at the last round, and one of them is not yet read.
+A round of upstream batches so becomes one batch of the stage at once, and a timed trigger that
+read half a round is followed by the other half as soon as it lands. An upstream task that
+publishes nothing for a queue leaves that queue's query on its trigger, as before. Spark's file
+source still lists and logs each batch's files, so what a batch reads and how it replays do not
+change. Spark gives no way to pass a clock to ``DataStreamWriter.start()``: the clock is set by
+reflection into the started query's trigger executor, and when that fails (another Spark, no
+JDK to build the class) the query keeps its trigger, with a logged line.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import org.apache.spark.util.Clock;
  * (hidden temp files start with a dot and do not match).
  */
 public final class InputWakeClock implements Clock {
+  /** The batch-file names of {@code stream_ops.topics.file_topic.batch_file_name}. */
   private static final Pattern BATCH_FILE = Pattern.compile("t(\\d+)-x(\\d+)-e\\d+\\.[a-z]+");
 
   private final Path directory;
