@@ -169,6 +169,8 @@ def test_the_definitions_declare_the_check_and_the_sensor_reports_it(kafka, zk_s
         stream_cluster=resources["stream_cluster"],
         consumer_lag_threshold=100,
         repair=False,
+        # A fresh topic's first offsets request took over 2 s (the default) on a loaded CI box.
+        kafka_timeout_s=15.0,
     )
     key = dg.AssetKey(["stream_ops", "kafka", topic_name])
     check_key = dg.AssetCheckKey(key, CONSUMER_LAG)
