@@ -184,6 +184,11 @@ class RowProcessError(WorkerError):
     a Python worker does."""
 
 
+class ShuffleSourceUnavailableError(WorkerError):
+    """A task's checkpoint was written by stream_ops' shuffle-queue source and this worker's
+    JVM cannot load it (its classes are built with the JDK's ``javac``)."""
+
+
 class QueryError(StreamOpsError):
     """A state query could not be answered."""
 

@@ -85,6 +85,17 @@ from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
 from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
+from stream_ops.spark.shuffle_queue import (
+    next_tick_stamp,
+    offset_txids,
+    planned_txids,
+    read_before,
+    retire_read,
+    shuffle_suffix,
+    tick_file_name,
+    tick_file_prefix,
+    unread_files,
+)
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.column_update import add_int_partials
 from stream_ops.state.key_texts import decode_key_texts
@@ -110,9 +121,6 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 COMMIT_STEPS = ("state_topic", "zookeeper", "publish", "rocksdb")
 """The parts of the commit path :attr:`TaskStats.commit_steps_ms` times; the RocksDB write runs
 on the task's I/O thread after the ZooKeeper commit (module docstring)."""
-
-TICK_PREFIX = "tick-"
-"""Names of the tick files a task writes into its own input start with this."""
 
 
 @dataclass
@@ -322,7 +330,7 @@ class TaskRunner:
             topic.discard_staged(self.task.task_id, below_epoch=self.ownership.epoch, keep=keep)
         if not self.stage.reads_source:
             self.layout.shuffle_topic(self.stage).discard_stale_temp_files(
-                self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-", older_than_s=60.0, now=time.time()
+                self.task.queue, tick_file_prefix(self.task.task_id), older_than_s=60.0, now=time.time()
             )
         if keep is not None:
             self._publish(*keep)
@@ -391,7 +399,8 @@ class TaskRunner:
             self._ticks.send(self.task.queue, tick)
             return True
         topic = self.layout.shuffle_topic(self.stage)
-        topic.write_file(self.task.queue, f"{TICK_PREFIX}t{self.task.task_id:05d}-{time.time_ns()}.jsonl", [tick])
+        stamp = next_tick_stamp(self.layout.checkpoint_dir(self.task.task_id), time.time_ns())
+        topic.write_file(self.task.queue, tick_file_name(self.task.task_id, stamp), [tick])
         return True
 
     def start_query(self) -> None:
@@ -586,6 +595,8 @@ class TaskRunner:
         else:
             visible.set_result(None)
         self._publish_committed(txid, epoch)
+        if not self.stage.reads_source and self.kafka_shuffle is None:
+            self._io.submit(self._retire_consumed_input, txid)
         done = time.perf_counter()
         steps = self.stats.commit_steps_ms
         steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
@@ -709,6 +720,20 @@ class TaskRunner:
         started = time.perf_counter()
         state.store.flush(txid, epoch, encoded=encoded)
         self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - started) * 1000.0
+
+    def _retire_consumed_input(self, txid: int) -> None:
+        """On the I/O thread: delete the shuffle files the batches before ``txid`` read, when the
+        queue source reads them (Spark committed those batches before it planned this one, and
+        ZooKeeper before that, so no replay reads them again)."""
+        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
+        try:
+            if offset_txids(checkpoint, txid) is None:
+                return  # Spark's file source: its log holds every file, so they stay
+            read = read_before(checkpoint, txid)
+            if read:
+                retire_read(self.layout.shuffle_topic(self.stage), self.task.queue, read)
+        except Exception:  # on the I/O thread nobody awaits this: say what failed, and go on
+            logger.exception("task %s/%d: consumed shuffle files not deleted", self.topology_id, self.task.task_id)
 
     def _await_state_write(self) -> None:
         """Wait for the last committed batch's RocksDB write.
@@ -998,7 +1023,12 @@ class TaskRunner:
             return source_kind(self.stage.source.kind).lag(self.stage.source, self.task.queue, self._last_input_ms)
         if self.kafka_shuffle is not None:
             return SourceLag(records=None, files=None)  # not measured for a Kafka shuffle
-        files = files_newer_than(self.layout.shuffle_topic(self.stage).queue_path(self.task.queue), self._last_input_ms)
+        queue_dir = self.layout.shuffle_topic(self.stage).queue_path(self.task.queue)
+        read = planned_txids(self.layout.checkpoint_dir(self.task.task_id))
+        if read is not None:  # the queue source: what it planned so far is read
+            files = unread_files(queue_dir, read, shuffle_suffix(self.stage))
+        else:
+            files = files_newer_than(queue_dir, self._last_input_ms)
         return SourceLag(records=sum(shuffle_file_rows(f) for f in files), files=len(files))
 
     def lag_files(self) -> int:

@@ -65,6 +65,7 @@ from stream_ops.spark.driver_batches import (
     noting_input_bytes,
 )
 from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
+from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, shuffle_suffix, uses_queue_source
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -100,13 +101,16 @@ def start_stage_query(
     ``max_file_age`` is Spark's ``maxFileAge``: a file whose modification time is older than
     the newest file seen by more than this is never read (published batch files are touched
     when published, so only files landed with old times are concerned). A source stage reads
-    as its source kind says (:mod:`stream_ops.sources`); other stages read the JSON lines of
-    their shuffle queue ``input_dir``, or with ``kafka_input`` (the topology keeps its shuffle in
-    Kafka) the rows of their queue's partition of the stage's shuffle topic, committed ones only
+    as its source kind says (:mod:`stream_ops.sources`); other stages read their shuffle queue
+    ``input_dir`` with the queue source (:mod:`stream_ops.spark.shuffle_queue`: offsets per
+    upstream task, the batch's files read by the callback), or with Spark's file source where
+    the checkpoint was started with it or the queue source cannot be loaded; with
+    ``kafka_input`` (the topology keeps its shuffle in Kafka) they read the rows of their
+    queue's partition of the stage's shuffle topic, committed ones only
     (:mod:`stream_ops.kafka.shuffle_reader`), parsed against the same fields. A stage whose
-    partials shuffle is Parquet (``stage.shuffle_format``) streams its ``*.parquet`` files, and
-    its batches' files (from the file source's log in ``checkpoint_dir``) are noted for
-    :func:`keyed_batch`, which reads them itself. A source stage's batches have their input
+    partials shuffle is Parquet (``stage.shuffle_format``) reads its ``*.parquet`` files: its
+    batches' files (from the checkpoint's offsets or the file source's log) are noted for
+    :func:`keyed_batch`, which reads them itself; JSON-lines shuffles are read as JSON. A source stage's batches have their input
     size noted (file sources), so that :func:`source_batch` computes small ones on the driver.
     A stage reading shuffle files with ``wake_producers`` upstream tasks starts its next batch
     as soon as each of them published a newer file (:mod:`stream_ops.spark.input_wake`).
@@ -120,13 +124,17 @@ def start_stage_query(
         start_row_processes(spark, stage)
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
+    elif input_dir is not None and uses_queue_source(spark, checkpoint_dir):
+        suffix = shuffle_suffix(stage)
+        df = read_queue_stream(spark, input_dir, stage.input_fields, suffix=suffix, max_files_per_trigger=max_files_per_trigger)
+        on_batch = _reading_queue_batches(on_batch, stage, checkpoint_dir, input_dir, suffix)
     else:
         files = (
             spark.readStream.option("maxFilesPerTrigger", max_files_per_trigger)
             .option("maxFileAge", max_file_age)
             .schema(schema_ddl(stage.input_fields))
         )
-        if _reads_parquet_partials(stage):
+        if shuffle_suffix(stage) == ".parquet":
             df = files.option("pathGlobFilter", "*.parquet").parquet(str(input_dir))
             on_batch = _noting_batch_files(on_batch, checkpoint_dir)
         else:
@@ -142,10 +150,6 @@ def start_stage_query(
     if reads_shuffle_files and input_dir is not None and wake_producers > 0 and shuffle_wake_setting(spark):
         wake_on_input(spark, query, input_dir, wake_producers)
     return query
-
-
-def _reads_parquet_partials(stage: StageSpec) -> bool:
-    return stage.kind_info.reads == "partials" and stage.shuffle_format == "parquet"
 
 
 _BATCH_FILES: weakref.WeakKeyDictionary[DataFrame, list[Path]] = weakref.WeakKeyDictionary()
@@ -166,6 +170,30 @@ def _noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_d
             on_batch(df, batch_id)
         finally:
             _BATCH_FILES.pop(df, None)
+
+    return run
+
+
+def _reading_queue_batches(
+    on_batch: Callable[[DataFrame, int], None], stage: StageSpec, checkpoint_dir: Path, input_dir: Path, suffix: str
+) -> Callable[[DataFrame, int], None]:
+    """``on_batch`` over a shuffle queue read by the queue source (whose batches have no rows):
+    Parquet partials are noted for :func:`keyed_batch`, which reads them itself; JSON records
+    are handed over as a batch read of exactly the batch's files."""
+
+    def run(df: DataFrame, batch_id: int) -> None:
+        files = batch_files(checkpoint_dir, batch_id, input_dir, suffix)
+        if suffix == ".parquet":
+            _BATCH_FILES[df] = files
+            try:
+                on_batch(df, batch_id)
+            finally:
+                _BATCH_FILES.pop(df, None)
+            return
+        ddl = schema_ddl(stage.input_fields)
+        session = df.sparkSession
+        records = session.read.schema(ddl).json([str(f) for f in files]) if files else session.createDataFrame([], ddl)
+        on_batch(records, batch_id)
 
     return run
 

@@ -1,8 +1,9 @@
 """stream_ops' own JVM classes: Java sources shipped in ``spark/java/``, built into one jar.
 
 The classes are small and stand in where Spark and Hadoop take a slow or blind path on one
-machine: the java.nio checkpoint file system (:mod:`stream_ops.spark.local_fs`) and the clock
-that starts a shuffle stage's batch when its input lands (:mod:`stream_ops.spark.input_wake`).
+machine: the java.nio checkpoint file system (:mod:`stream_ops.spark.local_fs`), the clock
+that starts a shuffle stage's batch when its input lands (:mod:`stream_ops.spark.input_wake`)
+and the shuffle-queue source whose offsets do not grow (:mod:`stream_ops.spark.shuffle_queue`).
 They are compiled once per machine with the JDK's ``javac`` into the jar cache
 (:func:`jvm_classes_jar`) and put on the driver's class path when this process starts the JVM.
 Without a JDK, or when the JVM was started elsewhere, each user of a class falls back to
@@ -29,8 +30,15 @@ logger = logging.getLogger(__name__)
 CLASS_PATH_KEY = "spark.driver.extraClassPath"
 
 _SOURCES = Path(__file__).parent / "java"
-_COMPILE_AGAINST = ("hadoop-client-api-*.jar", "spark-core_*.jar", "scala-library-*.jar")
-"""The pyspark jars the sources compile against (Hadoop's file system API, Spark's ``Clock``)."""
+_COMPILE_AGAINST = (
+    "hadoop-client-api-*.jar",
+    "spark-core_*.jar",
+    "scala-library-*.jar",
+    "spark-catalyst_*.jar",
+    "spark-sql-api_*.jar",
+)
+"""The pyspark jars the sources compile against (Hadoop's file system API, Spark's ``Clock``,
+the data source V2 interfaces and ``StructType``)."""
 
 
 def jvm_classes_jar(cache: Path | None = None) -> Path | None:

@@ -9,11 +9,14 @@ A task's batch outputs are *staged* under ``.pending/`` and fsynced (file and di
 the batch commits in ZooKeeper, then *published* (renamed into their queues, directories
 fsynced) after it. Publishing checks the files against what the commit recorded and fails
 loudly when a committed file is missing or cut short. Deleting staged files is limited to
-epochs below the caller's own, so a stale owner never removes a newer owner's work.
+epochs below the caller's own, so a stale owner never removes a newer owner's work. A queue's
+one reader deletes the files its committed batches consumed, after recording them as consumed
+(``_consumed.json``), so a committed file that is gone because it was read is not taken for lost.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -33,6 +36,8 @@ _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)(?P<suf
 BATCH_FILE_SUFFIXES = (".jsonl", ".arrow", ".parquet")
 """The formats a batch file can be in: JSON lines, Arrow IPC (stream format) or Parquet."""
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
+CONSUMED_FILE = "_consumed.json"
+"""A queue's record of the batches its reader consumed (:meth:`FileTopic.retire_consumed`)."""
 
 
 def batch_file_name(task_id: int, txid: int, epoch: int, suffix: str = ".jsonl") -> str:
@@ -243,7 +248,13 @@ class FileTopic:
         touched: list[Path] = []
         for queue, size in sorted((int(q), size) for q, size in expected.items()):
             what = f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
-            dirs = publish_file(self.pending_path(queue) / name, self.queue_path(queue) / name, size, what=what)
+            dirs = publish_file(
+                self.pending_path(queue) / name,
+                self.queue_path(queue) / name,
+                size,
+                what=what,
+                consumed=functools.partial(self.is_consumed, queue, task_id, txid),
+            )
             moved += bool(dirs)
             touched += dirs
         if touched and self.durable:
@@ -263,6 +274,56 @@ class FileTopic:
             for directory in (self.pending_path(queue), self.queue_path(queue)):
                 removed += _discard(directory, task_id, below_epoch, keep, staged=directory != self.queue_path(queue))
         return removed
+
+    # --- consumed batches: deleted by the queue's one reader once no replay needs them ------
+
+    def consumed_path(self, queue: int) -> Path:
+        """The record of what ``queue``'s reader consumed and may have deleted (a ``_`` file:
+        no reader lists it)."""
+        return self.queue_path(queue) / CONSUMED_FILE
+
+    def consumed_txids(self, queue: int) -> dict[int, int]:
+        """Per upstream task, the highest txid whose files in ``queue`` its reader consumed in a
+        committed batch: files at or below it may be gone, and are not lost."""
+        try:
+            recorded = json.loads(self.consumed_path(queue).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise TopicError(f"{self.consumed_path(queue)}: unreadable record of consumed batches: {e}") from e
+        return {int(task): int(txid) for task, txid in recorded.get("tasks", {}).items()}
+
+    def retire_consumed(self, queue: int, txids: Mapping[int, int]) -> int:
+        """Record ``txids`` (per upstream task, the highest txid consumed) as consumed, durably,
+        then delete the queue's batch files at or below them; returns the files deleted.
+
+        The record comes first, so a committed batch whose file is gone is known as consumed
+        (:meth:`publish_batch` then has nothing to publish) rather than lost. Only the queue's
+        reader calls this, with what its committed batches read; a record only grows.
+        """
+        recorded = self.consumed_txids(queue)
+        merged = dict(recorded)
+        for task, txid in txids.items():
+            merged[task] = max(txid, merged.get(task, -1))
+        if merged != recorded:
+            text = json.dumps({"tasks": {str(task): txid for task, txid in sorted(merged.items())}}, separators=(",", ":"))
+            write_bytes_atomically(self.consumed_path(queue), text.encode("utf-8"), durable=self.durable)
+        removed = 0
+        try:
+            entries = list(self.queue_path(queue).iterdir())
+        except FileNotFoundError:
+            return 0
+        for path in entries:
+            found = parse_batch_file_name(path.name)
+            if found is not None and found.txid <= merged.get(found.task_id, -1):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def is_consumed(self, queue: int, task_id: int, txid: int) -> bool:
+        """Whether (task, txid)'s file in ``queue`` was consumed by the queue's reader (and so
+        may be gone)."""
+        return txid <= self.consumed_txids(queue).get(task_id, -1)
 
     def files(self, queue: int) -> list[Path]:
         """Visible files of a queue, sorted by name."""

@@ -9,16 +9,18 @@ skipped.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from stream_ops.durable_files import make_dirs
 from stream_ops.errors import CommittedBatchLostError
 
 
-def publish_file(staged: Path, target: Path, size: int, *, what: str) -> list[Path]:
+def publish_file(staged: Path, target: Path, size: int, *, what: str, consumed: Callable[[], bool] | None = None) -> list[Path]:
     """Move ``staged`` to ``target`` unless it is there already, and check ``target`` has ``size``
     bytes. The moved file's modification time is now, so a file stream whose ``maxFileAge`` is
-    measured from the newest file still reads a batch published late.
+    measured from the newest file still reads a batch published late. A file neither staged
+    nor published is fine when ``consumed()`` says its reader read and deleted it.
 
     Returns:
         The directories to fsync (empty when nothing moved).
@@ -41,6 +43,8 @@ def publish_file(staged: Path, target: Path, size: int, *, what: str) -> list[Pa
     try:
         found = target.stat().st_size
     except FileNotFoundError:
+        if consumed is not None and consumed():
+            return touched
         raise CommittedBatchLostError(
             f"{what} is gone: {target.name} is neither staged nor published. Its readers would silently miss it; "
             "the task stops. Restore the file from a backup, or accept the loss by re-running the topology"

@@ -15,6 +15,7 @@ submitted before Parquet shuffles keep their JSON-lines files.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,13 @@ class PartialsShuffle:
         touched: list[Path] = []
         for queue, size in sorted((int(q), size) for q, size in expected.items()):
             what = f"{self.topic.path}: the partials of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
-            dirs = publish_file(self.topic.pending_path(queue) / name, self.topic.queue_path(queue) / name, size, what=what)
+            dirs = publish_file(
+                self.topic.pending_path(queue) / name,
+                self.topic.queue_path(queue) / name,
+                size,
+                what=what,
+                consumed=functools.partial(self.topic.is_consumed, queue, task_id, txid),
+            )
             moved += bool(dirs)
             touched += dirs
         if touched and self.topic.durable:
