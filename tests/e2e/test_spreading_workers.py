@@ -2,9 +2,10 @@
 
 A word count with 6 tasks (3 source + 3 keyed) is submitted with ``workers=3`` while only one
 worker is up, so every task lands on it. Two more workers start one after the other. The
-nimbus (inside ``LocalStack``, default :class:`~stream_ops.config.SpreadPolicy`: a slot counts
-after 5 s, at most one spread per 10 s) spreads the topology over them, moving the fewest
-tasks through the usual ownership protocol. Sentences are fed before, during and after; every
+nimbus (inside ``LocalStack``) spreads the topology over them by its
+:class:`~stream_ops.config.SpreadPolicy`, shortened by the topology's conf (a slot counts after
+2 s, at most one spread per 4 s; the defaults are 5 s and 10 s), moving the fewest tasks
+through the usual ownership protocol. Sentences are fed before, during and after; every
 count must equal the ground truth.
 """
 
@@ -27,6 +28,7 @@ from stream_ops.topics.producer import produce
 
 WORKER_ARGS = ["--trigger-seconds", "1", "--heartbeat-interval", "0.5"]
 SPREAD_WITHIN_S = 30.0
+SPREAD_CONF = {"spread_stability_s": 2.0, "spread_interval_s": 4.0}
 
 
 def _feed(topic: FileTopic, sent: list[str], stop: threading.Event) -> None:
@@ -80,7 +82,7 @@ def test_workers_started_one_after_another_get_an_even_share_and_counts_stay_exa
         first = stack.start_worker()
         stack.wait_for_workers(1)
         topology = build_wordcount(home / "in", name="wc-spread", queues=3, split_with="row")
-        topology_id = submit(store, stack.cluster, topology, workers=3)
+        topology_id = submit(store, stack.cluster, topology, workers=3, conf=SPREAD_CONF)
         initial = read_assignment(store, topology_id)
         assert initial is not None and set(initial[0].tasks.values()) == {first.worker_id}
         assert len(initial[0].tasks) == 6

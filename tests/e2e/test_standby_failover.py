@@ -5,6 +5,7 @@ apply the state-topic tail only (their logs say so, and none rebuilt), and count
 from __future__ import annotations
 
 import threading
+import time
 
 from e2e_helpers import feed_sentences, wait_for
 
@@ -29,7 +30,7 @@ def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(t
         topology_id = submit(store, stack.cluster, topology, workers=2, standby_replicas=1)
         keyed = [t.task_id for t in describe_topology(store, topology_id).tasks if t.stage_name != "sentences"]
 
-        batches = [list(SAMPLE_SENTENCES)[i % 8 :] + [f"unique{i} how"] for i in range(200)]  # ~30 s of input
+        batches = [list(SAMPLE_SENTENCES)[i % 8 :] + [f"unique{i} how"] for i in range(200)]  # up to ~30 s of input
         sent: list[str] = []
         stop = threading.Event()
         feeder = threading.Thread(target=feed_sentences, args=(topology.chains[0].source.topic, batches, sent, stop))
@@ -57,6 +58,8 @@ def test_a_killed_owners_tasks_move_to_their_standbys_and_replay_only_the_tail(t
             return now if all(now.tasks[t] != victim_id for t in moving) else None
 
         after = wait_for(moved, 60, "the killed worker's tasks to move")
+        time.sleep(3.0)  # input keeps flowing while the standbys take over
+        stop.set()
         feeder.join()
         wait_for_counts(store, "wc-standby", "words", expected_word_counts(sent), timeout_s=120)
         for task in moving:

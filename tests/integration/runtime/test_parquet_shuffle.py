@@ -29,6 +29,7 @@ from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.spark import compiler
+from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
 from stream_ops.topology.plan import build_plan
@@ -100,6 +101,9 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
         _wait(lambda: c.lookup([(w,) for w in sorted(truth)]) == [truth[w] for w in sorted(truth)], "exact counts")
         c.stop()
         assert combined == [3, 2, 2, 3]  # rows of A: txids 0, 1 (refused); B: txid 1; C: txid 2
+        # read with the queue source: offsets per upstream task, and what txid 1 read is deleted
+        assert batch_offsets(c.layout.checkpoint_dir(task), 2) == [{"queueTxids": {"0": 2}}]
+        _wait(lambda: shuffle.topic.consumed_txids(0) == {0: 1}, "txids 0 and 1 recorded as consumed")
         letters = [r for _, _, r in c.layout.dead_letter_topic().read_queue(0)]
         assert [(r["record"]["key"], r["txid"]) for r in letters] == [(["you"], 2)]
 

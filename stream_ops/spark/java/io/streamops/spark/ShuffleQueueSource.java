@@ -180,7 +180,8 @@ public final class ShuffleQueueSource implements TableProvider {
     /**
      * The end offset of the next batch: every file above {@code start}, or with a file limit the
      * oldest ones (by modification time; per task still a run of consecutive txids, since a
-     * task publishes in txid order). {@code start} itself when nothing new landed.
+     * task publishes in txid order). {@code start} itself when nothing new landed, or null
+     * before anything landed at all (an offset there would make Spark run an empty first batch).
      */
     @Override
     public Offset latestOffset(Offset start, ReadLimit limit) {
@@ -193,7 +194,7 @@ public final class ShuffleQueueSource implements TableProvider {
         }
       }
       if (unread.isEmpty()) {
-        return start;
+        return from.isEmpty() ? null : start;
       }
       int cap = limit instanceof ReadMaxFiles max ? max.maxFiles() : Integer.MAX_VALUE;
       if (unread.size() > cap) {
