@@ -309,11 +309,7 @@ class FileTopic:
             text = json.dumps({"tasks": {str(task): txid for task, txid in sorted(merged.items())}}, separators=(",", ":"))
             write_bytes_atomically(self.consumed_path(queue), text.encode("utf-8"), durable=self.durable)
         removed = 0
-        try:
-            entries = list(self.queue_path(queue).iterdir())
-        except FileNotFoundError:
-            return 0
-        for path in entries:
+        for path in _entries(self.queue_path(queue)):
             found = parse_batch_file_name(path.name)
             if found is not None and found.txid <= merged.get(found.task_id, -1):
                 path.unlink(missing_ok=True)
@@ -336,11 +332,7 @@ class FileTopic:
         """Delete temp files of ``queue`` whose target name starts with ``prefix`` and that were
         last modified more than ``older_than_s`` before ``now`` (a writer that crashed midway)."""
         removed = 0
-        try:
-            entries = list(self.queue_path(queue).iterdir())
-        except FileNotFoundError:
-            return 0
-        for path in entries:
+        for path in _entries(self.queue_path(queue)):
             temp = _TEMP_FILE.match(path.name)
             if temp is None or not temp["name"].startswith(prefix):
                 continue
@@ -367,12 +359,8 @@ class FileTopic:
 def _discard(directory: Path, task_id: int, below_epoch: int, keep: tuple[int, int] | None, *, staged: bool) -> int:
     """Remove from ``directory`` the temp files (and, when ``staged``, the batch files) of
     ``task_id`` with an epoch below ``below_epoch``, except ``keep``."""
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return 0
     removed = 0
-    for path in entries:
+    for path in _entries(directory):
         temp = _TEMP_FILE.match(path.name)
         found = parse_batch_file_name(temp["name"] if temp else path.name)
         if found is None or found.task_id != task_id or found.epoch >= below_epoch:
@@ -382,3 +370,11 @@ def _discard(directory: Path, task_id: int, below_epoch: int, keep: tuple[int, i
         path.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def _entries(directory: Path) -> list[Path]:
+    """The entries of ``directory`` (none when it does not exist yet)."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []

@@ -47,6 +47,22 @@ def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
     return store.get_json(ZkPaths.transactional_task(topology_id, task_id))[0]["committed_txid"]
 
 
+def _keyed_runner(admin: ZkStore, spark, cluster: ClusterConfig, topology_id: str, **settings):
+    """The runner of the word count's keyed task (queue 0), and the shuffle feeding it."""
+    runner = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1, **settings)
+    return runner, PartialsShuffle(runner.layout.shuffle_topic(runner.stage), "long")
+
+
+def _run_first_batch(admin: ZkStore, topology_id: str, runner, shuffle: PartialsShuffle) -> None:
+    """Start ``runner``, publish txid 0 upstream, wait for its commit, stop."""
+    runner.start()
+    try:
+        _publish(shuffle, 0, 0, BATCHES[0])
+        _wait(lambda: _committed(admin, topology_id, runner.task.task_id) == 0, "txid 0 committed")
+    finally:
+        runner.stop()
+
+
 def _exact(runner, batches: list[list[str]]) -> bool:
     truth = Counter(w for batch in batches for w in batch)
     return runner.lookup([(w,) for w in sorted(truth)]) == [truth[w] for w in sorted(truth)]
@@ -57,10 +73,8 @@ def test_offsets_stay_per_task_and_consumed_files_are_deleted(spark, zk_config, 
     topology = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState)
     with ZkStore.connect(zk_config) as admin:
         topology_id = submit(admin, cluster, topology, workers=1)
-        runner = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1)
-        task = runner.task.task_id
-        topic = runner.layout.shuffle_topic(runner.stage)
-        shuffle = PartialsShuffle(topic, "long")
+        runner, shuffle = _keyed_runner(admin, spark, cluster, topology_id)
+        task, topic = runner.task.task_id, shuffle.topic
         checkpoint = runner.layout.checkpoint_dir(task)
         runner.start()
         try:
@@ -101,10 +115,7 @@ def test_a_file_limit_splits_a_backlog_of_two_upstream_tasks(spark, zk_config, t
     topology = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState)
     with ZkStore.connect(zk_config) as admin:
         topology_id = submit(admin, cluster, topology, workers=1)
-        runner = make_runner(
-            admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1, max_files_per_trigger=3
-        )
-        shuffle = PartialsShuffle(runner.layout.shuffle_topic(runner.stage), "long")
+        runner, shuffle = _keyed_runner(admin, spark, cluster, topology_id, max_files_per_trigger=3)
         published = []
         for txid in range(4):
             for upstream in (5, 6):
@@ -133,17 +144,10 @@ def test_a_checkpoint_keeps_the_source_that_started_it(spark, zk_config, tmp_pat
 
         # Started where the queue source cannot be loaded: Spark's file source from the start.
         monkeypatch.setattr(shuffle_queue, "loadable", lambda spark, name: False)
-        first = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1)
-        task = first.task.task_id
-        topic = first.layout.shuffle_topic(first.stage)
-        shuffle = PartialsShuffle(topic, "long")
+        first, shuffle = _keyed_runner(admin, spark, cluster, topology_id)
+        task, topic = first.task.task_id, shuffle.topic
         checkpoint = first.layout.checkpoint_dir(task)
-        first.start()
-        try:
-            _publish(shuffle, 0, 0, BATCHES[0])
-            _wait(lambda: _committed(admin, topology_id, task) == 0, "txid 0 committed")
-        finally:
-            first.stop()
+        _run_first_batch(admin, topology_id, first, shuffle)
         assert shuffle_queue.checkpoint_reader(checkpoint) == "files"
 
         # The source is loadable again: the task goes on with the file source, which keeps its files.
@@ -167,15 +171,7 @@ def test_a_queue_checkpoint_does_not_start_without_the_source(spark, zk_config, 
     topology = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState)
     with ZkStore.connect(zk_config) as admin:
         topology_id = submit(admin, cluster, topology, workers=1)
-        runner = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1)
-        task = runner.task.task_id
-        shuffle = PartialsShuffle(runner.layout.shuffle_topic(runner.stage), "long")
-        runner.start()
-        try:
-            _publish(shuffle, 0, 0, BATCHES[0])
-            _wait(lambda: _committed(admin, topology_id, task) == 0, "txid 0 committed")
-        finally:
-            runner.stop()
+        _run_first_batch(admin, topology_id, *_keyed_runner(admin, spark, cluster, topology_id))
         monkeypatch.setattr(shuffle_queue, "loadable", lambda spark, name: False)
         again = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1, trigger_seconds=0.1)
         with pytest.raises(shuffle_queue.ShuffleSourceUnavailableError, match="install a JDK"):
