@@ -22,11 +22,13 @@ import pytest
 
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
+from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import KafkaJarsError
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.jars import broker_jars, spark_kafka_jars
 from stream_ops.local_stack import WorkerProcess
+from stream_ops.nimbus import kill
 from stream_ops.ports import free_port
 from stream_ops.runtime.processes import spawn, stop_process, worker_command
 
@@ -104,12 +106,13 @@ class KafkaWorkers:
         self.processes.clear()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kafka_workers(
     zookeeper: EmbeddedZooKeeper, connector_jars: list[Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaWorkers]:
-    """One worker process for the module's tests (a Spark JVM starts in ~15 s on 2 cores),
-    registered before the fixture returns."""
+    """One worker process for every test that needs one (a Spark JVM starts in ~15 s on 2
+    cores), registered before the fixture returns; each test's topologies are killed after it
+    (:func:`kafka_store`), so the next test has the worker to itself."""
     from stream_ops.nimbus.assignment import live_workers
 
     zk_config = ZooKeeperConfig(
@@ -131,9 +134,13 @@ def kafka_workers(
 
 @pytest.fixture
 def kafka_store(kafka_workers: KafkaWorkers) -> Iterator[ZkStore]:
-    """A store on the Kafka workers' chroot."""
+    """A store on the Kafka workers' chroot; the topologies a test submitted are killed after it."""
     store = ZkStore.connect(kafka_workers.zk_config)
     try:
         yield store
     finally:
-        store.close()
+        try:
+            for topology_id in store.children(ZkPaths.STORMS):
+                kill(store, topology_id)
+        finally:
+            store.close()
