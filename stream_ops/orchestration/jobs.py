@@ -81,6 +81,7 @@ from stream_ops.orchestration.state import build_compact_op
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker
+from stream_ops.spark.local_fs import bind_local_fs
 
 __all__ = [
     "ACTIVATE_JOB_NAME",
@@ -239,6 +240,7 @@ def _worker_op(
     port = config.port or free_port(stream_cluster.worker_bind_host)
     settings = stream_cluster.worker_settings(port=port, launched_by=f"dagster:{context.run_id}")
     spark = pyspark.spark_session
+    bind_local_fs(spark)  # checkpoint writes through java.nio, as create_spark_session binds them for CLI workers
     worker = Worker(zk_config, stream_cluster.config(), settings, spark_factory=lambda: spark)
     stop = threading.Event()
     done = threading.Event()

@@ -40,6 +40,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.runtime.worker import WorkerSettings
+from stream_ops.spark.jvm_classes import jvm_classes_jar, with_jvm_classes
 from stream_ops.spark.session import DEFAULT_CONF
 
 __all__ = ["PYSPARK_RESOURCE_KEY", "StreamClusterResource", "ZooKeeperResource", "pyspark_resource"]
@@ -341,10 +342,13 @@ class StreamClusterResource(dg.ConfigurableResource):
     def spark_config(self) -> dict[str, str]:
         """The Spark configuration workers use: stream_ops' defaults, the master, then ``spark_conf``.
 
-        The Python of this process runs Spark's Python workers, as
-        :func:`~stream_ops.spark.session.create_spark_session` arranges for CLI workers.
+        The Python of this process runs Spark's Python workers, and stream_ops' JVM classes are
+        on the driver's class path (built once per machine with the JDK), as
+        :func:`~stream_ops.spark.session.create_spark_session` arranges for CLI workers: a
+        Dagster-launched worker must run the tasks CLI workers started, whose shuffle-stage
+        checkpoints need the queue source (:mod:`stream_ops.spark.shuffle_queue`).
         """
-        return {
+        settings = {
             **DEFAULT_CONF,
             "spark.master": self.spark_master,
             "spark.app.name": "stream-ops-dagster-worker",
@@ -352,6 +356,7 @@ class StreamClusterResource(dg.ConfigurableResource):
             "spark.pyspark.driver.python": sys.executable,
             **dict(self.spark_conf),
         }
+        return with_jvm_classes(settings, jvm_classes_jar())
 
 
 def pyspark_resource(stream_cluster: StreamClusterResource) -> PySparkResource:

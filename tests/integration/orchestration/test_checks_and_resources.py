@@ -20,6 +20,7 @@ from stream_ops.orchestration import (
     topology_assets,
 )
 from stream_ops.orchestration.checks import stalled_from_observations
+from stream_ops.spark.jvm_classes import jvm_classes_jar
 from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
@@ -128,6 +129,9 @@ def test_cluster_resource_maps_worker_settings_and_spark_config() -> None:
     assert spark["spark.master"] == "local[2]"
     assert spark["spark.sql.shuffle.partitions"] == "4"  # overrides stream_ops' default
     assert spark["spark.pyspark.python"] == sys.executable
+    # stream_ops' JVM classes (the shuffle-queue source among them) are on the driver's class
+    # path, as for CLI workers: a Dagster worker runs the tasks they started
+    assert spark["spark.driver.extraClassPath"].endswith(str(jvm_classes_jar()))
 
 
 @pytest.mark.parametrize(
