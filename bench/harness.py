@@ -23,6 +23,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -34,16 +35,17 @@ SPARK_MASTER = "local[2]"
 
 
 class CommitWatch:
-    """Set when any task of a topology commits a batch: a ZooKeeper watch on each task's
-    transactional node, so a benchmark asks a state query right after a commit instead of
-    polling on a timer (a poll interval would be added to what it measures)."""
+    """Set when a stateful task of a topology commits a batch: a ZooKeeper watch on each such
+    task's transactional node, so a benchmark asks a state query right after a commit that can
+    change its answer instead of polling on a timer (a poll interval would be added to what it
+    measures; a query after every source task's commit too would take the run's CPU)."""
 
     def __init__(self, store: ZkStore, topology_id: str) -> None:
         self.changed = threading.Event()
         self._stopped = False
         client = store.client
-        for task in client.get_children(ZkPaths.tasks(topology_id)):
-            client.DataWatch(ZkPaths.transactional_task(topology_id, int(task)), self._on_change)
+        for task in read_storm(store, topology_id).stateful_tasks:
+            client.DataWatch(ZkPaths.transactional_task(topology_id, task), self._on_change)
 
     def _on_change(self, data: bytes | None, stat: Any) -> bool | None:
         self.changed.set()

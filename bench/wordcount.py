@@ -14,7 +14,7 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   compute on the driver when the Arrow path reads the batch, else in the JVM), as a
   ``map_batches`` function over Arrow batches (``--split arrow``) and/or as Trident's
   ``each(split)`` per record in Python (``--split row``). Timed from ``submit`` until the state query returns exactly
-  the ground truth (asked right after each task's commit, which a ZooKeeper watch reports, and at
+  the ground truth (asked right after each keyed task's commit, which a ZooKeeper watch reports, and at
   least every ``--poll`` s: a sample of 16 words, then every word once the sample matches), so it
   includes task start-up, the shuffle through files, RocksDB, the state topic and the ZooKeeper
   commits (the keyed stage polls its shuffle every ``--trigger`` s too, the worker's default;
@@ -413,7 +413,7 @@ def report(
     )
     print(
         "timing:   plain Spark from start() to processAllAvailable(); stream_ops from submit() to the state "
-        f"query matching the ground truth (asked after each commit, at least every {args.poll} s)"
+        f"query matching the ground truth (asked after each keyed commit, at least every {args.poll} s)"
     )
     print()
     header = (

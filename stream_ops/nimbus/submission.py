@@ -104,19 +104,19 @@ def submit(
 
 def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: StormRecord) -> None:
     topology_id = storm.topology_id
-    for parent in (
+    per_topology = (
         ZkPaths.tasks(topology_id),
         ZkPaths.transactional(topology_id),
         ZkPaths.owners(topology_id),
         ZkPaths.heartbeats(topology_id),
         ZkPaths.errors(topology_id),
         ZkPaths.standbys(topology_id),
-        ZkPaths.STORMS,
-        ZkPaths.ASSIGNMENTS,
-        ZkPaths.WORKERS,
-    ):
-        store.ensure_path(parent)
+    )
+    store.ensure_paths([p.rsplit("/", 1)[0] for p in per_topology] + [ZkPaths.STORMS, ZkPaths.ASSIGNMENTS, ZkPaths.WORKERS])
+    # The topology's own parents are new (its id is unique): created with its nodes, all or none.
     tx = store.transaction()
+    for parent in per_topology:
+        tx.create(parent, b"")
     for task in plan.tasks:
         stage = plan.stage(task.stage)
         record = TaskRecord(

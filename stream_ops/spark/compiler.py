@@ -1,6 +1,7 @@
 """Compile a stage into a Spark streaming query and its per-batch DataFrame work.
 
-A task is one ``readStream`` of its input queue directory with a ``foreachBatch`` callback;
+A task is one ``readStream`` of its input queue directory with a callback per micro-batch
+(:mod:`stream_ops.spark.callback_sink`: ``foreachBatch``'s DataFrame, planned only when used);
 the callback (the runtime's commit protocol) asks this module for the batch's results:
 
 * source stage: records parsed against the source schema (malformed ones kept in a corrupt
@@ -55,6 +56,7 @@ from stream_ops.spark.arrow_source_batches import (
     max_records_per_batch,
     start_row_processes,
 )
+from stream_ops.spark.callback_sink import start_with_callback
 from stream_ops.spark.checkpoint import batch_input_files
 from stream_ops.spark.driver_batches import (
     arrow_rows,
@@ -139,13 +141,12 @@ def start_stage_query(
             on_batch = _noting_batch_files(on_batch, checkpoint_dir)
         else:
             df = files.json(str(input_dir))
-    query = (
+    writer = (
         df.writeStream.queryName(query_name)
-        .foreachBatch(on_batch)
         .option("checkpointLocation", str(checkpoint_dir))
         .trigger(processingTime=f"{trigger_seconds} seconds")
-        .start()
     )
+    query = start_with_callback(spark, writer, on_batch)
     reads_shuffle_files = not stage.reads_source and kafka_input is None
     if reads_shuffle_files and input_dir is not None and wake_producers > 0 and shuffle_wake_setting(spark):
         wake_on_input(spark, query, input_dir, wake_producers)

@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.errors import ConfigError
-from stream_ops.spark.jvm_classes import loadable
+from stream_ops.spark.jvm_classes import jvm_class
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,10 @@ def wake_on_input(spark: SparkSession, query: StreamingQuery, input_dir: Path, p
     (returned; None when the class is not on the driver's class path), so starting the
     worker's other tasks does not wait for it. Its first wait comes after its first batch.
     """
-    if not loadable(spark, WAKE_CLASS):
+    wake_clock = jvm_class(spark, WAKE_CLASS)
+    if wake_clock is None:
         logger.info("%s is not on the driver's class path: query %s waits for its trigger", WAKE_CLASS, query.name)
         return None
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    wake_clock = jvm.io.streamops.spark.InputWakeClock
     clock = wake_clock(str(input_dir), producers, POLL_MS)
 
     def install() -> None:

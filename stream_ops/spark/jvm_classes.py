@@ -2,8 +2,9 @@
 
 The classes are small and stand in where Spark and Hadoop take a slow or blind path on one
 machine: the java.nio checkpoint file system (:mod:`stream_ops.spark.local_fs`), the clock
-that starts a shuffle stage's batch when its input lands (:mod:`stream_ops.spark.input_wake`)
-and the shuffle-queue source whose offsets do not grow (:mod:`stream_ops.spark.shuffle_queue`).
+that starts a shuffle stage's batch when its input lands (:mod:`stream_ops.spark.input_wake`),
+the shuffle-queue source whose offsets do not grow (:mod:`stream_ops.spark.shuffle_queue`)
+and the sink that hands a task its batches unplanned (:mod:`stream_ops.spark.callback_sink`).
 They are compiled once per machine with the JDK's ``javac`` into the jar cache
 (:func:`jvm_classes_jar`) and put on the driver's class path when this process starts the JVM.
 Without a JDK, or when the JVM was started elsewhere, each user of a class falls back to
@@ -18,8 +19,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -29,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 CLASS_PATH_KEY = "spark.driver.extraClassPath"
 
+_CLASSES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Per py4j gateway (one JVM), the class handles :func:`jvm_class` looked up (None: not loadable)."""
+_CLASSES_LOCK = threading.Lock()
+
 _SOURCES = Path(__file__).parent / "java"
 _COMPILE_AGAINST = (
     "hadoop-client-api-*.jar",
@@ -36,9 +44,10 @@ _COMPILE_AGAINST = (
     "scala-library-*.jar",
     "spark-catalyst_*.jar",
     "spark-sql-api_*.jar",
+    "spark-sql_*.jar",
 )
 """The pyspark jars the sources compile against (Hadoop's file system API, Spark's ``Clock``,
-the data source V2 interfaces and ``StructType``)."""
+the data source V2 interfaces, ``StructType`` and the streaming sink interfaces)."""
 
 
 def jvm_classes_jar(cache: Path | None = None) -> Path | None:
@@ -95,14 +104,26 @@ def with_jvm_classes(settings: Mapping[str, str], jar: Path | None) -> dict[str,
 
 
 def loadable(spark: SparkSession, name: str) -> bool:
-    """Whether the session's JVM can load the class ``name``."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        jvm.java.lang.Class.forName(name)
-    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException in a generic error
-        return False
-    return True
+    """Whether the session's JVM can load the class ``name`` (asked once per JVM)."""
+    return jvm_class(spark, name) is not None
+
+
+def jvm_class(spark: SparkSession, name: str) -> Any:
+    """The py4j handle of the class ``name`` in the session's JVM, or None when it cannot load
+    it. Looked up once per JVM: each step of a py4j path (``jvm.io.streamops...``) is a round
+    trip to the JVM, 1-5 ms each on a busy driver, on every task start and batch otherwise."""
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None
+    with _CLASSES_LOCK:
+        known = _CLASSES.setdefault(gateway, {})
+        if name not in known:
+            try:
+                gateway.jvm.java.lang.Class.forName(name)
+            except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException in a generic error
+                known[name] = None
+            else:
+                known[name] = getattr(gateway.jvm, name)
+        return known[name]
 
 
 def _compile_classpath() -> list[Path] | None:

@@ -1,0 +1,103 @@
+"""Micro-batches handed to a task's callback unplanned (``io.streamops.spark.CallbackSink``).
+
+Spark's ``foreachBatch`` sink plans each micro-batch's RDD before its function runs: it
+builds the physical plan's RDD and code-generates the scan, 20-50 ms a batch on two cores.
+A task often never runs that plan: a source batch read and computed in Arrow from its files,
+or a shuffle batch read by the queue source (which yields no rows) whose files the callback
+reads itself. So a task's query writes to stream_ops' :data:`SINK`, which calls the callback
+with the batch as a :class:`BatchFrame`: a DataFrame whose Spark plan is made, exactly as
+``foreachBatch`` makes it, the first time an operation uses it.
+
+Without stream_ops' JVM classes (no JDK to build them) the query uses ``foreachBatch``; the
+callback sees the same DataFrame either way. The sink keeps nothing in the checkpoint, so a
+task may move between the two.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+from stream_ops.spark.jvm_classes import jvm_class
+
+logger = logging.getLogger(__name__)
+
+SINK = "io.streamops.spark.CallbackSink"
+_BATCH_FUNCTION = "org.apache.spark.sql.execution.streaming.sources.PythonForeachBatchFunction"
+_IDS = itertools.count()
+_IDS_LOCK = threading.Lock()
+
+
+class BatchFrame(ClassicDataFrame):
+    """A micro-batch as the DataFrame ``foreachBatch`` would give, planned on first use.
+
+    PySpark's DataFrame reaches its JVM Dataset through ``_jdf`` only; here that is the batch
+    Dataset Spark's own ``foreachBatch`` sink builds, made when first asked for.
+    """
+
+    def __init__(self, streaming: Any, batch_id: int, session: SparkSession) -> None:
+        self._streaming = streaming
+        self._batch_id = batch_id
+        self._planned: Any = None
+        super().__init__(streaming, session)
+
+    @property
+    def _jdf(self) -> Any:
+        if self._planned is None:
+            self._planned = jvm_class(self._session, SINK).asBatch(self._streaming, self._batch_id)
+        return self._planned
+
+    @_jdf.setter
+    def _jdf(self, streaming: Any) -> None:
+        self._streaming, self._planned = streaming, None
+
+    @property
+    def planned(self) -> bool:
+        """Whether Spark planned the batch (an operation used the DataFrame)."""
+        return self._planned is not None
+
+
+class _Callback:
+    """The py4j proxy the sink calls: Spark's ``PythonForeachBatchFunction`` interface."""
+
+    def __init__(self, session: SparkSession, on_batch: Callable[[DataFrame, int], None]) -> None:
+        self.session = session
+        self.on_batch = on_batch
+
+    def call(self, streaming: Any, batch_id: int) -> None:
+        # The batch's own session (Spark runs each batch in a clone of the query's), as
+        # foreachBatch gives it.
+        session = SparkSession(self.session.sparkContext, streaming.sparkSession())
+        self.on_batch(BatchFrame(streaming, int(batch_id), session), int(batch_id))
+
+    class Java:
+        implements = [_BATCH_FUNCTION]
+
+
+def start_with_callback(
+    spark: SparkSession, writer: DataStreamWriter, on_batch: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
+    """Start the query of ``writer`` with ``on_batch(df, batch_id)`` run per micro-batch: through
+    :data:`SINK` when this JVM has it, else through ``foreachBatch``."""
+    sink = jvm_class(spark, SINK)
+    if sink is None:
+        return writer.foreachBatch(on_batch).start()
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None
+    ensure_callback_server_started(gateway)
+    with _IDS_LOCK:
+        callback_id = f"{spark.sparkContext.applicationId}-{next(_IDS)}"
+    sink.register(callback_id, _Callback(spark, on_batch))
+    try:
+        return writer.format(SINK).option("callback", callback_id).start()
+    finally:
+        sink.unregister(callback_id)  # the sink took it when the query started

@@ -1,0 +1,119 @@
+"""The sink that hands a task its micro-batches unplanned (``spark/callback_sink.py``,
+``CallbackSink.java``), on real streaming queries over JSON files.
+
+A batch the callback uses gives the rows ``foreachBatch`` gives, with the same batch ids; a
+batch it does not use is never planned; without the JVM class the query runs on
+``foreachBatch``; a failing callback fails the query with its Python error; and no
+registration outlives a query's start.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stream_ops.spark import callback_sink
+from stream_ops.spark.callback_sink import SINK, BatchFrame, start_with_callback
+from stream_ops.spark.jvm_classes import jvm_class
+
+
+def _write_input(directory: Path, files: int, per_file: int) -> list[dict[str, object]]:
+    directory.mkdir(parents=True, exist_ok=True)
+    records = []
+    for f in range(files):
+        lines = []
+        for i in range(per_file):
+            record = {"word": f"w{f}-{i}", "n": f * per_file + i}
+            records.append(record)
+            lines.append(json.dumps(record))
+        (directory / f"part-{f:03d}.json").write_text("\n".join(lines) + "\n")
+    return records
+
+
+def _writer(spark, source: Path, checkpoint: Path, name: str):
+    frame = spark.readStream.option("maxFilesPerTrigger", 1).schema("word string, n long").json(str(source))
+    return frame.writeStream.queryName(name).option("checkpointLocation", str(checkpoint)).trigger(processingTime="0.1 seconds")
+
+
+def _run(spark, tmp_path: Path, name: str, on_batch, *, foreach_batch: bool = False) -> dict:
+    writer = _writer(spark, tmp_path / "in", tmp_path / f"checkpoint-{name}", name)
+    query = writer.foreachBatch(on_batch).start() if foreach_batch else start_with_callback(spark, writer, on_batch)
+    try:
+        query.processAllAvailable()
+        return query.lastProgress
+    finally:
+        query.stop()
+
+
+def test_a_used_batch_holds_what_foreach_batch_gives(spark, tmp_path):
+    expected = _write_input(tmp_path / "in", files=3, per_file=50)
+    seen: dict[str, dict[int, list]] = {"sink": {}, "foreachBatch": {}}
+
+    def collect(into: str):
+        def run(df, batch_id):
+            seen[into][batch_id] = sorted((r["word"], r["n"]) for r in df.collect())
+            if into == "sink":
+                assert isinstance(df, BatchFrame) and df.planned
+
+        return run
+
+    progress = _run(spark, tmp_path, "sink-rows", collect("sink"))
+    _run(spark, tmp_path, "foreach-rows", collect("foreachBatch"), foreach_batch=True)
+    assert "CallbackSink" in progress["sink"]["description"]
+    assert seen["sink"] == seen["foreachBatch"]
+    assert sorted(seen["sink"]) == [0, 1, 2]  # one file a batch, same batch ids
+    assert sorted(row for rows in seen["sink"].values() for row in rows) == sorted((r["word"], r["n"]) for r in expected)
+
+
+def test_a_batch_the_callback_does_not_use_is_never_planned(spark, tmp_path):
+    _write_input(tmp_path / "in", files=2, per_file=10)
+    batches: list[tuple[int, bool, object]] = []
+
+    def note(df, batch_id):
+        batches.append((batch_id, df.planned, df.sparkSession))
+
+    _run(spark, tmp_path, "sink-unplanned", note)
+    assert [(b, planned) for b, planned, _ in batches] == [(0, False), (1, False)]
+    assert all(session is not None for _, _, session in batches)
+
+
+def test_without_the_sink_class_the_query_runs_on_foreach_batch(spark, tmp_path, monkeypatch):
+    _write_input(tmp_path / "in", files=1, per_file=5)
+    monkeypatch.setattr(callback_sink, "jvm_class", lambda session, name: None)
+    rows: list[int] = []
+    progress = _run(spark, tmp_path, "fallback", lambda df, batch_id: rows.append(df.count()))
+    assert rows == [5]
+    assert "ForeachBatchSink" in progress["sink"]["description"]
+
+
+def test_a_failing_callback_fails_the_query_with_its_python_error(spark, tmp_path):
+    _write_input(tmp_path / "in", files=1, per_file=5)
+
+    def fail(df, batch_id):
+        raise ValueError("the callback refuses batch 0")
+
+    writer = _writer(spark, tmp_path / "in", tmp_path / "checkpoint-fail", "failing")
+    query = start_with_callback(spark, writer, fail)
+    try:
+        with pytest.raises(Exception, match="the callback refuses batch 0"):
+            query.processAllAvailable()
+        assert "ValueError: the callback refuses batch 0" in str(query.exception())
+    finally:
+        query.stop()
+
+
+def test_no_callback_stays_registered_after_a_start(spark, tmp_path):
+    sink = jvm_class(spark, SINK)
+    _write_input(tmp_path / "in", files=1, per_file=5)
+    writer = _writer(spark, tmp_path / "in", tmp_path / "checkpoint-a", "registered-once")
+    query = start_with_callback(spark, writer, lambda df, batch_id: None)
+    try:
+        assert sink.registered() == 0  # the sink took it
+        again = _writer(spark, tmp_path / "in", tmp_path / "checkpoint-b", "registered-once")
+        with pytest.raises(Exception, match="already active"):
+            start_with_callback(spark, again, lambda df, batch_id: None)
+        assert sink.registered() == 0  # the failed start left nothing behind
+    finally:
+        query.stop()
