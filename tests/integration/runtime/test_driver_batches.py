@@ -34,6 +34,7 @@ from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import arrow_source_batches, compiler, driver_batches
 from stream_ops.spark import row_processes as row_processes_module
 from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
+from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
 from stream_ops.topics.shuffle_files import read_partials
@@ -311,6 +312,7 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
     monkeypatch.setattr(compiler, "driver_rows", lambda df, fn, agg: on_driver.append(1) or real_driver_rows(df, fn, agg))
     monkeypatch.setattr(compiler, "arrow_batch", lambda *a, **k: in_arrow.append(1) or real_arrow_batch(*a, **k))
     monkeypatch.setattr(driver_batches, "row_processes", lambda n: in_processes.append(n) or real_pool(n))
+    planned = _count_planned_batches(monkeypatch)
     topic = FileTopic(tmp_path / "in", queues=1)
     topic.create()
     lines = [["how are you", "how"], ["you you", "nice"], ["how day", "{broken"]]
@@ -367,10 +369,27 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
     assert stats == ((2, 0, 2) if split_with == "row" else (4, 0, 3))
     if small_batch_path == "driver":
         assert (len(on_driver), len(in_arrow)) == (4, 0), "A: txids 0 and 1 (refused), B: txid 1, C: txid 2"
+        assert planned == [0, 1, 1, 2], "Spark parses every batch"
     elif small_batch_path == "arrow":
         assert (len(on_driver), len(in_arrow)) == (1, 3), "in Arrow: A's txids 0 and 1, B's txid 1; C's txid 2 has a broken line"
+        assert planned == [2], "Spark plans only the batch it parses"
     else:  # C's txid 2 has a broken line: Spark's Python workers
         assert (len(on_driver), len(in_arrow), in_processes) == (0, 3, [2, 2, 2]), "A's txids 0 and 1, B's txid 1"
+        assert planned == [2], "Spark plans only the batch it parses"
+
+
+def _count_planned_batches(monkeypatch) -> list[int]:
+    """The ids of the batches Spark plans (their ``BatchFrame``'s JVM Dataset made), in order."""
+    planned: list[int] = []
+    real = BatchFrame._jdf
+
+    def jdf(frame: BatchFrame):
+        if not frame.planned:
+            planned.append(frame._batch_id)
+        return real.fget(frame)
+
+    monkeypatch.setattr(BatchFrame, "_jdf", property(jdf, real.fset))
+    return planned
 
 
 def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):

@@ -29,6 +29,7 @@ from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.spark import compiler
+from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
@@ -61,6 +62,9 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
     monkeypatch.setattr(
         compiler, "combine_partials", lambda table, agg: combined.append(table.num_rows) or real_combine(table, agg)
     )
+    planned: list[int] = []
+    frame_jdf = BatchFrame._jdf
+    monkeypatch.setattr(BatchFrame, "_jdf", property(lambda frame: planned.append(1) or frame_jdf.fget(frame), frame_jdf.fset))
     topology = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState)
     with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
         topology_id = submit(admin, cluster, topology, workers=1)
@@ -101,6 +105,7 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
         _wait(lambda: c.lookup([(w,) for w in sorted(truth)]) == [truth[w] for w in sorted(truth)], "exact counts")
         c.stop()
         assert combined == [3, 2, 2, 3]  # rows of A: txids 0, 1 (refused); B: txid 1; C: txid 2
+        assert planned == [], "Spark never plans a batch of the queue source (no rows; the files are read in Arrow)"
         # read with the queue source: offsets per upstream task, and what txid 1 read is deleted
         assert batch_offsets(c.layout.checkpoint_dir(task), 2) == [{"queueTxids": {"0": 2}}]
         _wait(lambda: shuffle.topic.consumed_txids(0) == {0: 1}, "txids 0 and 1 recorded as consumed")

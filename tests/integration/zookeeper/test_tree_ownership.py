@@ -174,6 +174,18 @@ def test_ensure_path_refuses_an_existing_node_that_is_not_the_clusters(zookeeper
         cluster.client.delete("/")
 
 
+def test_ensure_paths_refuses_an_existing_node_that_is_not_the_clusters(zookeeper: EmbeddedZooKeeper, chroot: str) -> None:
+    with ZkStore.connect(_secured(zookeeper, chroot)) as cluster:
+        cluster.client.create(f"{ZkPaths.LOCKS}/squatted", b"", acl=OPEN_ACL_UNSAFE)
+        with pytest.raises(ZooKeeperTreeNotOwnedError, match=f"{chroot}/locks/squatted has world:anyone=cdrwa"):
+            cluster.ensure_paths([f"{ZkPaths.LOCKS}/ours", f"{ZkPaths.LOCKS}/squatted/below"])
+        assert not cluster.exists(f"{ZkPaths.LOCKS}/squatted/below")  # nothing created under it
+        cluster.ensure_paths([f"{ZkPaths.LOCKS}/ours/below", ZkPaths.STORMS])  # the cluster's own nodes pass
+        assert cluster.get_acl(f"{ZkPaths.LOCKS}/ours/below") == cluster_acl(cluster.config)
+        cluster.delete_recursive("/")
+        cluster.client.delete("/")
+
+
 def test_a_secured_worker_refuses_to_start_on_a_squatted_chroot(
     zookeeper: EmbeddedZooKeeper, chroot: str, anonymous: KazooClient, tmp_path: Path
 ) -> None:

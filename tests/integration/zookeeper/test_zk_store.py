@@ -67,6 +67,15 @@ def test_missing_and_empty_nodes(zk_store: ZkStore) -> None:
     assert found is not None and found[0] is None
 
 
+def test_ensure_paths_creates_several_paths_and_keeps_existing_nodes(zk_store: ZkStore) -> None:
+    zk_store.create_json("/many/kept", {"data": 1})
+    zk_store.ensure_paths(["/many/kept", "/many/x/y", "/many/z", "/other"])
+    for path in ("/many/x/y", "/many/z", "/other"):
+        assert zk_store.exists(path)
+    assert zk_store.get_json("/many/kept")[0] == {"data": 1}  # type: ignore[index]
+    zk_store.ensure_paths([])  # nothing to do
+
+
 def test_create_conflicts_and_missing_parents(zk_store: ZkStore) -> None:
     zk_store.create_json("/x", 1)
     with pytest.raises(ZnodeExistsError, match="/x"):
