@@ -33,6 +33,7 @@ SINK = "io.streamops.spark.CallbackSink"
 _BATCH_FUNCTION = "org.apache.spark.sql.execution.streaming.sources.PythonForeachBatchFunction"
 _IDS = itertools.count()
 _IDS_LOCK = threading.Lock()
+_FALLBACK_LOGGED = threading.Event()
 
 
 class BatchFrame(ClassicDataFrame):
@@ -88,6 +89,9 @@ def start_with_callback(
     :data:`SINK` when this JVM has it, else through ``foreachBatch``."""
     sink = jvm_class(spark, SINK)
     if sink is None:
+        if not _FALLBACK_LOGGED.is_set():
+            _FALLBACK_LOGGED.set()
+            logger.info("%s is not on the driver's class path (no JDK): tasks take their batches through foreachBatch", SINK)
         return writer.foreachBatch(on_batch).start()
     from pyspark.java_gateway import ensure_callback_server_started
 
