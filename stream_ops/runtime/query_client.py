@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,15 +127,41 @@ def get_keys(
     for i, key in enumerate(keys):
         task = plan.task_for(stage.index, partition_for(list(key), stage.queues))
         by_task[task.task_id].append(i)
-    values: list[Any] = [None] * len(keys)
+    asks: list[TaskAsk] = []
     for task_id, indexes in sorted(by_task.items()):
         worker = tasks.get(task_id)
         if worker is None:
             raise QueryError(f"task {task_id} of {topology_id} is not assigned to any worker; is a worker running?")
-        found = _ask(worker, topology_id, task_id, [list(keys[i]) for i in indexes], access, timeout_s)
+        asks.append(TaskAsk(worker, task_id, [list(keys[i]) for i in indexes]))
+    values: list[Any] = [None] * len(keys)
+    for (_, indexes), found in zip(sorted(by_task.items()), ask_all(topology_id, asks, access, timeout_s), strict=True):
         for i, value in zip(indexes, found, strict=True):
             values[i] = value
     return values
+
+
+@dataclass(frozen=True)
+class TaskAsk:
+    """The keys of one task, to ask of the worker that runs it."""
+
+    worker: str
+    task_id: int
+    keys: list[list[Any]]
+
+
+MAX_PARALLEL_ASKS = 8
+"""Workers asked at once by one state query (Trident's DRPC fans out the same way)."""
+
+
+def ask_all(topology_id: str, asks: Sequence[TaskAsk], access: QueryAccess, timeout_s: float) -> list[list[Any]]:
+    """The values of each of ``asks``, in their order, the tasks asked at once (at most
+    :data:`MAX_PARALLEL_ASKS`); a refusal or a worker that does not answer raises the error of
+    the first such task in that order."""
+    if len(asks) <= 1:
+        return [_ask(a.worker, topology_id, a.task_id, a.keys, access, timeout_s) for a in asks]
+    with ThreadPoolExecutor(max_workers=min(len(asks), MAX_PARALLEL_ASKS), thread_name_prefix="state-query") as pool:
+        pending = [pool.submit(_ask, a.worker, topology_id, a.task_id, a.keys, access, timeout_s) for a in asks]
+        return [future.result() for future in pending]
 
 
 class RemoteMapState:

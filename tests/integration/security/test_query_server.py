@@ -40,7 +40,7 @@ from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import live_workers, submit
 from stream_ops.operators.trident_state import MapGet
 from stream_ops.ports import free_port
-from stream_ops.runtime.query_client import QueryAccess, _ask, client_tls_context, query_state
+from stream_ops.runtime.query_client import QueryAccess, TaskAsk, _ask, ask_all, client_tls_context, query_state
 from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES, QueryServer, server_tls_context
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topics.producer import produce
@@ -238,6 +238,28 @@ def secured() -> Iterator[QueryServer]:
         yield srv
     finally:
         srv.stop()
+
+
+def test_a_query_asks_the_workers_of_its_tasks_at_once() -> None:
+    def slow(topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
+        time.sleep(0.5)
+        return [f"task {task_id}: {key[0]}" for key in keys] if task_id in (2, 3) else None
+
+    servers = [QueryServer("127.0.0.1", 0, slow) for _ in range(2)]
+    for srv in servers:
+        srv.start()
+    try:
+        workers = [_worker_of(srv) for srv in servers]
+        asks = [TaskAsk(workers[0], 2, [["the"], ["cow"]]), TaskAsk(workers[1], 3, [["moo"]])]
+        started = time.monotonic()
+        found = ask_all("wc-1-1700000000", asks, QueryAccess(), timeout_s=5.0)
+        assert time.monotonic() - started < 0.9, "two workers of 0.5 s each, asked at once"
+        assert found == [["task 2: the", "task 2: cow"], ["task 3: moo"]]
+        with pytest.raises(QueryError, match="refused the query for task 4"):
+            ask_all("wc-1-1700000000", [*asks, TaskAsk(workers[1], 4, [["no"]])], QueryAccess(), timeout_s=5.0)
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def _worker_of(srv: QueryServer) -> str:
