@@ -55,7 +55,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import random
@@ -1074,17 +1073,7 @@ class ZkStore:
             ZooKeeperTreeNotOwnedError: An existing node of ``path`` has another ACL (nothing is
                 created below it).
         """
-        acl = cluster_acl(self._config)
-        if acl is None:
-            self._write("create", path, lambda: self._client.ensure_path_async(path))
-            return
-        node = ""
-        for part in (p for p in path.split("/") if p):
-            node = f"{node}/{part}"
-            try:
-                self._write("create", node, functools.partial(self._client.create_async, node, b"", acl=acl))
-            except ZnodeExistsError:
-                self._check_owned(node)
+        self.ensure_paths([path])
 
     def ensure_paths(self, paths: Iterable[str]) -> None:
         """:meth:`ensure_path` for several paths at once: their nodes are created level by level,

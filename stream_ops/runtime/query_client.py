@@ -127,14 +127,15 @@ def get_keys(
     for i, key in enumerate(keys):
         task = plan.task_for(stage.index, partition_for(list(key), stage.queues))
         by_task[task.task_id].append(i)
+    by_task_in_order = sorted(by_task.items())
     asks: list[TaskAsk] = []
-    for task_id, indexes in sorted(by_task.items()):
+    for task_id, indexes in by_task_in_order:
         worker = tasks.get(task_id)
         if worker is None:
             raise QueryError(f"task {task_id} of {topology_id} is not assigned to any worker; is a worker running?")
         asks.append(TaskAsk(worker, task_id, [list(keys[i]) for i in indexes]))
     values: list[Any] = [None] * len(keys)
-    for (_, indexes), found in zip(sorted(by_task.items()), ask_all(topology_id, asks, access, timeout_s), strict=True):
+    for (_, indexes), found in zip(by_task_in_order, ask_all(topology_id, asks, access, timeout_s), strict=True):
         for i, value in zip(indexes, found, strict=True):
             values[i] = value
     return values
