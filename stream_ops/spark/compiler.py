@@ -67,7 +67,7 @@ from stream_ops.spark.driver_batches import (
     noting_input_bytes,
 )
 from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
-from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, shuffle_suffix, uses_queue_source
+from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, round_wait_ms, shuffle_suffix, uses_queue_source
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
@@ -115,8 +115,12 @@ def start_stage_query(
     :func:`keyed_batch`, which reads them itself; JSON-lines shuffles are read as JSON. A source stage's batches have their input
     size noted (file sources), so that :func:`source_batch` computes small ones on the driver.
     A stage reading shuffle files with ``wake_producers`` upstream tasks starts its next batch
-    as soon as each of them published a newer file (:mod:`stream_ops.spark.input_wake`).
+    as soon as each of them published a newer file (:mod:`stream_ops.spark.input_wake`), and
+    with the queue source a batch waits for the rest of such a round, at most
+    :func:`~stream_ops.spark.shuffle_queue.round_wait_ms`.
     """
+    reads_shuffle_files = not stage.reads_source and kafka_input is None and input_dir is not None
+    wakes = reads_shuffle_files and wake_producers > 0 and shuffle_wake_setting(spark)
     if stage.reads_source:
         assert stage.source is not None
         df = source_kind(stage.source.kind).read_stream(
@@ -128,7 +132,15 @@ def start_stage_query(
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
     elif input_dir is not None and uses_queue_source(spark, checkpoint_dir):
         suffix = shuffle_suffix(stage)
-        df = read_queue_stream(spark, input_dir, stage.input_fields, suffix=suffix, max_files_per_trigger=max_files_per_trigger)
+        df = read_queue_stream(
+            spark,
+            input_dir,
+            stage.input_fields,
+            suffix=suffix,
+            max_files_per_trigger=max_files_per_trigger,
+            producers=wake_producers if wakes else 0,
+            round_wait_ms=round_wait_ms(spark, trigger_seconds) if wakes else 0,
+        )
         on_batch = _reading_queue_batches(on_batch, stage, checkpoint_dir, input_dir, suffix)
     else:
         files = (
@@ -147,8 +159,8 @@ def start_stage_query(
         .trigger(processingTime=f"{trigger_seconds} seconds")
     )
     query = start_with_callback(spark, writer, on_batch)
-    reads_shuffle_files = not stage.reads_source and kafka_input is None
-    if reads_shuffle_files and input_dir is not None and wake_producers > 0 and shuffle_wake_setting(spark):
+    if wakes:
+        assert input_dir is not None
         wake_on_input(spark, query, input_dir, wake_producers)
     return query
 

@@ -16,6 +16,12 @@ A task with time-based windows or triggers writes tick files into its own queue
 (:func:`tick_file_name`) so that a batch runs although no data arrives; the offset counts them
 as one more task, key ``-1`` (:data:`TICKS`), whose "txid" is the tick's stamp in nanoseconds.
 
+Where the input clock wakes the stage (:mod:`stream_ops.spark.input_wake`), the source also
+holds back a batch that would read the files of only some upstream tasks, until the rest of
+their round lands or :data:`ROUND_WAIT_CONF` passes: one batch then reads the whole round (a
+keyed task that starts while one source task has published and the other is still computing
+runs one batch, not two). Only the end offset Spark logs moves, so replays are unchanged.
+
 A checkpoint keeps the source that wrote it: a task whose checkpoint holds file-source
 offsets (a topology started before this source) goes on with Spark's file source, and one
 started where the JVM classes cannot be built (no JDK) uses the file source from its start.
@@ -30,7 +36,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import CommittedBatchLostError, ShuffleSourceUnavailableError
+from stream_ops.errors import CommittedBatchLostError, ConfigError, ShuffleSourceUnavailableError
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.spark.jvm_classes import loadable
@@ -44,6 +50,11 @@ OFFSET_KEY = "queueTxids"
 """The one key of the queue source's offset JSON (Spark logs it under ``offsets/<batch>``)."""
 TICKS = -1
 """The offset key of a queue's tick files (task ids are never negative)."""
+ROUND_WAIT_CONF = "spark.stream_ops.shuffleRoundWaitMs"
+"""Spark setting: how long, in milliseconds, a shuffle stage's batch waits for the rest of a
+round of upstream batches when only some upstream tasks have published (0: never waits;
+default: one trigger interval). Applies where the input clock wakes the stage
+(:data:`~stream_ops.spark.input_wake.SHUFFLE_WAKE_CONF`)."""
 _TICK_FILE = re.compile(r"^tick-t\d+-(?P<stamp>\d+)\.jsonl$")
 
 
@@ -111,16 +122,50 @@ def uses_queue_source(spark: SparkSession, checkpoint_dir: Path) -> bool:
     return available
 
 
+def round_wait_ms(spark: SparkSession, trigger_seconds: float) -> int:
+    """The session's :data:`ROUND_WAIT_CONF`, or one trigger interval when it is not set.
+
+    Raises:
+        ConfigError: the setting is not a whole number of milliseconds.
+    """
+    value = spark.conf.get(ROUND_WAIT_CONF, None)
+    if value is None:
+        return max(0, round(trigger_seconds * 1000))
+    try:
+        millis = int(value)
+    except ValueError:
+        millis = -1
+    if millis < 0:
+        raise ConfigError(f"{ROUND_WAIT_CONF} is {value!r}; set it to a number of milliseconds (0 turns the wait off)")
+    return millis
+
+
 def read_queue_stream(
-    spark: SparkSession, input_dir: Path, fields: Mapping[str, str], *, suffix: str, max_files_per_trigger: int
+    spark: SparkSession,
+    input_dir: Path,
+    fields: Mapping[str, str],
+    *,
+    suffix: str,
+    max_files_per_trigger: int,
+    producers: int = 0,
+    round_wait_ms: int = 0,
 ) -> DataFrame:
-    """The streaming DataFrame of one shuffle queue (no rows: offsets only, see the module doc)."""
+    """The streaming DataFrame of one shuffle queue (no rows: offsets only, see the module doc).
+
+    With ``producers`` upstream tasks and ``round_wait_ms``, a batch that would read the files
+    of only some of them waits for the rest of their round, at most that long (the round wait
+    of ``ShuffleQueueSource``).
+    """
     return (
         spark.readStream.format(QUEUE_SOURCE)
         .schema(schema_ddl(dict(fields)))
-        .option("path", str(input_dir))
-        .option("suffix", suffix.lstrip("."))
-        .option("maxFilesPerTrigger", str(max_files_per_trigger))
+        .options(
+            path=str(input_dir),
+            suffix=suffix.lstrip("."),
+            maxFilesPerTrigger=str(max_files_per_trigger),
+            producers=str(producers),
+            roundWaitMillis=str(round_wait_ms),
+        )
         .load()
     )
 

@@ -19,6 +19,7 @@ from stream_ops import TransactionalMapState
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.errors import ConfigError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
@@ -177,3 +178,67 @@ def test_a_queue_checkpoint_does_not_start_without_the_source(spark, zk_config, 
         with pytest.raises(shuffle_queue.ShuffleSourceUnavailableError, match="install a JDK"):
             again.start()
         again.stop()
+
+
+def _two_source_keyed_runner(admin: ZkStore, spark, cluster: ClusterConfig, tmp_path):
+    """The keyed task of queue 0 of a word count whose source stage has two tasks (0 and 1)."""
+    topology = build_wordcount(tmp_path / "in", queues=2, state=TransactionalMapState)
+    topology_id = submit(admin, cluster, topology, workers=1)
+    runner, shuffle = _keyed_runner(admin, spark, cluster, topology_id)
+    return topology_id, runner, shuffle
+
+
+def test_half_a_round_waits_for_the_other_upstream_task_and_one_batch_reads_both(spark, zk_config, tmp_path):
+    cluster = ClusterConfig(root=tmp_path / "cluster")
+    spark.conf.set(shuffle_queue.ROUND_WAIT_CONF, "60000")  # far longer than the test
+    try:
+        with ZkStore.connect(zk_config) as admin:
+            topology_id, runner, shuffle = _two_source_keyed_runner(admin, spark, cluster, tmp_path)
+            checkpoint = runner.layout.checkpoint_dir(runner.task.task_id)
+            _publish(shuffle, 0, 0, BATCHES[0])  # before the start: its first trigger sees half a round
+            runner.start()
+            try:
+                time.sleep(0.6)  # six triggers
+                assert not list((checkpoint / "offsets").glob("[0-9]*")), "half a round ran a batch"
+                _publish(shuffle, 1, 0, BATCHES[1])
+                _wait(lambda: _committed(admin, topology_id, runner.task.task_id) == 0, "txid 0 committed")
+                assert shuffle_queue.offset_txids(checkpoint, 0) == {0: 0, 1: 0}, "one batch reads the round"
+                _wait(lambda: _exact(runner, BATCHES[:2]), "exact counts")
+            finally:
+                runner.stop()
+    finally:
+        spark.conf.unset(shuffle_queue.ROUND_WAIT_CONF)
+
+
+def test_the_round_wait_ends_and_a_lone_upstream_task_is_read(spark, zk_config, tmp_path):
+    cluster = ClusterConfig(root=tmp_path / "cluster")
+    spark.conf.set(shuffle_queue.ROUND_WAIT_CONF, "400")
+    try:
+        with ZkStore.connect(zk_config) as admin:
+            topology_id, runner, shuffle = _two_source_keyed_runner(admin, spark, cluster, tmp_path)
+            checkpoint = runner.layout.checkpoint_dir(runner.task.task_id)
+            runner.start()
+            try:
+                time.sleep(0.3)  # the query runs and finds nothing
+                published = time.monotonic()
+                _publish(shuffle, 1, 0, BATCHES[2])
+                _wait(lambda: _committed(admin, topology_id, runner.task.task_id) == 0, "txid 0 committed")
+                assert time.monotonic() - published >= 0.4, "read before the round wait ended"
+                assert shuffle_queue.offset_txids(checkpoint, 0) == {1: 0}
+                assert _exact(runner, BATCHES[2:3])
+            finally:
+                runner.stop()
+    finally:
+        spark.conf.unset(shuffle_queue.ROUND_WAIT_CONF)
+
+
+def test_the_round_wait_is_a_number_of_milliseconds(spark):
+    assert shuffle_queue.round_wait_ms(spark, 0.25) == 250
+    spark.conf.set(shuffle_queue.ROUND_WAIT_CONF, "0")
+    try:
+        assert shuffle_queue.round_wait_ms(spark, 0.25) == 0
+        spark.conf.set(shuffle_queue.ROUND_WAIT_CONF, "soon")
+        with pytest.raises(ConfigError, match="shuffleRoundWaitMs is 'soon'"):
+            shuffle_queue.round_wait_ms(spark, 0.25)
+    finally:
+        spark.conf.unset(shuffle_queue.ROUND_WAIT_CONF)

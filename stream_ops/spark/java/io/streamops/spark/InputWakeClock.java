@@ -57,7 +57,10 @@ public final class InputWakeClock implements Clock {
     this.directory = Paths.get(directory);
     this.producers = Math.max(1, producers);
     this.pollMillis = Math.max(1L, pollMillis);
-    this.read = newest();
+    // Nothing counts as read yet: files already there when the query starts may still be
+    // unread (the queue source holds an incomplete round back), so they count towards the
+    // first round. Where they were read, that round's wake finds nothing new: one listing.
+    this.read = new HashMap<>();
     this.roundStart = read;
   }
 

@@ -10,6 +10,8 @@ import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.EnumSet;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -55,7 +57,19 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * The query's {@code foreachBatch} callback reads the batch's files itself, found from the
  * offsets Spark logged for the batch and the one before ({@code stream_ops.spark.shuffle_queue}).
  * Options: {@code path} (the queue directory), {@code suffix} (the files' extension without its
- * dot) and {@code maxFilesPerTrigger} (at most that many files a batch, oldest first; 0: all).
+ * dot), {@code maxFilesPerTrigger} (at most that many files a batch, oldest first; 0: all), and
+ * {@code producers} with {@code roundWaitMillis} (both 0 by default: no wait).
+ *
+ * <p>Round wait. With {@code producers} upstream tasks, a batch that would read files of only
+ * some of them (an incomplete round of upstream batches) is held back until the rest lands or
+ * until its oldest file has been seen for {@code roundWaitMillis}, whichever comes first, as
+ * Kafka Streams' {@code max.task.idle.ms} waits for every input partition. One batch per round
+ * then reads all of it: a task that starts while one upstream task has published and another
+ * is still computing runs one batch, not two. Holding only moves the end offset Spark logs, so
+ * what a batch reads and how it replays are unchanged. A tick file, or a backlog larger than
+ * the file limit, is never held. The time is this source's own (when a listing first showed the
+ * file, not the file's modification time, which a network file system's clock may skew), so a
+ * restarted query waits at most once more.
  */
 public final class ShuffleQueueSource implements TableProvider {
   /** The batch-file names of {@code stream_ops.topics.file_topic.batch_file_name}. */
@@ -115,21 +129,27 @@ public final class ShuffleQueueSource implements TableProvider {
       }
       String suffix = options.getOrDefault("suffix", "parquet");
       int maxFiles = options.getInt("maxFilesPerTrigger", 0);
-      return () -> new QueueScan(schema, Paths.get(path), suffix, maxFiles);
+      RoundWait wait = new RoundWait(options.getInt("producers", 0), options.getLong("roundWaitMillis", 0L));
+      return () -> new QueueScan(schema, Paths.get(path), suffix, maxFiles, wait);
     }
   }
+
+  /** How long an incomplete round of {@code producers} upstream tasks' batches is held back. */
+  record RoundWait(int producers, long millis) {}
 
   static final class QueueScan implements Scan {
     private final StructType schema;
     private final Path directory;
     private final String suffix;
     private final int maxFiles;
+    private final RoundWait wait;
 
-    QueueScan(StructType schema, Path directory, String suffix, int maxFiles) {
+    QueueScan(StructType schema, Path directory, String suffix, int maxFiles, RoundWait wait) {
       this.schema = schema;
       this.directory = directory;
       this.suffix = suffix;
       this.maxFiles = maxFiles;
+      this.wait = wait;
     }
 
     @Override
@@ -139,7 +159,7 @@ public final class ShuffleQueueSource implements TableProvider {
 
     @Override
     public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
-      return new QueueStream(directory, suffix, maxFiles);
+      return new QueueStream(directory, suffix, maxFiles, wait);
     }
   }
 
@@ -150,11 +170,15 @@ public final class ShuffleQueueSource implements TableProvider {
     private final Path directory;
     private final String suffix;
     private final int maxFiles;
+    private final RoundWait wait;
+    /** When a listing first showed each unread file (System.nanoTime), for the round wait. */
+    private final Map<Path, Long> firstSeen = new HashMap<>();
 
-    QueueStream(Path directory, String suffix, int maxFiles) {
+    QueueStream(Path directory, String suffix, int maxFiles, RoundWait wait) {
       this.directory = directory;
       this.suffix = suffix;
       this.maxFiles = maxFiles;
+      this.wait = wait;
     }
 
     @Override
@@ -180,8 +204,9 @@ public final class ShuffleQueueSource implements TableProvider {
     /**
      * The end offset of the next batch: every file above {@code start}, or with a file limit the
      * oldest ones (by modification time; per task still a run of consecutive txids, since a
-     * task publishes in txid order). {@code start} itself when nothing new landed, or null
-     * before anything landed at all (an offset there would make Spark run an empty first batch).
+     * task publishes in txid order). {@code start} itself when nothing new landed or the
+     * round wait holds what did, or null before anything was read at all (an offset there
+     * would make Spark run an empty first batch).
      */
     @Override
     public Offset latestOffset(Offset start, ReadLimit limit) {
@@ -193,10 +218,10 @@ public final class ShuffleQueueSource implements TableProvider {
           unread.add(file);
         }
       }
-      if (unread.isEmpty()) {
+      int cap = limit instanceof ReadMaxFiles max ? max.maxFiles() : Integer.MAX_VALUE;
+      if (unread.isEmpty() || holdsRound(unread, cap)) {
         return from.isEmpty() ? null : start;
       }
-      int cap = limit instanceof ReadMaxFiles max ? max.maxFiles() : Integer.MAX_VALUE;
       if (unread.size() > cap) {
         unread.sort(Comparator.comparingLong(QueueStream::modified)
             .thenComparingLong(BatchFile::task)
@@ -208,6 +233,29 @@ public final class ShuffleQueueSource implements TableProvider {
         end.merge(file.task(), file.txid(), Math::max);
       }
       return new QueueOffset(end);
+    }
+
+    /** Whether the round wait holds back {@code unread} (see the class text); notes first sightings. */
+    private boolean holdsRound(List<BatchFile> unread, int cap) {
+      if (wait.producers() <= 0 || wait.millis() <= 0) {
+        return false;
+      }
+      long now = System.nanoTime();
+      long oldest = now;
+      Set<Long> tasks = new HashSet<>();
+      Map<Path, Long> seen = new HashMap<>();
+      for (BatchFile file : unread) {
+        long first = firstSeen.getOrDefault(file.path(), now);
+        seen.put(file.path(), first);
+        oldest = Math.min(oldest, first);
+        tasks.add(file.task());
+      }
+      firstSeen.clear(); // files read or deleted since are forgotten
+      firstSeen.putAll(seen);
+      return !tasks.contains(TICKS)
+          && unread.size() <= cap
+          && tasks.size() < wait.producers()
+          && now - oldest < wait.millis() * 1_000_000L;
     }
 
     private List<BatchFile> list() {
