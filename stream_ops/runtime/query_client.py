@@ -28,6 +28,7 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.dist_store import load_submission
+from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -151,18 +152,61 @@ class TaskAsk:
 
 
 MAX_PARALLEL_ASKS = 8
-"""Workers asked at once by one state query (Trident's DRPC fans out the same way)."""
+"""Requests to workers made at once by one state query (Trident's DRPC fans out the same way)."""
 
 
 def ask_all(topology_id: str, asks: Sequence[TaskAsk], access: QueryAccess, timeout_s: float) -> list[list[Any]]:
-    """The values of each of ``asks``, in their order, the tasks asked at once (at most
-    :data:`MAX_PARALLEL_ASKS`); a refusal or a worker that does not answer raises the error of
-    the first such task in that order."""
-    if len(asks) <= 1:
-        return [_ask(a.worker, topology_id, a.task_id, a.keys, access, timeout_s) for a in asks]
-    with ThreadPoolExecutor(max_workers=min(len(asks), MAX_PARALLEL_ASKS), thread_name_prefix="state-query") as pool:
-        pending = [pool.submit(_ask, a.worker, topology_id, a.task_id, a.keys, access, timeout_s) for a in asks]
-        return [future.result() for future in pending]
+    """The values of each of ``asks``, in their order.
+
+    The tasks of one worker are asked in one request (as few as its size limit allows), the
+    workers at once (at most :data:`MAX_PARALLEL_ASKS` requests). A refusal or a worker that
+    does not answer raises the error of the first such request, in the order of its first task.
+    """
+    requests = _requests(topology_id, asks)
+    if len(requests) <= 1:
+        answers = [_ask(request, topology_id, access, timeout_s) for request in requests]
+    else:
+        with ThreadPoolExecutor(max_workers=min(len(requests), MAX_PARALLEL_ASKS), thread_name_prefix="state-query") as pool:
+            pending = [pool.submit(_ask, request, topology_id, access, timeout_s) for request in requests]
+            answers = [future.result() for future in pending]
+    values: dict[int, list[Any]] = {}
+    for request, answer in zip(requests, answers, strict=True):
+        for index, found in zip(request.indexes, answer, strict=True):
+            values[index] = found
+    return [values[index] for index in range(len(asks))]
+
+
+@dataclass
+class _Request:
+    """Asks of one worker sent in one request; ``indexes`` are their places in the query's asks."""
+
+    worker: str
+    indexes: list[int] = field(default_factory=list)
+    asks: list[TaskAsk] = field(default_factory=list)
+    params: list[tuple[str, str]] = field(default_factory=list)
+    size: int = 0
+    keys: int = 0
+
+
+def _requests(topology_id: str, asks: Sequence[TaskAsk]) -> list[_Request]:
+    """``asks`` packed into requests: per worker, tasks in order, a new request where the next
+    task would take one past the server's size or key limit (a task past it alone goes alone)."""
+    head = len(urllib.parse.urlencode({"topology": topology_id})) + len("/query?")
+    open_requests: dict[str, _Request] = {}
+    requests: list[_Request] = []
+    for index, ask in enumerate(asks):
+        params = [("task", str(ask.task_id)), ("keys", json.dumps(ask.keys))]
+        size = len(urllib.parse.urlencode(params)) + 1
+        request = open_requests.get(ask.worker)
+        if request is None or head + request.size + size > MAX_REQUEST_BYTES or request.keys + len(ask.keys) > MAX_KEYS:
+            request = open_requests[ask.worker] = _Request(ask.worker)
+            requests.append(request)
+        request.indexes.append(index)
+        request.asks.append(ask)
+        request.params += params
+        request.size += size
+        request.keys += len(ask.keys)
+    return requests
 
 
 class RemoteMapState:
@@ -176,49 +220,61 @@ class RemoteMapState:
         return get_keys(*self._args, keys, access=self._access)
 
 
-def _ask(worker: str, topology_id: str, task_id: int, keys: list[list[Any]], access: QueryAccess, timeout_s: float) -> list[Any]:
-    params = urllib.parse.urlencode({"topology": topology_id, "task": task_id, "keys": json.dumps(keys)})
-    request = urllib.request.Request(f"{access.scheme}://{worker}/query?{params}", headers=access.headers())
+def _ask(request: _Request, topology_id: str, access: QueryAccess, timeout_s: float) -> list[list[Any]]:
+    """The values of each ask of ``request``, from its worker in one round trip."""
+    worker = request.worker
+    tasks = ", ".join(str(ask.task_id) for ask in request.asks)
+    what = f"task {tasks}" if len(request.asks) == 1 else f"tasks {tasks}"
+    params = urllib.parse.urlencode([("topology", topology_id), *request.params])
+    http_request = urllib.request.Request(f"{access.scheme}://{worker}/query?{params}", headers=access.headers())
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=access.tls) as response:
-            return list(json.loads(response.read())["values"])
+        with urllib.request.urlopen(http_request, timeout=timeout_s, context=access.tls) as response:
+            values = list(json.loads(response.read())["values"])
     except urllib.error.HTTPError as e:
         detail = e.read().decode("utf-8", "replace")
         if e.code == 401:
             sent = "the query token sent is not the one it serves with" if access.token else "no query token was sent"
             raise QueryAuthError(
-                f"worker {worker} refused the query for task {task_id}: {sent}; pass --query-token-file or "
+                f"worker {worker} refused the query for {what}: {sent}; pass --query-token-file or "
                 "--zk-auth matching the cluster's"
             ) from e
-        raise QueryError(f"worker {worker} refused the query for task {task_id}: {e.code} {detail}") from e
+        raise QueryError(f"worker {worker} refused the query for {what}: {e.code} {detail}") from e
     except urllib.error.URLError as e:
         if isinstance(e.reason, ssl.SSLError):
-            raise _tls_error(worker, task_id, e.reason) from e
-        raise _no_answer(worker, task_id, e.reason, access) from e
+            raise _tls_error(worker, what, e.reason) from e
+        raise _no_answer(worker, what, e.reason, access) from e
     except ssl.SSLError as e:
-        raise _tls_error(worker, task_id, e) from e
+        raise _tls_error(worker, what, e) from e
     except (OSError, http.client.HTTPException) as e:
-        raise _no_answer(worker, task_id, e, access) from e
+        raise _no_answer(worker, what, e, access) from e
+    sizes = [len(ask.keys) for ask in request.asks]
+    if len(values) != sum(sizes):
+        raise QueryError(f"worker {worker} answered {len(values)} values for the {sum(sizes)} keys of {what}")
+    answers, start = [], 0
+    for size in sizes:
+        answers.append(values[start : start + size])
+        start += size
+    return answers
 
 
-def _no_answer(worker: str, task_id: int, error: object, access: QueryAccess) -> QueryError:
+def _no_answer(worker: str, what: str, error: object, access: QueryAccess) -> QueryError:
     """A worker that did not answer; a dropped plain request may mean the worker serves TLS."""
     dropped = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, http.client.HTTPException)
     hint = ""
     if access.tls is None and isinstance(error, dropped):
         hint = "; if the workers serve TLS (--query-tls-cert), pass --query-tls-ca"
-    return QueryError(f"worker {worker} (task {task_id}) did not answer: {error!r}{hint}")
+    return QueryError(f"worker {worker} ({what}) did not answer: {error!r}{hint}")
 
 
-def _tls_error(worker: str, task_id: int, error: ssl.SSLError) -> QueryTLSError:
+def _tls_error(worker: str, what: str, error: ssl.SSLError) -> QueryTLSError:
     """What to do about a failed TLS handshake with ``worker``."""
     host = worker.rpartition(":")[0]
     if isinstance(error, ssl.SSLCertVerificationError):
         return QueryTLSError(
-            f"the certificate of worker {worker} (task {task_id}) was not accepted: {error.verify_message or error}; "
+            f"the certificate of worker {worker} ({what}) was not accepted: {error.verify_message or error}; "
             f"pass --query-tls-ca with the CA that signed the workers' certificates, which must name host {host}"
         )
     return QueryTLSError(
-        f"TLS with worker {worker} (task {task_id}) failed: {error}; does it serve TLS (--query-tls-cert)? "
+        f"TLS with worker {worker} ({what}) failed: {error}; does it serve TLS (--query-tls-cert)? "
         "Pass --query-tls-ca only for a cluster whose workers do"
     )

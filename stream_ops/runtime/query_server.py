@@ -1,8 +1,10 @@
 """The state-query endpoint each worker serves on its slot port (HTTP, JSON).
 
 ``GET /query?topology=<id>&task=<n>&keys=<json list of key lists>`` returns
-``{"values": [...]}`` in key order. Requests are bounded in size; malformed ones get 400 and a
-task that does not run here 404, so a client can re-route after a move.
+``{"values": [...]}`` in key order. ``task`` and ``keys`` may repeat, in pairs, to ask several
+tasks of this worker at once (one round trip): the values are then those of each pair's keys,
+pair after pair. Requests are bounded in size; malformed ones get 400 and a task that does not
+run here 404 (the first such task of the request), so a client can re-route after a move.
 
 With a token (:func:`stream_ops.config.query_token`), ``/query`` requires
 ``Authorization: Bearer <token>`` and answers 401 without it; ``/health`` stays open. With a TLS
@@ -17,8 +19,8 @@ descriptors (its ZooKeeper session and its tasks need both):
   without an answer: its handshake would take a thread);
 * a connection has ``request_deadline_s`` in all to finish its TLS handshake and send its
   request line and headers, however slowly it drips them; then it gets ``408`` and is closed;
-* ``keys`` is refused (400) beyond ``MAX_KEYS`` keys or ``MAX_JSON_DEPTH`` levels of nesting,
-  checked before it is parsed.
+* ``keys`` is refused (400) beyond ``MAX_KEYS`` keys in all or ``MAX_JSON_DEPTH`` levels of
+  nesting, checked before it is parsed.
 
 Every error is a JSON ``{"error": ...}`` response and one log line; no traceback reaches the
 log (it is logged at DEBUG).
@@ -258,16 +260,19 @@ class _Handler(BaseHTTPRequestHandler):
                 level=logging.WARNING,
             )
             return
-        topology_id, task_id, keys = _parse_query(url.query)
-        try:
-            values = self.server.lookup(topology_id, task_id, keys)
-        except Exception as e:
-            logger.debug("lookup of %s/%d failed", topology_id, task_id, exc_info=True)
-            raise _RequestRefused(500, str(e)) from e
-        if values is None:
-            # Routine while tasks move (the client re-routes): logged at DEBUG only.
-            self._error(404, f"task {topology_id}/{task_id} does not run on this worker", level=logging.DEBUG)
-            return
+        topology_id, asks = _parse_query(url.query)
+        values: list[Any] = []
+        for task_id, keys in asks:
+            try:
+                found = self.server.lookup(topology_id, task_id, keys)
+            except Exception as e:
+                logger.debug("lookup of %s/%d failed", topology_id, task_id, exc_info=True)
+                raise _RequestRefused(500, str(e)) from e
+            if found is None:
+                # Routine while tasks move (the client re-routes): logged at DEBUG only.
+                self._error(404, f"task {topology_id}/{task_id} does not run on this worker", level=logging.DEBUG)
+                return
+            values += found
         self._reply(200, {"values": values})
 
     def _authorized(self) -> bool:
@@ -282,8 +287,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-def _parse_query(query: str) -> tuple[str, int, list[tuple[Any, ...]]]:
-    """``(topology, task, keys)`` of a query string.
+def _parse_query(query: str) -> tuple[str, list[tuple[int, list[tuple[Any, ...]]]]]:
+    """``(topology, [(task, keys), ...])`` of a query string, the pairs in request order.
 
     Raises:
         _RequestRefused: 400, naming what is wrong.
@@ -291,16 +296,22 @@ def _parse_query(query: str) -> tuple[str, int, list[tuple[Any, ...]]]:
     params = parse_qs(query)
     try:
         topology_id = params["topology"][0]
-        task_id = int(params["task"][0])
-        text = params["keys"][0]
-        if json_depth_exceeds(text, MAX_JSON_DEPTH):
-            raise ValueError(f"keys nest deeper than {MAX_JSON_DEPTH} levels")
-        keys = json.loads(text)
-        if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(isinstance(k, list) for k in keys):
-            raise ValueError(f"keys must be a JSON list of at most {MAX_KEYS} key lists")
+        tasks, texts = params["task"], params["keys"]
+        if len(tasks) != len(texts):
+            raise ValueError(f"{len(tasks)} task parameters for {len(texts)} keys parameters: give them in pairs")
+        asks: list[tuple[int, list[tuple[Any, ...]]]] = []
+        total = 0
+        for task, text in zip(tasks, texts, strict=True):
+            if json_depth_exceeds(text, MAX_JSON_DEPTH):
+                raise ValueError(f"keys nest deeper than {MAX_JSON_DEPTH} levels")
+            keys = json.loads(text)
+            total += len(keys) if isinstance(keys, list) else 0
+            if not isinstance(keys, list) or total > MAX_KEYS or not all(isinstance(k, list) for k in keys):
+                raise ValueError(f"keys must be JSON lists of at most {MAX_KEYS} key lists in all")
+            asks.append((int(task), [tuple(k) for k in keys]))
     except (KeyError, IndexError, ValueError, RecursionError) as e:
         raise _RequestRefused(400, f"bad query: {e}; expected topology, task and keys parameters") from e
-    return topology_id, task_id, [tuple(k) for k in keys]
+    return topology_id, asks
 
 
 def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:

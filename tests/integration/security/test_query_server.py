@@ -40,7 +40,8 @@ from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import live_workers, submit
 from stream_ops.operators.trident_state import MapGet
 from stream_ops.ports import free_port
-from stream_ops.runtime.query_client import QueryAccess, TaskAsk, _ask, ask_all, client_tls_context, query_state
+from stream_ops.runtime import query_client
+from stream_ops.runtime.query_client import QueryAccess, TaskAsk, ask_all, client_tls_context, query_state
 from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES, QueryServer, server_tls_context
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topics.producer import produce
@@ -255,11 +256,51 @@ def test_a_query_asks_the_workers_of_its_tasks_at_once() -> None:
         found = ask_all("wc-1-1700000000", asks, QueryAccess(), timeout_s=5.0)
         assert time.monotonic() - started < 0.9, "two workers of 0.5 s each, asked at once"
         assert found == [["task 2: the", "task 2: cow"], ["task 3: moo"]]
-        with pytest.raises(QueryError, match="refused the query for task 4"):
+        # Task 4 goes in worker 1's request with task 3; the 404 names it.
+        with pytest.raises(QueryError, match=r"refused the query for tasks 3, 4: 404 .*/4 does not run on this worker"):
             ask_all("wc-1-1700000000", [*asks, TaskAsk(workers[1], 4, [["no"]])], QueryAccess(), timeout_s=5.0)
     finally:
         for srv in servers:
             srv.stop()
+
+
+def test_the_tasks_of_one_worker_are_asked_in_one_request() -> None:
+    asked: list[int] = []
+
+    def lookup(topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
+        asked.append(task_id)
+        return [f"task {task_id}: {key[0]}" for key in keys]
+
+    srv = QueryServer("127.0.0.1", 0, lookup)
+    srv.start()
+    try:
+        worker = _worker_of(srv)
+        asks = [TaskAsk(worker, 3, [["moo"]]), TaskAsk(worker, 2, [["the"], ["cow"]]), TaskAsk(worker, 5, [])]
+        assert [request.indexes for request in query_client._requests("wc-1-1700000000", asks)] == [[0, 1, 2]]
+        found = ask_all("wc-1-1700000000", asks, QueryAccess(), timeout_s=5.0)
+        assert found == [["task 3: moo"], ["task 2: the", "task 2: cow"], []]
+        assert asked == [3, 2, 5]
+        # Past the server's request size, a worker's tasks take more requests, each within it.
+        many = [[f"word-{i:05d}"] for i in range(1500)]
+        big = [TaskAsk(worker, task, many) for task in range(4)]
+        requests = query_client._requests("wc-1-1700000000", big)
+        assert len(requests) > 1 and sorted(i for r in requests for i in r.indexes) == [0, 1, 2, 3]
+        found = ask_all("wc-1-1700000000", big, QueryAccess(), timeout_s=5.0)
+        assert found == [[f"task {task}: {key[0]}" for key in many] for task in range(4)]
+    finally:
+        srv.stop()
+
+
+def test_task_and_keys_parameters_come_in_pairs(server: QueryServer) -> None:
+    status, body = _get(server, "/query?topology=t&task=2&keys=%5B%5D&task=3")
+    assert status == 400 and "give them in pairs" in body["error"]
+
+
+def _ask_one(
+    worker: str, topology_id: str, task_id: int, keys: list[list[Any]], access: QueryAccess, timeout_s: float
+) -> list[Any]:
+    """The values of one task's keys, asked of ``worker``."""
+    return ask_all(topology_id, [TaskAsk(worker, task_id, keys)], access, timeout_s)[0]
 
 
 def _worker_of(srv: QueryServer) -> str:
@@ -311,11 +352,11 @@ def test_the_token_is_compared_in_constant_time(secured: QueryServer, monkeypatc
 
 def test_the_client_sends_the_token_and_explains_a_refusal(secured: QueryServer) -> None:
     worker = _worker_of(secured)
-    assert _ask(worker, "wc-1-1700000000", 2, [["the"], ["cow"]], QueryAccess(token=TOKEN), 5) == [1, 1]
+    assert _ask_one(worker, "wc-1-1700000000", 2, [["the"], ["cow"]], QueryAccess(token=TOKEN), 5) == [1, 1]
     with pytest.raises(QueryAuthError, match="no query token was sent; pass --query-token-file or --zk-auth"):
-        _ask(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(), 5)
+        _ask_one(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(), 5)
     with pytest.raises(QueryAuthError, match="not the one it serves with"):
-        _ask(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(token="query-token-of-the-tests-9876543210"), 5)
+        _ask_one(worker, "wc-1-1700000000", 2, [["the"]], QueryAccess(token="query-token-of-the-tests-9876543210"), 5)
 
 
 # --- TLS -------------------------------------------------------------------------------------
@@ -415,15 +456,15 @@ def tls_server(pki: dict[str, Path]) -> Iterator[QueryServer]:
 def test_a_client_with_the_ca_gets_values_over_https(tls_server: QueryServer, pki: dict[str, Path]) -> None:
     access = QueryAccess.resolve(ZooKeeperConfig(), QueryConfig(token=TOKEN, tls_ca=pki["ca"]))
     assert access.scheme == "https"
-    assert _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"], ["cow"]], access, 5) == [1, 1]
+    assert _ask_one(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"], ["cow"]], access, 5) == [1, 1]
     # TLS does not replace the token.
     with pytest.raises(QueryAuthError):
-        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=access.tls), 5)
+        _ask_one(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=access.tls), 5)
 
 
 def test_a_plain_http_client_gets_nothing_from_a_tls_server(tls_server: QueryServer) -> None:
     with pytest.raises(QueryError, match="pass --query-tls-ca") as caught:
-        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(token=TOKEN), 5)
+        _ask_one(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], QueryAccess(token=TOKEN), 5)
     assert not isinstance(caught.value, QueryAuthError)
     try:
         reply = _raw(tls_server, f"GET {_query()} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
@@ -440,7 +481,7 @@ def test_the_worker_certificate_must_name_its_host(pki: dict[str, Path]) -> None
     try:
         access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
         with pytest.raises(QueryTLSError, match="must name host 127.0.0.1"):
-            _ask(_worker_of(srv), "wc-1-1700000000", 2, [["the"]], access, 5)
+            _ask_one(_worker_of(srv), "wc-1-1700000000", 2, [["the"]], access, 5)
     finally:
         srv.stop()
 
@@ -466,13 +507,13 @@ def test_a_certificate_from_another_ca_is_refused(tls_server: QueryServer, tmp_p
     )
     access = QueryAccess(token=TOKEN, tls=client_tls_context(tmp_path / "rogue.pem"))
     with pytest.raises(QueryTLSError, match="pass --query-tls-ca with the CA that signed"):
-        _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5)
+        _ask_one(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5)
 
 
 def test_an_https_client_of_a_plain_server_is_told_why(secured: QueryServer, pki: dict[str, Path]) -> None:
     access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
     with pytest.raises(QueryTLSError, match="does it serve TLS"):
-        _ask(_worker_of(secured), "wc-1-1700000000", 2, [["the"]], access, 5)
+        _ask_one(_worker_of(secured), "wc-1-1700000000", 2, [["the"]], access, 5)
 
 
 def test_a_stalled_tls_handshake_does_not_block_other_clients(tls_server: QueryServer, pki: dict[str, Path]) -> None:
@@ -481,7 +522,7 @@ def test_a_stalled_tls_handshake_does_not_block_other_clients(tls_server: QueryS
     try:
         access = QueryAccess(token=TOKEN, tls=client_tls_context(pki["ca"]))
         started = time.monotonic()
-        assert _ask(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5) == [1]
+        assert _ask_one(_worker_of(tls_server), "wc-1-1700000000", 2, [["the"]], access, 5) == [1]
         assert time.monotonic() - started < 3
     finally:
         idle.close()
@@ -529,11 +570,11 @@ def test_a_worker_with_zookeeper_credentials_requires_the_derived_token_over_tls
         assert derived.token == query_token(QueryConfig(), zk)
         # Authenticated: the lookup runs, and this task simply does not run here.
         with pytest.raises(QueryError, match="404 .*does not run on this worker"):
-            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], derived, 5)
+            _ask_one(settings.worker_id, "wc-1-1700000000", 2, [["the"]], derived, 5)
         with pytest.raises(QueryAuthError):
-            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=derived.tls), 5)
+            _ask_one(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(tls=derived.tls), 5)
         with pytest.raises(QueryError, match="pass --query-tls-ca"):
-            _ask(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(token=derived.token), 5)
+            _ask_one(settings.worker_id, "wc-1-1700000000", 2, [["the"]], QueryAccess(token=derived.token), 5)
         assert "unauthenticated" not in caplog.text
     finally:
         stop.set()
