@@ -40,27 +40,35 @@ def read_assignment(store: ZkStore, topology_id: str) -> tuple[AssignmentRecord,
 
 
 def list_topologies(store: ZkStore) -> list[StormRecord]:
-    """Every submitted topology that has not been removed, oldest first."""
-    records = []
-    for topology_id in store.children(ZkPaths.STORMS):
-        found = store.get_json(ZkPaths.storm(topology_id))
-        if found is not None:
-            records.append(StormRecord.model_validate(found[0]))
+    """Every submitted topology that has not been removed, oldest first (their records read
+    in one pipelined batch)."""
+    paths = [ZkPaths.storm(topology_id) for topology_id in store.children(ZkPaths.STORMS)]
+    records = [StormRecord.model_validate(found[0]) for found in store.get_json_many(paths).values() if found is not None]
     return sorted(records, key=lambda r: r.submitted_at)
 
 
-def find_topology_id(store: ZkStore, name_or_id: str, *, missing_ok: bool = False) -> str | None:
-    """Resolve a topology name (or id) to the id of its live submission.
+def find_topology(store: ZkStore, name_or_id: str, *, missing_ok: bool = False) -> StormRecord | None:
+    """The record of the live submission a topology name (or id) names: the oldest one.
 
     Raises:
         TopologyNotFoundError: None matches and ``missing_ok`` is false.
     """
     for record in list_topologies(store):
         if record.status != "KILLED" and name_or_id in (record.name, record.topology_id):
-            return record.topology_id
+            return record
     if missing_ok:
         return None
     raise TopologyNotFoundError(f"no running topology named {name_or_id!r}; see 'stream-ops list'")
+
+
+def find_topology_id(store: ZkStore, name_or_id: str, *, missing_ok: bool = False) -> str | None:
+    """Resolve a topology name (or id) to the id of its live submission (:func:`find_topology`).
+
+    Raises:
+        TopologyNotFoundError: None matches and ``missing_ok`` is false.
+    """
+    record = find_topology(store, name_or_id, missing_ok=missing_ok)
+    return None if record is None else record.topology_id
 
 
 def read_storm(store: ZkStore, topology_id: str) -> StormRecord:

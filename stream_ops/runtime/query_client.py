@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.config import QueryConfig, ZooKeeperConfig, query_token
-from stream_ops.coordination.cluster_state import find_topology_id, read_assignment, read_storm
+from stream_ops.coordination.cluster_state import find_topology, read_assignment
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
 from stream_ops.hashing import encode_key, partition_for
@@ -92,9 +92,9 @@ def query_state(
         >>> query_state(store, "wordcount", "words", [["how"], ["you"]])
         {'how': 3, 'you': 6}
     """
-    topology_id = find_topology_id(store, topology)
-    assert topology_id is not None
-    storm = read_storm(store, topology_id)
+    storm = find_topology(store, topology)
+    assert storm is not None
+    topology_id = storm.topology_id
     # Verified against the record's integrity root; a client has no dist store of its own to check the place.
     plan = load_submission(None, storm).plan
     spec = plan.queries.get(query)
