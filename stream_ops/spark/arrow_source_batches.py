@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import ConfigError
 from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
 from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
 from stream_ops.spark.driver_batches import bytes_setting, driver_batch_bytes, noted_input
 from stream_ops.spark.row_processes import row_processes
+from stream_ops.spark.settings import whole_number_setting
 from stream_ops.spark.sql_arrow import COLLATION_CONF, ArrowSql, compile_arrow_sql
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
@@ -122,16 +122,10 @@ def row_processes_setting(spark: SparkSession) -> int:
     Raises:
         ConfigError: the setting is not a whole number of processes.
     """
-    value = spark.conf.get(ROW_PROCESSES_CONF, None)
-    if value is None:
+    processes = whole_number_setting(spark, ROW_PROCESSES_CONF, meaning="a number of processes (0 leaves them to Spark)")
+    if processes is None:
         master = spark.conf.get("spark.master", "") or ""
         return spark.sparkContext.defaultParallelism if master.startswith("local") else 0
-    try:
-        processes = int(value)
-    except ValueError:
-        processes = -1
-    if processes < 0:
-        raise ConfigError(f"{ROW_PROCESSES_CONF} is {value!r}; set it to a number of processes (0 leaves them to Spark)")
     return processes
 
 

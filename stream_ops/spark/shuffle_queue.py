@@ -36,10 +36,11 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import CommittedBatchLostError, ConfigError, ShuffleSourceUnavailableError
+from stream_ops.errors import CommittedBatchLostError, ShuffleSourceUnavailableError
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.spark.jvm_classes import loadable
+from stream_ops.spark.settings import whole_number_setting
 from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name
 from stream_ops.topology.plan import StageSpec
 
@@ -128,16 +129,8 @@ def round_wait_ms(spark: SparkSession, trigger_seconds: float) -> int:
     Raises:
         ConfigError: the setting is not a whole number of milliseconds.
     """
-    value = spark.conf.get(ROUND_WAIT_CONF, None)
-    if value is None:
-        return max(0, round(trigger_seconds * 1000))
-    try:
-        millis = int(value)
-    except ValueError:
-        millis = -1
-    if millis < 0:
-        raise ConfigError(f"{ROUND_WAIT_CONF} is {value!r}; set it to a number of milliseconds (0 turns the wait off)")
-    return millis
+    millis = whole_number_setting(spark, ROUND_WAIT_CONF, meaning="a number of milliseconds (0 turns the wait off)")
+    return max(0, round(trigger_seconds * 1000)) if millis is None else millis
 
 
 def read_queue_stream(
