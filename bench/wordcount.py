@@ -15,7 +15,9 @@ same trigger (``processingTime``) and the same ``maxFilesPerTrigger``.
   ``map_batches`` function over Arrow batches (``--split arrow``) and/or as Trident's
   ``each(split)`` per record in Python (``--split row``). Timed from ``submit`` until the state query returns exactly
   the ground truth (asked right after each keyed task's commit, which a ZooKeeper watch reports, and at
-  least every ``--poll`` s: a sample of 16 words, then every word once the sample matches), so it
+  least every ``--poll`` s, 1 s by default: a sample of 16 words, then every word once the sample
+  matches; only a commit can change the answer, and each probe on a timer costs the run CPU, so
+  the timer is a fallback), so it
   includes task start-up, the shuffle through files, RocksDB, the state topic and the ZooKeeper
   commits (the keyed stage polls its shuffle every ``--trigger`` s too, the worker's default;
   ``--shuffle-trigger`` sets another interval). ``--arrow-path off`` runs stream_ops with FileTopic batches
@@ -242,8 +244,9 @@ def run_stream_ops(
     topology = build_wordcount(input_root, name=name, queues=QUEUES, state=STATES[state], split_with=split_with)
     keys = [[w] for w in sorted(expected)]
     # The poll asks for a sample of the words until they all match, then for every word: a
-    # query of all 1,000 words costs ~19 ms of this process's CPU (its worker answers it), a
-    # sample of 16 ~3 ms, and polling every 0.1 s would otherwise slow the run it measures.
+    # query of all 1,000 words costs ~15 ms of this process's CPU (its worker answers it), a
+    # sample of 16 ~5 ms. Probes on a 0.1 s timer (two or three a run, while the source batches
+    # ran) took CPU from the run they measured: the timer is only a fallback for the watch.
     probe = random.Random(len(keys)).sample(keys, min(PROBE_KEYS, len(keys)))
     probe_expected = {k[0]: expected[k[0]] for k in probe}
     in_arrow_before, in_processes_before = ARROW_BATCHES
@@ -664,7 +667,10 @@ def main() -> None:
     parser.add_argument("--max-files-per-trigger", type=int, default=WorkerSettings().max_files_per_trigger)
     parser.add_argument("--fsync-repeats", type=int, default=50, help="batch files written to time one fsync")
     parser.add_argument(
-        "--poll", type=float, default=0.1, help="stream_ops state-query poll interval when no task commits, seconds"
+        "--poll",
+        type=float,
+        default=1.0,
+        help="stream_ops state-query interval when no stateful task commits (a ZooKeeper watch asks after each commit), seconds",
     )
     parser.add_argument(
         "--warmup-sentences",
