@@ -169,11 +169,11 @@ def ask_all(topology_id: str, asks: Sequence[TaskAsk], access: QueryAccess, time
         with ThreadPoolExecutor(max_workers=min(len(requests), MAX_PARALLEL_ASKS), thread_name_prefix="state-query") as pool:
             pending = [pool.submit(_ask, request, topology_id, access, timeout_s) for request in requests]
             answers = [future.result() for future in pending]
-    values: dict[int, list[Any]] = {}
+    values: list[list[Any]] = [[] for _ in asks]
     for request, answer in zip(requests, answers, strict=True):
         for index, found in zip(request.indexes, answer, strict=True):
             values[index] = found
-    return [values[index] for index in range(len(asks))]
+    return values
 
 
 @dataclass

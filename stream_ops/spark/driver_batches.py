@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import ConfigError
 from stream_ops.operators.aggregators import CombinerAggregator
 from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.spark.checkpoint import batch_input_files
 from stream_ops.spark.row_processes import row_processes
+from stream_ops.spark.settings import whole_number_setting
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +108,10 @@ def bytes_setting(spark: SparkSession, name: str, default: int) -> int:
     """The session's setting ``name``, a number of bytes (``default`` when it is not set).
 
     Raises:
-        ConfigError: the setting is not a whole number of bytes.
+        ConfigError: the setting is not a whole number of bytes (at least 0).
     """
-    value = spark.conf.get(name, None)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{name} is {value!r}; set it to a number of bytes (0 turns it off)") from None
+    value = whole_number_setting(spark, name, meaning="a number of bytes (0 turns it off)")
+    return default if value is None else value
 
 
 def driver_batch_bytes(spark: SparkSession) -> int:

@@ -36,7 +36,7 @@ from stream_ops.spark import row_processes as row_processes_module
 from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
 from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.compiler import source_batch
-from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF
+from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF, driver_batch_bytes
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.plan import OperationSpec, build_plan
 
@@ -275,6 +275,14 @@ def test_local_processes_default_to_a_local_masters_cores_and_refuse_a_bad_setti
     for bad in ("two", "-1"):
         with _spark_conf(spark, {ROW_PROCESSES_CONF: bad}), pytest.raises(ConfigError, match=ROW_PROCESSES_CONF):
             row_processes_setting(spark)
+
+
+def test_a_byte_limit_is_a_whole_number_of_at_least_zero(spark):
+    with _spark_conf(spark, {DRIVER_BATCH_BYTES_CONF: "0"}):
+        assert driver_batch_bytes(spark) == 0
+    for bad in ("big", "-1"):
+        with _spark_conf(spark, {DRIVER_BATCH_BYTES_CONF: bad}), pytest.raises(ConfigError, match="a number of bytes"):
+            driver_batch_bytes(spark)
 
 
 def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
