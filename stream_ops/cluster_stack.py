@@ -143,7 +143,6 @@ def loopback_settings(
         "DAGSTER_PG_PORT": str(pg_port),
         "DAGSTER_PG_USERNAME": "dagster",
         "DAGSTER_PG_DB": "dagster",
-        "DAGSTER_WEBSERVER_HOST": host,
         "DAGSTER_WEBSERVER_PORT": str(dagster_port),
         "POSTGRES_LOCAL_DIR": str(home / "postgres"),
     }

@@ -33,6 +33,7 @@ from stream_ops.orchestration.consumer_lag import DEFAULT_CONSUMER_LAG_THRESHOLD
 from stream_ops.orchestration.consumer_lag_checks import build_consumer_lag_checks
 from stream_ops.orchestration.jobs import StreamOpsJobs, build_jobs
 from stream_ops.orchestration.lineage import merge_source_specs
+from stream_ops.orchestration.pinned import pinned_resource
 from stream_ops.orchestration.resources import (
     PYSPARK_RESOURCE_KEY,
     StreamClusterResource,
@@ -157,10 +158,11 @@ def build_cluster_definitions(
         jobs=jobs,
         observe_job=observe_job,
         sensors=sensors,
+        # Pinned: the deployment's settings, which no run config can replace (pinned.py).
         resources={
-            ZOOKEEPER_RESOURCE_KEY: zookeeper,
-            STREAM_CLUSTER_RESOURCE_KEY: stream_cluster,
-            PYSPARK_RESOURCE_KEY: pyspark if pyspark is not None else pyspark_resource(stream_cluster),
+            ZOOKEEPER_RESOURCE_KEY: pinned_resource(zookeeper),
+            STREAM_CLUSTER_RESOURCE_KEY: pinned_resource(stream_cluster),
+            PYSPARK_RESOURCE_KEY: pinned_resource(pyspark if pyspark is not None else pyspark_resource(stream_cluster)),
         },
         asset_checks=(lag_checks,) if lag_checks is not None else (),
     )
@@ -246,7 +248,9 @@ def build_definitions(
       and worker runs when ``repair`` is on; the run-failure sensor relaunching failed
       worker runs.
     * Resources ``zookeeper``, ``stream_cluster`` and ``pyspark`` (default: a
-      :class:`PySparkResource` with ``stream_cluster``'s Spark settings).
+      :class:`PySparkResource` with ``stream_cluster``'s Spark settings), pinned
+      (:func:`~stream_ops.orchestration.pinned.pinned_resource`): whoever launches a run cannot
+      replace their configuration, so cluster credentials only go to the deployment's hosts.
 
     The heartbeat sensor runs by default: it reads ZooKeeper, and skips its tick (with the
     reason) while ZooKeeper is unreachable. Schedules are stopped unless ``schedule_status``

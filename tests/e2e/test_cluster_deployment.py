@@ -346,7 +346,9 @@ def test_dagster_instance_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None
         # bin/dagster.sh serves the project's code location on that instance.
         t = time.monotonic()
         stack.start("dagster-webserver", "dagster.sh", "webserver")
-        url = f"http://{settings['DAGSTER_WEBSERVER_HOST']}:{settings['DAGSTER_WEBSERVER_PORT']}"
+        # No DAGSTER_WEBSERVER_HOST in the settings: the script's default is loopback (Dagster has no login).
+        assert "DAGSTER_WEBSERVER_HOST" not in settings
+        url = f"http://127.0.0.1:{settings['DAGSTER_WEBSERVER_PORT']}"
         info = _dagster_instance_info(stack, url, timeout_s=120)
         assert "DagsterPostgresStorage" in info or "postgres" in info.lower(), info
         logger.warning("dagster.sh webserver answered in %.1fs", time.monotonic() - t)

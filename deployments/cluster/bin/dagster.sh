@@ -24,9 +24,17 @@ CODE_DIR="${STREAM_OPS_CODE_DIR:-$(cd "$DEPLOY_DIR/../.." && pwd)}"
 cd "$CODE_DIR"
 case "$MODE" in
     webserver)
-        exec "$PY_BIN_DIR/dagster-webserver" -w "$WORKSPACE" \
-            -h "${DAGSTER_WEBSERVER_HOST:-${STREAM_OPS_HOST:?set DAGSTER_WEBSERVER_HOST}}" \
-            -p "${DAGSTER_WEBSERVER_PORT:-3000}" ;;
+        # Dagster OSS has no login: whoever reaches the webserver can launch and terminate runs.
+        # It listens on loopback unless told otherwise; reach it through the authenticating
+        # reverse proxy (dagster/nginx.conf.example), which may run on this host or on a private
+        # interface given as DAGSTER_WEBSERVER_HOST.
+        bind="${DAGSTER_WEBSERVER_HOST:-127.0.0.1}"
+        case "$bind" in
+            127.*|localhost|::1) ;;
+            *) echo "warning: the Dagster webserver listens on $bind, not loopback: only an authenticating" \
+                    "reverse proxy may reach it (see deployments/cluster/README.md, 'Dagster access')" >&2 ;;
+        esac
+        exec "$PY_BIN_DIR/dagster-webserver" -w "$WORKSPACE" -h "$bind" -p "${DAGSTER_WEBSERVER_PORT:-3000}" ;;
     daemon)
         exec "$PY_BIN_DIR/dagster-daemon" run -w "$WORKSPACE" ;;
     *)

@@ -227,8 +227,9 @@ def test_components_with_their_own_prefix_group_and_schedules_merge_into_one_con
     assert all(name in (heartbeat.description or "") for name in ("pe-counter", "uuid-join", "windows"))
     # It targets the observe job too, so the UI lists it among each stream asset's automations.
     assert sorted(job.name for job in heartbeat.jobs) == ["stream_ops_observe", "stream_ops_rebalance", "stream_ops_worker"]
-    resources = cluster_resources_from_env()
-    assert all(defs.resources is not None and defs.resources[key] is value for key, value in resources.items())
+    # One set of resources (the merge refuses two), pinned: no run config replaces the deployment's settings.
+    assert defs.resources is not None and set(defs.resources) == set(cluster_resources_from_env())
+    assert all(not defs.resources[key].config_schema.as_field().config_type.fields for key in defs.resources)
 
     # Schedules as each component says: none for c_windows, stopped and every 5 min for b_joins.
     schedules = {s.name: s for s in repo.schedule_defs}
