@@ -49,6 +49,7 @@ from stream_ops.orchestration.checks import build_stream_checks
 from stream_ops.orchestration.consumer_lag import DEFAULT_CONSUMER_LAG_THRESHOLD, KafkaSourceWatch, kafka_source_watches
 from stream_ops.orchestration.health import build_health_asset
 from stream_ops.orchestration.lineage import merge_source_specs, source_asset_specs
+from stream_ops.orchestration.markdown import table
 from stream_ops.orchestration.observations import observation_schema
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.sinks import ParquetSinkWatch, sink_asset_specs
@@ -138,19 +139,23 @@ class TopologyDefinitions:
 
 
 def _plan_markdown(plan: Plan) -> str:
-    lines = ["| stage | name | kind | queues | tasks | what it does |", "|---:|---|---|---:|---|---|"]
-    for stage in plan.stages:
-        task_ids = [str(t.task_id) for t in plan.tasks if t.stage == stage.index]
-        what = stage_summary(stage)
-        lines.append(f"| {stage.index} | {stage.name} | {stage.kind} | {stage.queues} | {', '.join(task_ids)} | {what} |")
-    return "\n".join(lines)
+    rows = [
+        (
+            stage.index,
+            stage.name,
+            stage.kind,
+            stage.queues,
+            ", ".join(str(t.task_id) for t in plan.tasks if t.stage == stage.index),
+            stage_summary(stage),
+        )
+        for stage in plan.stages
+    ]
+    return table(["stage", "name", "kind", "queues", "tasks", "what it does"], rows, ["---:", "---", "---", "---:", "---", "---"])
 
 
 def _assignment_markdown(status: TopologyStatus) -> str:
-    lines = ["| task | stage | queue | worker |", "|---:|---|---:|---|"]
-    for task in status.tasks:
-        lines.append(f"| {task.task_id} | {task.stage_name} | {task.queue} | {task.assigned_to or '_unassigned_'} |")
-    return "\n".join(lines)
+    rows = [(t.task_id, t.stage_name, t.queue, t.assigned_to or "(unassigned)") for t in status.tasks]
+    return table(["task", "stage", "queue", "worker"], rows, ["---:", "---", "---:", "---"])
 
 
 def _plan_code_version(plan: Plan) -> str:

@@ -52,6 +52,7 @@ from stream_ops.nimbus.assignment import read_assignment, reassign, spread_topol
 from stream_ops.nimbus.rebalance import rebalance
 from stream_ops.nimbus.status import describe_topology, lost_tasks_now
 from stream_ops.nimbus.submission import activate, deactivate, find_topology_id, kill
+from stream_ops.orchestration.markdown import table
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.run_config import (
     ACTIVATE_JOB_NAME,
@@ -114,9 +115,7 @@ _WORKER_STOP_TIMEOUT_S = 120.0
 
 
 def _assignment_md(tasks: dict[int, str]) -> str:
-    lines = ["| task | worker |", "|---:|---|"]
-    lines += [f"| {t} | {w} |" for t, w in sorted(tasks.items())]
-    return "\n".join(lines)
+    return table(["task", "worker"], sorted(tasks.items()), ["---:", "---"])
 
 
 @dg.op(name=ACTIVATE_OP, tags={ROLE_TAG: "activate"})

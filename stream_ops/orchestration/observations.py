@@ -25,6 +25,7 @@ from typing import Any
 import dagster as dg
 
 from stream_ops.nimbus.status import Health, TaskStatus, TopologyStatus, standbys_text
+from stream_ops.orchestration.markdown import cell
 from stream_ops.orchestration.translator import StreamOpsTranslator
 
 __all__ = [
@@ -146,8 +147,7 @@ def _error_cell(task: TaskStatus) -> str:
     if not task.failing or not task.last_error:
         return "-"
     state = "**quarantined**" if task.quarantined else f"{task.failures}x"
-    text = " ".join(task.last_error.split()).replace("|", "\\|")
-    return f"{state} {text[:200]}"
+    return f"{state} {cell(task.last_error)}"
 
 
 def _failing(tasks: Sequence[TaskStatus]) -> dict[str, dict[str, Any]]:
@@ -172,8 +172,8 @@ def _tasks_table(tasks: Sequence[TaskStatus], heartbeat_timeout_s: float) -> str
     ]
     for t in tasks:
         lines.append(
-            f"| {t.task_id} | {t.queue} | {'yes' if t.alive(heartbeat_timeout_s) else '**no**'} | {t.owner or '-'} "
-            f"| {standbys_text(t) or '-'} "
+            f"| {t.task_id} | {t.queue} | {'yes' if t.alive(heartbeat_timeout_s) else '**no**'} | {cell(t.owner or '-')} "
+            f"| {cell(standbys_text(t) or '-')} "
             f"| {_fmt(t.owner_epoch)} | {_fmt(t.heartbeat_age_s)} | {t.committed_txid} | {_fmt(t.txid_in_flight)} "
             f"| {t.rows_per_s:.1f} | {t.rows_out_per_s:.1f} | {_error_cell(t)} |"
         )

@@ -22,6 +22,8 @@ from typing import Any
 import dagster as dg
 
 from stream_ops.kafka.sink_options import KafkaSinkSpec
+from stream_ops.orchestration.markdown import cell
+from stream_ops.orchestration.markdown import table as markdown_table
 from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.sinks import committed_files, committed_markers
 from stream_ops.topology.plan import Plan, SinkSpec
@@ -135,9 +137,7 @@ def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     if newest is not None and newest.exists():
         table = pq.read_table(newest).slice(0, _PREVIEW_ROWS)
         columns = table.column_names
-        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in table.to_pylist()]
-        preview = "\n".join(lines)
+        preview = markdown_table([cell(c) for c in columns], [[row[c] for c in columns] for row in table.to_pylist()])
     return {
         "rows": rows,
         "files": len(files),

@@ -48,6 +48,7 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
+from stream_ops.orchestration.markdown import table
 from stream_ops.orchestration.resources import StreamClusterResource, ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, CompactStateConfig
 from stream_ops.orchestration.translator import StreamOpsTranslator
@@ -194,12 +195,12 @@ def state_topic_description(conf: Mapping[str, Any], stage: StageSpec) -> str:
 
 
 def _preview(info: SnapshotInfo) -> str:
-    lines = ["| key | value |", "|---|---|"]
-    for key, value in itertools.islice(read_snapshot(info.path), _PREVIEW_ROWS):
-        lines.append(f"| {', '.join(str(k) for k in key)} | {value!r} |")
+    rows: list[tuple[object, object]] = [
+        (", ".join(str(k) for k in key), repr(value)) for key, value in itertools.islice(read_snapshot(info.path), _PREVIEW_ROWS)
+    ]
     if info.keys > _PREVIEW_ROWS:
-        lines.append(f"| ... {info.keys - _PREVIEW_ROWS} more | |")
-    return "\n".join(lines)
+        rows.append((f"... {info.keys - _PREVIEW_ROWS} more", ""))
+    return table(["key", "value"], rows)
 
 
 def snapshot_metadata(target: StateQueue, info: SnapshotInfo | None) -> dict[str, Any]:
@@ -226,8 +227,9 @@ def snapshot_metadata(target: StateQueue, info: SnapshotInfo | None) -> dict[str
             metadata["epoch"] = dg.MetadataValue.int(info.epoch)
         if info.offset is not None:
             metadata["state_topic_offset"] = dg.MetadataValue.int(info.offset)
+        # A code block ends at a line of backticks only; the path is one repr'd line.
         metadata["read_with"] = dg.MetadataValue.md(
-            f"```python\nspark.read.parquet({str(info.path)!r})\nduckdb.sql(\"select * from read_parquet('{info.path}')\")\n```"
+            f'```python\nspark.read.parquet({str(info.path)!r})\nduckdb.sql("select * from read_parquet({str(info.path)!r})")\n```'
         )
         metadata["preview"] = dg.MetadataValue.md(_preview(info))
     return metadata
@@ -360,10 +362,7 @@ def build_compact_op(
                         continue
                     targets.append(resolve_state_queue(store, cluster, topology_id, running, stage.name, queue_number))
             summary: dict[str, Any] = {"topology_id": topology_id, "queues": 0, "deleted_files": 0, "deleted_bytes": 0}
-            rows = [
-                "| stage | queue | state topic | txid | keys | bytes | deleted | kept | seconds |",
-                "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-            ]
+            rows: list[tuple[object, ...]] = []
             for target in targets:
                 result = _compact(store, cluster, target, running, delete_covered=True) if target.committed_txid >= 0 else None
                 if result is None:
@@ -374,8 +373,8 @@ def build_compact_op(
                 summary["deleted_files"] += result.deleted_files
                 summary["deleted_bytes"] += result.deleted_bytes
                 rows.append(
-                    f"| {target.stage.name} | {target.queue_number} | {target.state_topic} | {info.txid} | {info.keys} "
-                    f"| {info.bytes} | {result.deleted_files} | {result.kept_files} | {info.seconds:.3f} |"
+                    (target.stage.name, target.queue_number, target.state_topic, info.txid, info.keys, info.bytes)
+                    + (result.deleted_files, result.kept_files, f"{info.seconds:.3f}")
                 )
                 context.log.info(
                     f"{target.stage.name} queue {target.queue_number} ({target.state_topic}): snapshot at txid {info.txid} "
@@ -399,7 +398,13 @@ def build_compact_op(
                 "queues_compacted": summary["queues"],
                 "deleted_files": summary["deleted_files"],
                 "deleted_bytes": summary["deleted_bytes"],
-                "queues": dg.MetadataValue.md("\n".join(rows)),
+                "queues": dg.MetadataValue.md(
+                    table(
+                        ["stage", "queue", "state topic", "txid", "keys", "bytes", "deleted", "kept", "seconds"],
+                        rows,
+                        ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"],
+                    )
+                ),
             },
         )
 
