@@ -9,9 +9,10 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from stream_ops.durable_files import DEFAULT_UMASK
 from stream_ops.spark.driver_batches import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF
 from stream_ops.spark.jvm_classes import jvm_classes_jar, with_jvm_classes
-from stream_ops.spark.local_fs import bind_local_fs
+from stream_ops.spark.local_fs import UMASK_KEY, bind_local_fs, checkpoint_umask
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,11 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
+    # Hadoop chmods every checkpoint file and directory it creates to its default mode less this
+    # umask (022 unless set: 0644/0755, readable by every local user, whatever the process umask):
+    # 027 gives 0640/0750, as ClusterConfig.umask's default does for stream_ops' own files.
+    # create_spark_session sets it from the process umask (spark/local_fs.py, checkpoint_umask).
+    f"spark.hadoop.{UMASK_KEY}": f"{DEFAULT_UMASK:03o}",
 }
 
 
@@ -59,12 +65,21 @@ def create_spark_session(
     it is not there (:mod:`stream_ops.kafka.jars`; raises ``KafkaJarsError`` when it cannot),
     None adds it only when the cache has it, False never. It counts only when this call
     starts the JVM.
+
+    Spark's checkpoints get the modes of the process umask (``ClusterConfig.umask``, which
+    workers and the CLI apply before they start Spark), at most 0640/0750, unless ``conf``
+    sets ``spark.hadoop.fs.permissions.umask-mode``.
     """
     builder = SparkSession.builder.master(master).appName(app_name)
     # Python workers must run the interpreter that has stream_ops and its dependencies; the
     # JVM reads PYSPARK_PYTHON from the environment it is launched with.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    defaults = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    defaults = {
+        **DEFAULT_CONF,
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        f"spark.hadoop.{UMASK_KEY}": checkpoint_umask(),
+    }
     settings = {**defaults, **dict(conf or {})}
     if kafka_connector is not False:
         from stream_ops.kafka.jars import with_kafka_connector
