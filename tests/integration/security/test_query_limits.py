@@ -1,8 +1,9 @@
-"""The state-query server cannot starve its worker (issue 17, items 6 and 8).
+"""The state-query server cannot starve its worker (issue 17, items 6 and 8; issue 30).
 
-* Connections beyond the cap get 503 at once; a client dripping its request is cut off at the
-  request's deadline (not kept alive by each byte); deeply nested ``keys`` get 400; every
-  error is a JSON reply and one log line, never a traceback.
+* Connections beyond a peer's share of the pending slots get 503 at once, and requests with
+  the token beyond the served slots too; a client dripping its request is cut off at the
+  auth deadline (not kept alive by each byte); deeply nested ``keys`` get 400; every error is a
+  JSON reply and one log line, never a traceback.
 * A worker process under a low open-files limit raises it to the hard limit, and keeps its
   ZooKeeper session and its tasks while a thousand clients drip one byte every few seconds
   into its query port (before: descriptors ran out, kazoo could not reconnect, the session and
@@ -37,6 +38,7 @@ from stream_ops.runtime.query_server import MAX_JSON_DEPTH, QueryLimits, QuerySe
 from stream_ops.topics.producer import produce
 
 HERE = Path(__file__).resolve().parent
+OTHER_LOOPBACK = "127.0.0.2"  # Linux routes all of 127/8 to lo: another peer on this machine
 REPO = HERE.parents[2]
 
 
@@ -46,10 +48,13 @@ def _lookup(topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list
     return [len(key) for key in keys] if topology_id == "wc-1-1700000000" else None
 
 
+SMALL = QueryLimits(max_connections=2, max_pending=4, max_pending_per_peer=2, auth_deadline_s=1.5)
+"""Two requests served at once, four pending connections (two per peer), 1.5 s to send a request."""
+
+
 @pytest.fixture
 def small_server() -> Iterator[QueryServer]:
-    """A query server for 4 connections at once, 1.5 s per request."""
-    srv = QueryServer("127.0.0.1", 0, _lookup, limits=QueryLimits(max_connections=4, request_deadline_s=1.5))
+    srv = QueryServer("127.0.0.1", 0, _lookup, limits=SMALL)
     srv.start()
     try:
         yield srv
@@ -61,9 +66,9 @@ def _port(srv: QueryServer) -> int:
     return int(srv.server_address[1])
 
 
-def _raw_get(port: int, target: str, timeout_s: float = 5) -> tuple[int, dict[str, Any]]:
-    """``GET target`` sent as is (no URL encoding); (status, JSON body)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+def _raw_get(port: int, target: str, timeout_s: float = 5, source: str | None = None) -> tuple[int, dict[str, Any]]:
+    """``GET target`` sent as is (no URL encoding) from ``source`` (an address); (status, JSON body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s, source_address=(source, 0) if source else None) as sock:
         sock.sendall(f"GET {target} HTTP/1.0\r\n\r\n".encode("latin-1"))
         chunks = []
         while chunk := sock.recv(65536):
@@ -72,24 +77,57 @@ def _raw_get(port: int, target: str, timeout_s: float = 5) -> tuple[int, dict[st
     return int(head.split()[1]), json.loads(body)
 
 
-def test_connections_over_the_cap_get_503_at_once(small_server: QueryServer, wait_until: Any) -> None:
+def test_connections_over_a_peers_pending_cap_get_503_at_once(small_server: QueryServer, wait_until: Any) -> None:
     port = _port(small_server)
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
     try:
-        wait_until(lambda: small_server.active_connections == 4, 5, "4 connections to hold the 4 slots")
+        wait_until(lambda: small_server.pending_connections == 2, 5, "2 connections to hold 127.0.0.1's 2 pending slots")
         started = time.monotonic()
         assert _health(port, timeout_s=3) == 503
         assert time.monotonic() - started < 1.0
         status, body = _raw_get(port, "/health")
-        assert status == 503 and "limit of 4 connections" in body["error"]
-        assert small_server.active_connections == 4  # refused by the accepting thread, no slot taken
+        assert status == 503 and "2 connections from your address" in body["error"]
+        assert small_server.pending_connections == 2  # refused by the accepting thread, no slot taken
+        # Another peer has slots of its own.
+        assert _health(port, timeout_s=3, source=OTHER_LOOPBACK) == 200
     finally:
         for sock in idle:
             sock.close()
     wait_until(lambda: _health(port, timeout_s=3) == 200, 5, "a slot to be free again")
 
 
-def test_a_slow_drip_client_is_cut_off_at_the_request_deadline(small_server: QueryServer, wait_until: Any) -> None:
+def test_requests_over_the_served_cap_get_503_and_the_rest_is_still_answered(wait_until: Any) -> None:
+    release = threading.Event()
+
+    def blocking(topology_id: str, task_id: int, keys: list[tuple[Any, ...]]) -> list[Any] | None:
+        release.wait(10)
+        return [0 for _ in keys]
+
+    srv = QueryServer("127.0.0.1", 0, blocking, limits=SMALL)
+    srv.start()
+    port = _port(srv)
+    answers: list[int] = []
+    try:
+        held = [
+            threading.Thread(target=lambda: answers.append(_raw_get(port, "/query?topology=t&task=1&keys=[[1]]")[0]))
+            for _ in range(2)
+        ]
+        for thread in held:
+            thread.start()
+        wait_until(lambda: srv.served_connections == 2, 5, "two requests to hold both served slots")
+        status, body = _raw_get(port, "/query?topology=t&task=1&keys=[[1]]", source=OTHER_LOOPBACK)
+        assert status == 503 and "serving its limit of 2 requests" in body["error"]
+        assert _health(port, timeout_s=3) == 200  # answered from a pending slot
+        release.set()
+        for thread in held:
+            thread.join(10)
+        assert answers == [200, 200]
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_a_slow_drip_client_is_cut_off_at_the_auth_deadline(small_server: QueryServer, wait_until: Any) -> None:
     port = _port(small_server)
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -150,9 +188,9 @@ def test_every_handler_error_is_json_with_one_log_line(
     assert "Traceback" not in capfd.readouterr().err
 
 
-def _health(port: int, timeout_s: float) -> int:
-    """Status of ``GET /health`` (raises OSError when nothing answers in time)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+def _health(port: int, timeout_s: float, source: str | None = None) -> int:
+    """Status of ``GET /health`` from ``source`` (raises OSError when nothing answers in time)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s, source_address=(source, 0) if source else None)
     try:
         conn.request("GET", "/health")
         reply = conn.getresponse()
