@@ -17,13 +17,14 @@ from stream_ops.coordination.cluster_state import find_topology_id, list_topolog
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, TaskRecord, TopologyStatusName, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
-from stream_ops.errors import SubmissionError
+from stream_ops.errors import StreamOpsError, SubmissionError
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.nimbus.code_archive import build_code_archive
-from stream_ops.nimbus.dist_store import write_submission
+from stream_ops.nimbus.dist_store import load_submission, write_submission
 from stream_ops.topology.dsl import Topology
 from stream_ops.topology.plan import Plan, build_plan
+from stream_ops.topology.sink_paths import clashes, sink_directories
 
 __all__ = [
     "activate",
@@ -70,6 +71,7 @@ def submit(
     if find_topology_id(store, topology.name, missing_ok=True) is not None:
         raise SubmissionError(f"a topology named {topology.name!r} is already running; kill it first")
     plan = build_plan(topology)
+    _refuse_shared_sink_directories(store, cluster, plan)
     code = build_code_archive(plan)  # refused (symlink out of a package, ...) before anything is written
     counter = store.next_counter(ZkPaths.ID_COUNTER)
     topology_id = f"{topology.name}-{counter}-{int(clock())}"
@@ -100,6 +102,34 @@ def submit(
     reassign(store, topology_id, clock=clock)
     logger.info("submitted %s: %d stages, %d tasks, %d workers wanted", topology_id, len(plan.stages), len(plan.tasks), workers)
     return topology_id
+
+
+def _refuse_shared_sink_directories(store: ZkStore, cluster: ClusterConfig, plan: Plan) -> None:
+    """Refuse ``plan`` if one of its file sinks would write where a running topology's sink writes.
+
+    Raises:
+        SubmissionError: Naming both topologies, both sinks and the directories.
+    """
+    ours = list(sink_directories(plan))
+    if not ours:
+        return
+    for storm in list_topologies(store):
+        if storm.status == "KILLED":
+            continue
+        try:
+            theirs = list(sink_directories(load_submission(cluster.resolved_dist_dir(), storm).plan))
+        except StreamOpsError as e:
+            logger.warning("cannot read the sinks of %s to check them against %s's: %s", storm.topology_id, plan.topology, e)
+            continue
+        for name, directory in ours:
+            for other, other_directory in theirs:
+                if clashes(directory, other_directory):
+                    raise SubmissionError(
+                        f"topology {plan.topology!r}: sink {name!r} would write {directory}, where sink {other!r} of the "
+                        f"running topology {storm.topology_id} writes ({other_directory}): two sinks on one directory "
+                        "(or one inside the other) overwrite or read each other's files; give the sink another "
+                        "directory, or kill the other topology first"
+                    )
 
 
 def _create_nodes(store: ZkStore, plan: Plan, layout: TopologyLayout, storm: StormRecord) -> None:

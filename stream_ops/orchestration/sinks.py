@@ -112,7 +112,7 @@ def kafka_sink_metadata(spec: KafkaSinkSpec) -> dict[str, Any]:
 def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     """Metadata of a Parquet sink's committed files, or None before its first commit.
 
-    Keys: ``rows``, ``files``, ``last_txids`` (task -> last committed txid), ``preview``
+    Keys: ``rows``, ``files``, ``last_txids`` (``<topology id>.<sink>/<task>`` -> last committed txid), ``preview``
     (the first rows of the newest committed file, as Markdown).
     """
     import pyarrow.parquet as pq
@@ -124,7 +124,8 @@ def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:
     files = committed_files(root)
     last_txids: dict[str, int] = {}
     for marker in markers:
-        task = str(marker["task"])
+        # Per submission and task: a resubmitted topology's txids start again at 0.
+        task = f"{marker['owner']}/{marker['task']}" if marker.get("owner") else str(marker["task"])
         last_txids[task] = max(last_txids.get(task, -1), int(marker["txid"]))
     rows = 0
     for file in files:

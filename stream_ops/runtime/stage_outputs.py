@@ -91,11 +91,15 @@ class StageOutputs:
                 self._kafka_shuffles[shuffle.to_stage] = layout.shuffle_delivery_topic(stage, to_stage)
         for output in stage.outputs:
             if isinstance(output, SinkSpec) and output.format == "parquet":
-                from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
+                from stream_ops.sinks.parquet_sink import ParquetSink, sink_owner  # pyarrow, only for Parquet sinks
 
                 assert output.path is not None
                 self._sinks[output.name] = ParquetSink(
-                    output.path, output.fields, partition_by=output.partition_by, durable=layout.cluster.fsync
+                    output.path,
+                    output.fields,
+                    partition_by=output.partition_by,
+                    durable=layout.cluster.fsync,
+                    owner=sink_owner(layout.topology_id, output.name),
                 )
             elif isinstance(output, SinkSpec) and output.format == "topic":
                 assert output.path is not None and output.queues is not None

@@ -1,10 +1,11 @@
 """Parquet sink files: a task's batch as Parquet files that become visible only once committed.
 
-Layout under the sink's root::
+Layout under the sink's root (``<owner>`` is ``<topology id>.<sink name>``, so files of two
+submissions, or of two sinks, never share a name: a resubmitted topology's txids start again at 0)::
 
-    <root>/[<col>=<value>/...]t00003-x000000000012-e000001.parquet   committed, visible
-    <root>/_staging/[<col>=<value>/...]t...-e....parquet.staged       staged, invisible
-    <root>/_committed/t00003-x000000000012.json                      one marker per committed batch
+    <root>/[<col>=<value>/...]<owner>.t00003-x000000000012-e000001.parquet   committed, visible
+    <root>/_staging/[<col>=<value>/...]<owner>.t...-e....parquet.staged       staged, invisible
+    <root>/_committed/<owner>.t00003-x000000000012.json                      one marker per committed batch
 
 A batch is written with an explicit schema from the stream's fields, hive-partitioned by
 ``partition_by`` (values escaped as Hive and Spark do; null or empty is
@@ -13,7 +14,7 @@ files end in ``.staged`` under ``_staging/`` (Spark skips ``_`` directories, and
 ``*.parquet`` glob matches them), so ``spark.read.parquet(root)`` and DuckDB's
 ``read_parquet('root/**/*.parquet', hive_partitioning=true)`` only ever see complete,
 committed files. Publishing renames them into place after the ZooKeeper commit and writes the
-batch's marker (``{"task", "txid", "epoch", "files"}``), which readers that want exactly the
+batch's marker (``{"task", "txid", "epoch", "files", "owner"}``), which readers that want exactly the
 committed files can use (:func:`committed_files`, :func:`read_table`). One marker per batch,
 so tasks (and a stale owner finishing its last publish) never write the same marker file.
 """
@@ -43,15 +44,15 @@ COMMITTED = "_committed"
 STAGED_SUFFIX = ".staged"
 DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
-_BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.parquet$")
+_BATCH_FILE = re.compile(r"^(?P<owner>[^/]*\.)?t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)\.parquet$")
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 # Hive's FileUtils.escapePathName set (Spark uses the same): control characters and these.
 _ESCAPED = set("\"#%'*/:=?\\\x7f{[]^")
 
 
-def batch_file_name(task_id: int, txid: int, epoch: int) -> str:
-    """``t<task>-x<txid>-e<epoch>.parquet``: what a task writes for one batch (per partition)."""
-    return f"t{task_id:05d}-x{txid:012d}-e{epoch:06d}.parquet"
+def batch_file_name(task_id: int, txid: int, epoch: int, owner: str | None = None) -> str:
+    """``[<owner>.]t<task>-x<txid>-e<epoch>.parquet``: what a task writes for one batch (per partition)."""
+    return f"{owner + '.' if owner else ''}t{task_id:05d}-x{txid:012d}-e{epoch:06d}.parquet"
 
 
 def escape_partition_value(value: Any) -> str:
@@ -80,12 +81,21 @@ class ParquetSink:
         fields: The stream's fields and their types (the files' schema, minus partition columns).
         partition_by: Fields whose values become ``col=value`` directories.
         durable: fsync files and directories (turn off only for throwaway data).
+        owner: Prefix of every file name: the runtime gives ``<topology id>.<sink name>``
+            (:func:`sink_owner`); None writes bare ``t-x-e`` names (one writer only).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], fields: Mapping[str, str], *, partition_by: Sequence[str] = (), durable: bool = True
+        self,
+        path: str | os.PathLike[str],
+        fields: Mapping[str, str],
+        *,
+        partition_by: Sequence[str] = (),
+        durable: bool = True,
+        owner: str | None = None,
     ) -> None:
         self.root = Path(path)
+        self.owner = owner
         self.fields = dict(fields)
         self.partition_by = tuple(partition_by)
         self.durable = durable
@@ -110,7 +120,7 @@ class ParquetSink:
                 f"{partition_column(f)}={escape_partition_value(value_or_none(record, f))}" for f in self.partition_by
             )
             by_partition[directory].append(record)
-        name = batch_file_name(task_id, txid, epoch)
+        name = batch_file_name(task_id, txid, epoch, self.owner)
         written = []
         for directory, rows in sorted(by_partition.items()):
             relative = f"{directory}/{name}" if directory else name
@@ -142,7 +152,7 @@ class ParquetSink:
 
     def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
         """Relative path -> size of every staged file of (task, txid, epoch)."""
-        name = batch_file_name(task_id, txid, epoch) + STAGED_SUFFIX
+        name = batch_file_name(task_id, txid, epoch, self.owner) + STAGED_SUFFIX
         staging = self.root / STAGING
         if not staging.exists():
             return {}
@@ -176,10 +186,14 @@ class ParquetSink:
         return moved
 
     def _write_marker(self, task_id: int, txid: int, epoch: int, files: list[str]) -> None:
-        marker = self.root / COMMITTED / f"t{task_id:05d}-x{txid:012d}.json"
+        owner = f"{self.owner}." if self.owner else ""
+        marker = self.root / COMMITTED / f"{owner}t{task_id:05d}-x{txid:012d}.json"
         if marker.exists():
             return
-        text = json.dumps({"task": task_id, "txid": txid, "epoch": epoch, "files": files})
+        body: dict[str, Any] = {"task": task_id, "txid": txid, "epoch": epoch, "files": files}
+        if self.owner:
+            body["owner"] = self.owner
+        text = json.dumps(body)
         self._replace_atomically(marker, lambda temp: temp.write_text(text, encoding="utf-8"))
 
     def _safe(self, relative: str) -> Path:
@@ -202,13 +216,25 @@ class ParquetSink:
             temp = _TEMP_FILE.match(path.name)
             name = temp["name"] if temp else path.name
             found = _BATCH_FILE.match(name.removesuffix(STAGED_SUFFIX))
-            if found is None or int(found["task"]) != task_id or int(found["epoch"]) >= below_epoch:
+            if found is None or (found["owner"] or "")[:-1] != (self.owner or "") or int(found["task"]) != task_id:
+                continue
+            if int(found["epoch"]) >= below_epoch:
                 continue
             if temp is None and (int(found["txid"]), int(found["epoch"])) == keep:
                 continue
             path.unlink(missing_ok=True)
             removed += 1
         return removed
+
+
+def sink_owner(topology_id: str, sink_name: str) -> str:
+    """The file-name prefix of one sink of one submission: ``<topology id>.<sink name>``.
+
+    Example:
+        >>> batch_file_name(3, 12, 1, sink_owner("wordcount-4-1700000000", "out"))
+        'wordcount-4-1700000000.out.t00003-x000000000012-e000001.parquet'
+    """
+    return f"{topology_id}.{sink_name}"
 
 
 def _cell(value: Any, typ: str) -> Any:
@@ -220,7 +246,7 @@ def _cell(value: Any, typ: str) -> Any:
 def committed_markers(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every committed batch's marker of the sink at ``path``, by task then txid."""
     markers = []
-    for marker in sorted((Path(path) / COMMITTED).glob("t*-x*.json")):
+    for marker in sorted((Path(path) / COMMITTED).glob("*t*-x*.json")):
         try:
             markers.append(json.loads(marker.read_text(encoding="utf-8")))
         except FileNotFoundError:

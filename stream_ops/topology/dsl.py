@@ -22,6 +22,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from stream_ops.errors import TopologyDefinitionError
@@ -35,6 +36,7 @@ from stream_ops.topology.definition_checks import check_queues as _check_queues
 from stream_ops.topology.definition_checks import state_type as _state_type
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
+from stream_ops.topology.sink_paths import FILE_SINK_FORMATS, clashes, sink_directory
 
 if TYPE_CHECKING:
     from stream_ops.topology.windowed import WindowedStream, WindowNode
@@ -220,6 +222,7 @@ class Topology:
         self._queries: dict[str, StateHandle] = {}
         self._states: dict[str, StateHandle] = {}
         self._sinks: dict[str, str] = {}
+        self._sink_directories: dict[str, Path] = {}
         self._named: dict[str, Stream] = {}
         self._side: dict[str, tuple[Segment, dict[str, str], str]] = {}
         """Side streams not read yet: name -> (stage, fields, who declared it)."""
@@ -546,9 +549,20 @@ class Topology:
         """Names of the topology's sinks."""
         return tuple(self._sinks)
 
-    def _add_sink(self, name: str, what: str) -> None:
+    def _add_sink(self, name: str, what: str, path: str | None = None) -> None:
+        """Record sink ``name``; ``path``: the directory a file sink writes, which no other sink may share."""
         if name in self._sinks:
             raise TopologyDefinitionError(f"{what}: topology {self.name!r} already has a sink named {name!r}; pass name=")
+        if path is not None:
+            directory = sink_directory(path)
+            for other, other_directory in self._sink_directories.items():
+                if clashes(directory, other_directory):
+                    raise TopologyDefinitionError(
+                        f"{what}: sink {name!r} would write {directory}, and sink {other!r} of topology {self.name!r} "
+                        f"writes {other_directory}: two sinks on one directory (or one inside the other) overwrite or "
+                        "read each other's files; give each sink a directory of its own"
+                    )
+            self._sink_directories[name] = directory
         self._sinks[name] = what
 
     def _add_state(self, handle: StateHandle) -> StateHandle:
@@ -1156,7 +1170,7 @@ class Stream:
 
     def _add_sink(self, what: str, name: str | None, spec: dict[str, Any]) -> None:
         sink_name = _check_name("sink", name or f"{self._segment.name}-{spec['format']}")
-        self._topology._add_sink(sink_name, what)
+        self._topology._add_sink(sink_name, what, spec["path"] if spec["format"] in FILE_SINK_FORMATS else None)
         self._connect({"kind": "sink", "name": sink_name, "fields": dict(self._fields), **spec}, what)
 
 
