@@ -167,9 +167,10 @@ def _query_findings(store: ZkStore, zookeeper: ZooKeeperConfig, query: QueryConf
         "ok" if config.tls_ca is not None else "warn",
         f"clients verify workers against {config.tls_ca}"
         if config.tls_ca is not None
-        else "off: the bearer token and the state workers answer with cross the network in clear text, so whoever can "
-        "watch the traffic between clients and workers reads both and can then query every worker. Fine on a private "
-        "network; otherwise --query-tls-cert/--query-tls-key/--query-tls-ca (deployments/cluster/README.md)",
+        else "off: queries, their bearer token and the state workers return cross the network in clear text, so "
+        "whoever can watch the traffic between clients and workers reads them and, with the token, can query every "
+        "worker. Fine on a private network; otherwise --query-tls-cert/--query-tls-key/--query-tls-ca "
+        "(deployments/cluster/README.md)",
     )
     access = QueryAccess.resolve(zookeeper, config)
     for worker_id, record in sorted(live_workers(store).items()):
@@ -248,7 +249,8 @@ def file_findings(cluster: ClusterConfig, max_files: int = DEFAULT_MAX_FILES) ->
     roots = _roots(cluster)
     findings = [_root_finding(root, policy) for root in roots]
     walked = [root for root in roots if root.walk and root.resolved is not None and not root.problems]
-    findings.append(_paths_finding(walked, policy, max_files))
+    skipped = [root.kind for root in roots if root.walk and root.problems]
+    findings.append(_paths_finding(walked, skipped, policy, max_files))
     return findings
 
 
@@ -275,11 +277,12 @@ def _root_finding(root: _Root, policy: _Policy) -> Finding:
     exists = _look_up(root, policy)
     shown = f"{root.path}" + "".join(f" -> {link}" for link in root.links)
     if root.problems:
+        problems = list(dict.fromkeys(root.problems))  # a directory passed twice (a link, "..") counts once
         return Finding(
             "files",
             check,
             "fail",
-            f"{shown}: {'; '.join(root.problems)}. Another user could read or replace the cluster's files there: "
+            f"{shown}: {'; '.join(problems)}. Another user could read or replace the cluster's files there: "
             f"make each directory on the way owned by the cluster's user (or root) and not writable by others "
             f"(chmod {policy.chmod_advice()})",
         )
@@ -350,7 +353,7 @@ def _check_directory_on_the_way(directory: Path, policy: _Policy, problems: list
         problems.append(f"{directory} (above it) is {stat.filemode(st.st_mode)}: writable by others")
 
 
-def _paths_finding(roots: list[_Root], policy: _Policy, max_files: int) -> Finding:
+def _paths_finding(roots: list[_Root], skipped: list[str], policy: _Policy, max_files: int) -> Finding:
     check = f"data files {0o666 & ~policy.loose_bits:04o} / directories {0o777 & ~policy.loose_bits:04o}"
     walkers = {root.kind: _breadth_first(root.resolved) for root in roots if root.resolved is not None}
     counts = dict.fromkeys(walkers, 0)
@@ -376,6 +379,8 @@ def _paths_finding(roots: list[_Root], policy: _Policy, max_files: int) -> Findi
     unreached = [kind for kind in active if next(walkers[kind], None) is not None]
     covered = ", ".join(f"{kind} {counts[kind]}" + (" (cut short)" if kind in unreached else "") for kind in walkers)
     summary = f"{total} paths checked ({covered or 'no roots to walk'})"
+    if skipped:
+        summary += f" (not walked: {', '.join(skipped)}, whose root fails)"
     cut = ""
     if unreached:
         cut = (
@@ -395,8 +400,8 @@ def _paths_finding(roots: list[_Root], policy: _Policy, max_files: int) -> Findi
             check,
             "fail",
             f"{found} of {summary} allow group writes or access by others, belong to another user, are symlinks "
-            f"or cannot be read: {shown}. chmod -R {policy.chmod_advice()} them (the cluster's processes create "
-            f"files with ClusterConfig.umask, 0o{policy.loose_bits:03o} here, from then on){cut}",
+            f"or cannot be read: {shown}. chmod -R {policy.chmod_advice()} them (what stream_ops and Spark create from "
+            f"then on has the cluster's modes by itself){cut}",
         )
     if unreached:
         return Finding("files", check, "warn", f"none loose among {summary}{cut}")

@@ -6,8 +6,8 @@ tasks run on ``spark://`` and the nimbus monitor. ZooKeeper has digest authentic
 open reads. Sentences are fed continuously to the word count; the ZooKeeper leader and then a
 Spark worker are SIGKILLed while batches flow, and after each crash the commits must go on.
 At the end every count equals the ground truth computed from what was fed, every znode carries
-the cluster's ACL, an unauthenticated client can read but not move an assignment, and no
-process is left behind.
+the cluster's ACL, an unauthenticated client can read but not move an assignment, ``bin/stream-ops.sh
+doctor`` finds nothing to fix (TLS off is its only warning), and no process is left behind.
 
 ``test_dagster_instance_on_postgresql``: ``bin/postgres-local.sh`` starts a PostgreSQL from
 Debian's binaries (initdb into a temporary directory, free port) and a Dagster instance
@@ -38,7 +38,8 @@ from stream_ops.coordination.acl import audit_acls
 from stream_ops.coordination.ensemble import connect_string, parse_servers, render_zoo_cfg, wait_for_quorum
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import CoordinationError
+from stream_ops.durable_files import apply_umask
+from stream_ops.errors import CoordinationError, StreamOpsError
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
@@ -74,6 +75,17 @@ def _wait_for_progress(store: ZkStore, topology_id: str, since: dict[int, int], 
             return
         assert time.monotonic() < deadline, f"no commits past {since} within {timeout_s}s after {what}: {now}"
         time.sleep(0.3)
+
+
+def _doctor(cluster: ClusterStack) -> list[dict[str, object]]:
+    """``bin/stream-ops.sh doctor --json``'s findings; on a failure, its report in the message."""
+    try:
+        return list(json.loads(cluster.run_script("stream-ops.sh", "doctor", "--json")))
+    except StreamOpsError as e:
+        again = subprocess.run(
+            [str(cluster.bin / "stream-ops.sh"), "doctor"], env=cluster.env(), capture_output=True, text=True, timeout=120
+        )
+        pytest.fail(f"{e}\n{again.stdout}")
 
 
 def _missing_cli_options() -> list[str]:
@@ -165,7 +177,13 @@ def test_word_count_on_the_cluster_survives_zookeeper_and_spark_worker_crashes(c
         shared = Path(cluster.settings["STREAM_OPS_HOME"])
         topology = build_wordcount(shared / "input" / "sentences", name="wc-cluster")
         with ZkStore.connect(zk) as store:
-            topology_id = submit(store, cluster.cluster, topology, workers=2)
+            # With the cluster's umask, as `stream-ops submit` runs (the dist store entry's
+            # directory is created with the process umask).
+            previous_umask = apply_umask(cluster.cluster.umask)
+            try:
+                topology_id = submit(store, cluster.cluster, topology, workers=2)
+            finally:
+                apply_umask(previous_umask)
             feeder = threading.Thread(target=_feeder, args=(topology.chains[0].source.topic, sent, feed_stop))
             feeder.start()
 
@@ -223,6 +241,17 @@ def test_word_count_on_the_cluster_survives_zookeeper_and_spark_worker_crashes(c
             assert all(t["committed_txid"] >= 0 for t in status["tasks"])
             members = json.loads(cluster.run_script("zookeeper-status.sh"))
             assert members[str(leader)] is None and sorted(filter(None, members.values())) == ["follower", "leader"]
+
+            # The cluster as the scripts started it passes doctor with no manual fix: Spark's
+            # checkpoints included (0750/0640), and only TLS (optional, off here) a warning.
+            t = time.monotonic()
+            report = _doctor(cluster)
+            assert [f for f in report if f["status"] == "fail"] == [], report
+            assert {f["check"] for f in report if f["status"] == "warn"} == {"TLS"}, report
+            checked = {f["check"] for f in report}
+            assert {"home root", "checkpoints root", "data files 0640 / directories 0750"} <= checked
+            assert sum(c.startswith("worker ") for c in checked) == 2, "both workers' query ports probed"
+            timings["doctor"] = time.monotonic() - t
     finally:
         feed_stop.set()
         if feeder is not None:
