@@ -284,7 +284,7 @@ def _root_finding(root: _Root, policy: _Policy) -> Finding:
             "fail",
             f"{shown}: {'; '.join(problems)}. Another user could read or replace the cluster's files there: "
             f"make each directory on the way owned by the cluster's user (or root) and not writable by others "
-            f"(chmod {policy.chmod_advice()})",
+            f"(chmod {policy.chmod_advice()}); doctor takes the user it runs as for the cluster's",
         )
     if not exists:
         return Finding("files", check, "ok", f"{shown} does not exist yet; every directory above it is the cluster's or root's")
@@ -415,24 +415,24 @@ def _breadth_first(root: Path) -> Iterator[tuple[Path, os.stat_result | None, st
     while queue:
         directory = queue.popleft()
         try:
-            with os.scandir(directory) as scanned:
-                entries = list(scanned)
+            scanned = os.scandir(directory)
         except FileNotFoundError:
             continue
         except OSError as e:
             yield directory, None, f"cannot be listed: {e.strerror}"
             continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                yield Path(entry.path), None, f"cannot be inspected: {e.strerror}"
-                continue
-            yield Path(entry.path), st, None
-            if stat.S_ISDIR(st.st_mode):
-                queue.append(Path(entry.path))
+        with scanned:  # read as consumed: a huge directory is not held in memory past the cap
+            for entry in scanned:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    yield Path(entry.path), None, f"cannot be inspected: {e.strerror}"
+                    continue
+                yield Path(entry.path), st, None
+                if stat.S_ISDIR(st.st_mode):
+                    queue.append(Path(entry.path))
 
 
 def _user(uid: int) -> str:
