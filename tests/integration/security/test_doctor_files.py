@@ -34,6 +34,7 @@ def _write_files(directory: Path, count: int, mode: int = 0o640) -> None:
     make_dirs(directory)
     for i in range(count):
         fd = os.open(directory / f"f{i:05d}.jsonl", os.O_WRONLY | os.O_CREAT, mode)
+        os.fchmod(fd, mode)  # whatever the process umask is (a worker of another test sets 027)
         os.close(fd)
 
 
