@@ -896,6 +896,34 @@ def supervisor(obj: _Context, num_workers: int, host: str, base_port: int, worke
     Supervisor(zk_config, obj.home, host=host, ports=ports, worker_args=worker_args).run(stop)
 
 
+_FRESH_OPTION = click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start clean: remove what a previous stack left under --home (ZooKeeper and Kafka data, topics, "
+    "checkpoints, state, input, Dagster). Without it a stack started again resumes the topology it finds.",
+)
+
+
+def _start_local_stack_home(home: Path, fresh: bool) -> None:
+    """Say the stack is insecure, and clear ``home`` first when ``fresh``."""
+    from stream_ops.local_stack import clear_stack_state
+
+    _say_local_stack_is_insecure()
+    if fresh:
+        removed = clear_stack_state(home)
+        click.echo(f"--fresh: removed {', '.join(p.name for p in removed) or 'nothing'} under {home}", err=True)
+
+
+def _say_how_started(results: dict[str, Any]) -> None:
+    """One line on stderr: whether the topology was submitted, resumed or resubmitted."""
+    how = {
+        "submitted": "submitted",
+        "resumed": "resumed (same plan and code; its tasks go on from their committed state)",
+        "resubmitted": "resubmitted (its plan or code changed: the old submission was killed, state starts empty)",
+    }[results["started"]]
+    click.echo(f"{results['topology_id']}: {how}", err=True)
+
+
 _KAFKA_OPTION = click.option(
     "--kafka",
     is_flag=True,
@@ -922,6 +950,7 @@ def _kafka_port(kafka: bool, port: int) -> int | None:
 @click.option("--topology", "topology_ref", default=None, help=f"Topology to run [default: {EXAMPLE_TOPOLOGY}].")
 @click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
 @click.option("--timeout", default=180.0, show_default=True, help="Give up after this many seconds.")
+@_FRESH_OPTION
 @pass_ctx
 def demo(
     obj: _Context,
@@ -932,14 +961,15 @@ def demo(
     topology_ref: str | None,
     repeat: int,
     timeout: float,
+    fresh: bool,
 ) -> None:
     """Headless word count: ZooKeeper (and Kafka), workers, submit, feed, query; then stop everything."""
     from stream_ops.local_stack import LocalStack, run_demo
 
     home = obj.home
     broker_port = _kafka_port(kafka, kafka_port)
+    _start_local_stack_home(home, fresh)
     topology, topic, sentences = _example(home, _topology_ref(topology_ref, kafka), repeat)
-    _say_local_stack_is_insecure()
     with LocalStack(
         home=home,
         workers=workers,
@@ -949,6 +979,7 @@ def demo(
         kafka_port=broker_port,
     ) as stack:
         results = run_demo(stack, topology, topic, sentences, timeout_s=timeout)
+    _say_how_started(results)
     click.echo(json.dumps(results))
 
 
@@ -960,6 +991,7 @@ def demo(
 @click.option("--dagster-port", default=3000, show_default=True, type=int)
 @click.option("--topology", "topology_ref", default=None, help=f"Topology to run [default: {EXAMPLE_TOPOLOGY}].")
 @click.option("--repeat", default=25, show_default=True, help="Times the sample sentences are fed.")
+@_FRESH_OPTION
 @pass_ctx
 def dev(
     obj: _Context,
@@ -970,14 +1002,19 @@ def dev(
     dagster_port: int,
     topology_ref: str | None,
     repeat: int,
+    fresh: bool,
 ) -> None:
-    """The local stack with the Dagster UI; Ctrl-C stops everything it started."""
+    """The local stack with the Dagster UI; Ctrl-C stops everything it started.
+
+    Started again on the same --home, it resumes what it finds: the topology goes on from its
+    committed state (or is resubmitted if its code changed); --fresh starts clean.
+    """
     from stream_ops.local_stack import LocalStack, run_demo
 
     home = obj.home
     broker_port = _kafka_port(kafka, kafka_port)
+    _start_local_stack_home(home, fresh)
     topology, topic, sentences = _example(home, _topology_ref(topology_ref, kafka), repeat)
-    _say_local_stack_is_insecure()
     stop = _stop_on_signals()
     with LocalStack(
         home=home,
@@ -989,7 +1026,9 @@ def dev(
     ) as stack:
         url = stack.start_dagster(port=dagster_port)
         click.echo(f"Dagster UI: {url}")
-        click.echo(json.dumps(run_demo(stack, topology, topic, sentences, timeout_s=300)))
+        results = run_demo(stack, topology, topic, sentences, timeout_s=300)
+        _say_how_started(results)
+        click.echo(json.dumps(results))
         click.echo("Running; Ctrl-C stops ZooKeeper, Kafka, workers and Dagster.")
         stop.wait()
 
