@@ -202,6 +202,25 @@ class QueryTLSError(QueryError):
     worker certificate, or a client and a worker that disagree about TLS."""
 
 
+class QueryUnavailableError(QueryError, TransientError):
+    """No answer to a state query for now: a worker refused it as busy (503), did not answer
+    (connection refused or reset, a timeout), failed its lookup (500), or no longer runs the
+    task (404 while the task moves); the task may not be assigned yet. Asking again shortly may
+    succeed."""
+
+
+class QueryRequestError(QueryError):
+    """A worker refused the keys of a state query themselves (400: not JSON lists, nested too
+    deep; 414: one key too large for a request): asking again cannot help. A ``state_query``
+    dead-letters the records whose keys these are."""
+
+
+class StateQueryUnavailableError(QueryUnavailableError):
+    """A topology's own ``state_query`` lookup got no answer within its retries: the batch
+    fails, and the worker tries the task again (backoff, then quarantine) instead of
+    dead-lettering records that did nothing wrong."""
+
+
 # --- sources ---------------------------------------------------------------------------
 
 

@@ -6,6 +6,11 @@ kept free of Spark so it is tested directly. A record that makes a user function
 returns something that does not fit the declared output fields, is not lost: it comes back
 as a :class:`DeadLetter`, and none of its outputs (on any branch) go out, so a record is
 either processed whole or dead-lettered.
+
+A ``state_query`` whose state cannot be read (its workers give no answer, the token or TLS is
+wrong: a :class:`~stream_ops.errors.StreamOpsError`) fails the batch instead: the records did
+nothing wrong, and the batch is tried again. Only the records whose own keys or values make
+the lookup fail (found by halving the batch) are dead letters.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stream_ops.errors import QueryRequestError, StreamOpsError
 from stream_ops.topology.field_paths import value_at, value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec
@@ -349,7 +355,11 @@ def run_batch(
 def _query_state(
     op: OperationSpec, current: list[Record], read_state: StateReader | None, dead: list[DeadLetter]
 ) -> list[Record]:
-    """The records a ``state_query`` emits for ``current`` (failures appended to ``dead``)."""
+    """The records a ``state_query`` emits for ``current`` (records that fail appended to ``dead``).
+
+    Raises:
+        StreamOpsError: The state could not be read (no answer, the token, TLS): the batch fails.
+    """
     from stream_ops.operators.trident_state import Collector
     from stream_ops.topology.functions import resolve_object
 
@@ -358,14 +368,9 @@ def _query_state(
         raise ValueError(f"state_query on {op.query['state']!r} needs a state reader")
     query = resolve_object(op.query["function"])
     args = [{f: value_or_none(rec, f) for f in op.fields} for rec in current]
-    try:
-        results = read_state(op.query["state"], query, args)
-    except Exception as e:  # noqa: BLE001 - a failing lookup dead-letters the batch's records
-        dead.extend(DeadLetter(rec, f"state_query {op.query['state']}: {type(e).__name__}: {e}") for rec in current)
-        return []
     following: list[Record] = []
     out = list(op.out)
-    for rec, result in zip(current, results, strict=True):
+    for rec, result in _retrieve_isolating(op.query["state"], query, current, args, read_state, dead):
         collector = Collector(out)
         try:
             query.execute(rec, result, collector)
@@ -373,3 +378,27 @@ def _query_state(
         except Exception as e:  # noqa: BLE001 - user code
             dead.append(DeadLetter(rec, f"state_query {op.function}: {type(e).__name__}: {e}"))
     return following
+
+
+def _retrieve_isolating(
+    state: str, query: Any, records: list[Record], args: list[Record], read_state: StateReader, dead: list[DeadLetter]
+) -> list[tuple[Record, Any]]:
+    """``(record, result)`` of each record whose lookup succeeds; a lookup failing because of
+    the records is asked again in halves until the failing records are alone, and those are
+    dead-lettered. A failure to read the state at all is raised (it is no record's fault)."""
+    try:
+        return list(zip(records, read_state(state, query, args), strict=True))
+    except StreamOpsError as e:
+        if not isinstance(e, QueryRequestError):
+            raise
+        error: Exception = e
+    except Exception as e:  # noqa: BLE001 - user code (batch_retrieve) or a key that cannot be encoded
+        error = e
+    if len(records) == 1:
+        dead.append(DeadLetter(records[0], f"state_query {state}: {type(error).__name__}: {error}"))
+        return []
+    half = len(records) // 2
+    return [
+        *_retrieve_isolating(state, query, records[:half], args[:half], read_state, dead),
+        *_retrieve_isolating(state, query, records[half:], args[half:], read_state, dead),
+    ]

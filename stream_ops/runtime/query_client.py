@@ -3,7 +3,13 @@
 Every request carries the cluster's query token (:func:`stream_ops.config.query_token`: derived
 from the store's ZooKeeper credentials unless a :class:`~stream_ops.config.QueryConfig` gives
 one) and, with ``QueryConfig.tls_ca``, goes over https with the worker's certificate and host
-name verified against that CA.
+name verified against that CA. Without a CA, a worker whose record says it serves TLS is not
+connected to at all (the token would go to it in clear): :class:`~stream_ops.errors.QueryTLSError`.
+
+Errors say whether asking again may help: :class:`~stream_ops.errors.QueryUnavailableError`
+(a transient error: busy, unreachable, the task moving or unassigned),
+:class:`~stream_ops.errors.QueryRequestError` (the keys themselves refused), or another
+:class:`~stream_ops.errors.QueryError` (the token, TLS: configuration).
 """
 
 from __future__ import annotations
@@ -22,16 +28,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from stream_ops.config import QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.cluster_state import find_topology, read_assignment
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.records import WorkerRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError
+from stream_ops.errors import QueryAuthError, QueryError, QueryRequestError, QueryTLSError, QueryUnavailableError
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
+
+#: Longest path of a request: the server's request-line limit less the method and version around it.
+MAX_PATH_BYTES = MAX_REQUEST_BYTES - len("GET  HTTP/1.1\r\n")
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,16 @@ def get_keys(
     access: QueryAccess,
     timeout_s: float = 5.0,
 ) -> list[Any]:
-    """Values of ``keys`` in a keyed stage's state, asked of the workers owning their tasks."""
+    """Values of ``keys`` in a keyed stage's state, asked of the workers owning their tasks.
+
+    A task's keys go in as many requests as the server's limits need.
+
+    Raises:
+        QueryUnavailableError: A task is not assigned, or its worker gives no answer for now.
+        QueryRequestError: A worker refused the keys themselves.
+        QueryTLSError: A worker serves TLS and ``access`` has no CA (nothing was sent to it).
+        QueryAuthError: A worker refused the token.
+    """
     stage = plan.stage(stage_index)
     assignment = read_assignment(store, topology_id)
     tasks = assignment[0].tasks if assignment else {}
@@ -128,18 +150,72 @@ def get_keys(
     for i, key in enumerate(keys):
         task = plan.task_for(stage.index, partition_for(list(key), stage.queues))
         by_task[task.task_id].append(i)
-    by_task_in_order = sorted(by_task.items())
     asks: list[TaskAsk] = []
-    for task_id, indexes in by_task_in_order:
+    places: list[list[int]] = []
+    for task_id, indexes in sorted(by_task.items()):
         worker = tasks.get(task_id)
         if worker is None:
-            raise QueryError(f"task {task_id} of {topology_id} is not assigned to any worker; is a worker running?")
-        asks.append(TaskAsk(worker, task_id, [list(keys[i]) for i in indexes]))
+            raise QueryUnavailableError(f"task {task_id} of {topology_id} is not assigned to any worker; is a worker running?")
+        for part in _within_request_limits(topology_id, task_id, indexes, keys):
+            asks.append(TaskAsk(worker, task_id, [list(keys[i]) for i in part]))
+            places.append(part)
+    refuse_plain_to_tls(store, {ask.worker for ask in asks}, access)
     values: list[Any] = [None] * len(keys)
-    for (_, indexes), found in zip(by_task_in_order, ask_all(topology_id, asks, access, timeout_s), strict=True):
-        for i, value in zip(indexes, found, strict=True):
+    for part, found in zip(places, ask_all(topology_id, asks, access, timeout_s), strict=True):
+        for i, value in zip(part, found, strict=True):
             values[i] = value
     return values
+
+
+def _within_request_limits(topology_id: str, task_id: int, indexes: list[int], keys: Sequence[Sequence[Any]]) -> list[list[int]]:
+    """``indexes`` (of one task's keys) cut into runs that each fit one request alone: at most
+    ``MAX_KEYS`` keys and a path of at most ``MAX_PATH_BYTES``. A key too large alone is a run
+    of its own (its worker refuses it: :class:`QueryRequestError`)."""
+    # The path's fixed part, then per key its URL-encoded JSON and the ", " after it.
+    fixed = len(f"/query?{urllib.parse.urlencode([('topology', topology_id), ('task', str(task_id)), ('keys', '[]')])}") + 1
+    separator = len(urllib.parse.quote_plus(", "))
+    runs: list[list[int]] = []
+    run: list[int] = []
+    size = fixed
+    for i in indexes:
+        cost = len(urllib.parse.quote_plus(json.dumps(list(keys[i])))) + separator
+        if run and (size + cost > MAX_PATH_BYTES or len(run) >= MAX_KEYS):
+            runs.append(run)
+            run, size = [], fixed
+        run.append(i)
+        size += cost
+    if run:
+        runs.append(run)
+    return runs
+
+
+def refuse_plain_to_tls(store: ZkStore, workers: set[str], access: QueryAccess) -> None:
+    """Refuse, before connecting, to ask a worker that serves TLS without a CA to verify it by.
+
+    A plain request would carry the query token in clear to the worker's port (where anyone
+    watching the network reads it) before the worker drops it. Workers whose record does not
+    say (written before the field existed) are asked as before.
+
+    Raises:
+        QueryTLSError: One of ``workers`` serves TLS and ``access`` has no CA.
+    """
+    if access.tls is not None or not workers:
+        return
+    found = store.get_json_many(ZkPaths.worker(worker) for worker in sorted(workers))
+    for worker in sorted(workers):
+        node = found.get(ZkPaths.worker(worker))
+        if node is None:
+            continue
+        try:
+            serves_tls = WorkerRecord.model_validate(node[0]).tls
+        except ValidationError:
+            continue
+        if serves_tls:
+            raise QueryTLSError(
+                f"worker {worker} serves state queries over TLS and no CA was given, so nothing was sent to it "
+                "(the query token would have gone in clear): pass --query-tls-ca (QueryConfig.tls_ca) with the CA "
+                "that signed the workers' certificates"
+            )
 
 
 @dataclass(frozen=True)
@@ -198,7 +274,7 @@ def _requests(topology_id: str, asks: Sequence[TaskAsk]) -> list[_Request]:
         params = [("task", str(ask.task_id)), ("keys", json.dumps(ask.keys))]
         size = len(urllib.parse.urlencode(params)) + 1
         request = open_requests.get(ask.worker)
-        if request is None or head + request.size + size > MAX_REQUEST_BYTES or request.keys + len(ask.keys) > MAX_KEYS:
+        if request is None or head + request.size + size > MAX_PATH_BYTES or request.keys + len(ask.keys) > MAX_KEYS:
             request = open_requests[ask.worker] = _Request(ask.worker)
             requests.append(request)
         request.indexes.append(index)
@@ -207,17 +283,6 @@ def _requests(topology_id: str, asks: Sequence[TaskAsk]) -> list[_Request]:
         request.size += size
         request.keys += len(ask.keys)
     return requests
-
-
-class RemoteMapState:
-    """A read-only view of a keyed stage's map state for ``state_query`` (``multi_get`` only)."""
-
-    def __init__(self, store: ZkStore, topology_id: str, plan: Plan, stage_index: int, access: QueryAccess) -> None:
-        self._args = (store, topology_id, plan, stage_index)
-        self._access = access
-
-    def multi_get(self, keys: Sequence[Sequence[Any]]) -> list[Any]:
-        return get_keys(*self._args, keys, access=self._access)
 
 
 def _ask(request: _Request, topology_id: str, access: QueryAccess, timeout_s: float) -> list[list[Any]]:
@@ -231,14 +296,7 @@ def _ask(request: _Request, topology_id: str, access: QueryAccess, timeout_s: fl
         with urllib.request.urlopen(http_request, timeout=timeout_s, context=access.tls) as response:
             values = list(json.loads(response.read())["values"])
     except urllib.error.HTTPError as e:
-        detail = e.read().decode("utf-8", "replace")
-        if e.code == 401:
-            sent = "the query token sent is not the one it serves with" if access.token else "no query token was sent"
-            raise QueryAuthError(
-                f"worker {worker} refused the query for {what}: {sent}; pass --query-token-file or "
-                "--zk-auth matching the cluster's"
-            ) from e
-        raise QueryError(f"worker {worker} refused the query for {what}: {e.code} {detail}") from e
+        raise _refused(worker, what, e, access) from e
     except urllib.error.URLError as e:
         if isinstance(e.reason, ssl.SSLError):
             raise _tls_error(worker, what, e.reason) from e
@@ -257,13 +315,36 @@ def _ask(request: _Request, topology_id: str, access: QueryAccess, timeout_s: fl
     return answers
 
 
-def _no_answer(worker: str, what: str, error: object, access: QueryAccess) -> QueryError:
+#: Refusals that may be over when asked again: the task moving (404), a slow client cut off
+#: (408), a failed lookup (500, e.g. a store closing), a busy server (503), proxies' 502/504.
+_TRANSIENT_STATUSES = frozenset({404, 408, 500, 502, 503, 504})
+#: Refusals of the keys themselves.
+_REQUEST_STATUSES = frozenset({400, 414})
+
+
+def _refused(worker: str, what: str, error: urllib.error.HTTPError, access: QueryAccess) -> QueryError:
+    """The error of a worker's refusal, by whether asking again may help."""
+    if error.code == 401:
+        sent = "the query token sent is not the one it serves with" if access.token else "no query token was sent"
+        return QueryAuthError(
+            f"worker {worker} refused the query for {what}: {sent}; pass --query-token-file or --zk-auth matching the cluster's"
+        )
+    detail = error.read(4096).decode("utf-8", "replace")
+    message = f"worker {worker} refused the query for {what}: {error.code} {detail}"
+    if error.code in _TRANSIENT_STATUSES:
+        return QueryUnavailableError(message)
+    if error.code in _REQUEST_STATUSES:
+        return QueryRequestError(message)
+    return QueryError(message)
+
+
+def _no_answer(worker: str, what: str, error: object, access: QueryAccess) -> QueryUnavailableError:
     """A worker that did not answer; a dropped plain request may mean the worker serves TLS."""
     dropped = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, http.client.HTTPException)
     hint = ""
     if access.tls is None and isinstance(error, dropped):
         hint = "; if the workers serve TLS (--query-tls-cert), pass --query-tls-ca"
-    return QueryError(f"worker {worker} ({what}) did not answer: {error!r}{hint}")
+    return QueryUnavailableError(f"worker {worker} ({what}) did not answer: {error!r}{hint}")
 
 
 def _tls_error(worker: str, what: str, error: ssl.SSLError) -> QueryTLSError:

@@ -29,7 +29,8 @@ from being served:
   ``431``. The token is checked then, before anything else is done.
 * A request with the token (or any, on a server without one) moves to a *served* slot: at most
   ``max_connections`` at once, one more gets ``503``. ``/health`` and every refusal are
-  answered from the pending slot.
+  answered from the pending slot. A lookup that raises a
+  :class:`~stream_ops.errors.TransientError` gets ``503`` too (any other failure ``500``).
 * ``keys`` is refused (400) beyond ``MAX_KEYS`` keys in all or ``MAX_JSON_DEPTH`` levels of
   nesting, checked before it is parsed.
 
@@ -67,7 +68,7 @@ from urllib.parse import parse_qs, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stream_ops.errors import QueryTLSError
+from stream_ops.errors import QueryTLSError, TransientError
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +154,11 @@ class QueryLimits(BaseModel):
 class _RequestRefused(Exception):  # noqa: N818 - control flow inside the handler, never leaves this module
     """An error response to send: HTTP status and what the client should know."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 class _DeadlinePassed(Exception):  # noqa: N818 - control flow inside the handler, never leaves this module
@@ -517,7 +519,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._serve_get()
         except _RequestRefused as refused:
-            self._error(refused.status, refused.message)
+            self._error(refused.status, refused.message, refused.headers)
 
     def parse_request(self) -> bool:
         """The base class's parsing of the request line, with headers read within the budgets.
@@ -594,6 +596,8 @@ class _Handler(BaseHTTPRequestHandler):
         for task_id, keys in asks:
             try:
                 found = self.server.lookup(topology_id, task_id, keys)
+            except TransientError as e:  # e.g. the task's store still writing a committed batch
+                raise _RequestRefused(503, f"{e}", {"Retry-After": "1"}) from e
             except Exception as e:
                 logger.debug("lookup of %s/%d failed", topology_id, task_id, exc_info=True)
                 raise _RequestRefused(500, str(e)) from e
@@ -717,6 +721,8 @@ class QueryServer(ThreadingHTTPServer):
             _LogBudget("with the query token", self.limits.log_lines, self.limits.log_interval_s),
         )
         self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()
+        self.refusals = 0
+        """Connections answered 503 (or closed unanswered, with TLS) since the start."""
         self._refused = 0
         self._refusals_logged_at = float("-inf")
         self._refusal_lock = threading.Lock()
@@ -758,6 +764,7 @@ class QueryServer(ThreadingHTTPServer):
         """Count a refused connection; log the count at most every ``_REFUSAL_LOG_EVERY_S``."""
         now = time.monotonic()
         with self._refusal_lock:
+            self.refusals += 1
             self._refused += 1
             if now - self._refusals_logged_at < _REFUSAL_LOG_EVERY_S:
                 return

@@ -84,13 +84,20 @@ def _get(srv: QueryServer, path: str, headers: dict[str, str] | None = None) -> 
 
 
 def _raw(srv: QueryServer, data: bytes) -> bytes:
+    """What the server answers to ``data`` sent as is (it may answer and close before reading it all)."""
     host, port = srv.server_address[:2]
     with socket.create_connection((str(host), int(port)), timeout=5) as sock:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # refused before all was read (the connection reset): the answer is still there to read
         chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:
+            pass
     return b"".join(chunks)
 
 
