@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.coordination.records import StormRecord
-from stream_ops.durable_files import FILE_MODE, fsync_dir
+from stream_ops.durable_files import DIR_MODE, FILE_MODE, fsync_dir, make_dirs
 from stream_ops.errors import SubmissionError, SubmissionIntegrityError, TopologyLoadError
 from stream_ops.nimbus.code_archive import archive_modules
 from stream_ops.topology.plan import Plan
@@ -89,7 +89,8 @@ def write_submission(
     hashes = {name: sha256_hex(data) for name, data in files.items()}
     manifest = manifest_bytes(topology_id, hashes)
     try:
-        dist_dir.mkdir(parents=True, exist_ok=False)
+        make_dirs(dist_dir.parent)
+        dist_dir.mkdir(mode=DIR_MODE)  # 0750 whatever the caller's umask (a submit from Dagster, a script)
     except FileExistsError as e:
         raise SubmissionError(f"dist store entry {dist_dir} already exists; topology ids must be unique") from e
     except OSError as e:

@@ -38,7 +38,6 @@ from stream_ops.coordination.acl import audit_acls
 from stream_ops.coordination.ensemble import connect_string, parse_servers, render_zoo_cfg, wait_for_quorum
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
-from stream_ops.durable_files import apply_umask
 from stream_ops.errors import CoordinationError, StreamOpsError
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
@@ -177,13 +176,7 @@ def test_word_count_on_the_cluster_survives_zookeeper_and_spark_worker_crashes(c
         shared = Path(cluster.settings["STREAM_OPS_HOME"])
         topology = build_wordcount(shared / "input" / "sentences", name="wc-cluster")
         with ZkStore.connect(zk) as store:
-            # With the cluster's umask, as `stream-ops submit` runs (the dist store entry's
-            # directory is created with the process umask).
-            previous_umask = apply_umask(cluster.cluster.umask)
-            try:
-                topology_id = submit(store, cluster.cluster, topology, workers=2)
-            finally:
-                apply_umask(previous_umask)
+            topology_id = submit(store, cluster.cluster, topology, workers=2)
             feeder = threading.Thread(target=_feeder, args=(topology.chains[0].source.topic, sent, feed_stop))
             feeder.start()
 
