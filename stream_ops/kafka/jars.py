@@ -12,13 +12,19 @@ minimal pom, runtime scope) and kept under :func:`jars_cache_dir`:
   ``spark-token-provider-kafka``, ``commons-pool2``, ...). A dependency pyspark already ships
   (in any version: ``hadoop-client-runtime``, ``slf4j-api``, ``lz4-java``, ...) is left out, so
   the driver never has two copies of a class. :func:`spark_kafka_jars` lists the jars for
-  ``spark.jars``.
+  ``spark.jars``. While Maven Central has no connector of pyspark's version yet, the newest
+  published one is fetched instead, into ``spark-sql-kafka-<its version>-for-spark-<spark
+  version>``: a directory is named for the jars it holds.
 
 A set is complete when its marker file (``<set>/.complete``, JSON: the coordinates and jar
 names) exists and names jars that are all there; until then it is fetched into a temporary
 directory and renamed into place, under a lock file, so concurrent callers fetch it once and
 nobody sees half a set. Fetching needs ``mvn`` (Debian package ``maven``) and Maven Central (or
 the mirror in ``~/.m2/settings.xml``); it takes a minute or two the first time, nothing later.
+
+Earlier releases kept that fallback under the name of pyspark's version; such a directory is
+still used as it is, and the next fetch (``python -m stream_ops.kafka.jars``) renames it to the
+name of what it holds, leaving a symlink under the old name for processes started with its paths.
 
 Run ``python -m stream_ops.kafka.jars`` to fetch both sets (``tests/run.sh`` does).
 """
@@ -52,8 +58,8 @@ NEWEST_PUBLISHED_CONNECTOR = "4.2.0"
 """The newest ``spark-sql-kafka-0-10_2.13`` on Maven Central when this was written. The connector
 of a Spark release is published some time after pyspark's wheel (4.3.0's was not there yet):
 this one is fetched when pyspark's own version is not published. It runs on Spark 4.3.0 (the
-Kafka tests exercise it). The set keeps pyspark's version in its name: delete its directory to
-fetch the exact connector once it is published."""
+Kafka tests exercise it). Its directory names both versions (``spark-sql-kafka-4.2.0-for-spark-4.3.0``):
+delete it to fetch the exact connector once it is published."""
 CONNECTOR_VERSION_ENV = "STREAM_OPS_SPARK_KAFKA_VERSION"
 """Environment variable naming the connector version to fetch instead of pyspark's."""
 BROKER_LOG_BINDING = "org.apache.logging.log4j:log4j-slf4j-impl:2.25.4"
@@ -70,19 +76,39 @@ class JarSet:
     """A set of Maven artifacts with their runtime dependencies, fetched into one directory.
 
     Attributes:
-        name: the directory name under the cache (carries the versions, so another version is
-            another set).
+        name: the directory name under the cache of the artifacts themselves (carries the
+            versions, so another version is another set).
         artifacts: ``group:artifact:version`` coordinates.
         skip_present_in: a directory of jars (pyspark's): a dependency whose artifact has a jar
             there, in any version, is left out of the set.
         fallback_version: the version fetched instead when Maven Central does not have the
             artifacts' own (yet); the marker records which was taken.
+        fallback_name: the directory name of the set when ``fallback_version`` was fetched
+            (required with it: a directory is named for what it holds).
     """
 
     name: str
     artifacts: tuple[str, ...]
     skip_present_in: Path | None = None
     fallback_version: str | None = None
+    fallback_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.fallback_version is None) != (self.fallback_name is None):
+            raise ValueError(f"jar set {self.name!r}: give fallback_version and fallback_name together")
+
+    @property
+    def fallback_artifacts(self) -> tuple[str, ...] | None:
+        """:attr:`artifacts` at :attr:`fallback_version` (None without one)."""
+        if self.fallback_version is None:
+            return None
+        return tuple(f"{c.rpartition(':')[0]}:{self.fallback_version}" for c in self.artifacts)
+
+    def directory_name(self, fetched: Sequence[str]) -> str:
+        """The directory holding the set when Maven fetched the coordinates ``fetched``."""
+        if self.fallback_name is not None and tuple(fetched) == self.fallback_artifacts:
+            return self.fallback_name
+        return self.name
 
 
 def jars_cache_dir() -> Path:
@@ -111,13 +137,21 @@ def broker_jar_set(version: str = KAFKA_VERSION) -> JarSet:
 
 
 def connector_jar_set(spark_version: str | None = None) -> JarSet:
-    """Spark's Kafka connector at ``spark_version`` (default: pyspark's) and what pyspark lacks of its dependencies."""
+    """Spark's Kafka connector at ``spark_version`` (default: pyspark's) and what pyspark lacks of its dependencies.
+
+    Example:
+        >>> jar_set = connector_jar_set("4.3.0")
+        >>> jar_set.name, jar_set.fallback_name
+        ('spark-sql-kafka-4.3.0', 'spark-sql-kafka-4.2.0-for-spark-4.3.0')
+    """
     version = os.environ.get(CONNECTOR_VERSION_ENV) or spark_version or pyspark_version()
+    fallback = NEWEST_PUBLISHED_CONNECTOR if version != NEWEST_PUBLISHED_CONNECTOR else None
     return JarSet(
         f"spark-sql-kafka-{version}",
         (f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{version}",),
         skip_present_in=pyspark_jars(),
-        fallback_version=NEWEST_PUBLISHED_CONNECTOR if version != NEWEST_PUBLISHED_CONNECTOR else None,
+        fallback_version=fallback,
+        fallback_name=f"spark-sql-kafka-{fallback}-for-spark-{version}" if fallback is not None else None,
     )
 
 
@@ -222,8 +256,8 @@ def _resolve(mvn: str, jar_set: JarSet, work_dir: Path) -> tuple[Path, tuple[str
     the coordinates fetched), falling back to :attr:`JarSet.fallback_version` when the
     versions asked for are not published."""
     attempts = [jar_set.artifacts]
-    if jar_set.fallback_version is not None:
-        attempts.append(tuple(f"{c.rpartition(':')[0]}:{jar_set.fallback_version}" for c in jar_set.artifacts))
+    if jar_set.fallback_artifacts is not None:
+        attempts.append(jar_set.fallback_artifacts)
     for number, artifacts in enumerate(attempts):
         (work_dir / "pom.xml").write_text(_pom(artifacts), encoding="utf-8")
         resolved = work_dir / f"resolved-{number}"
@@ -242,18 +276,63 @@ def _resolve(mvn: str, jar_set: JarSet, work_dir: Path) -> tuple[Path, tuple[str
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _read_marker(directory: Path, jar_set: JarSet) -> list[Path] | None:
-    """The jars of a complete set, None when the set is missing, incomplete, damaged or was
-    fetched for other artifacts."""
+def _read_marker(directory: Path, jar_set: JarSet, fetched: Sequence[str]) -> list[Path] | None:
+    """The jars of a complete set of ``jar_set`` for which Maven fetched ``fetched``, None when
+    the set is missing, incomplete, damaged or holds other artifacts."""
     try:
         marker = json.loads((directory / MARKER_NAME).read_text(encoding="utf-8"))
         jars = [directory / str(name) for name in marker["jars"]]
-        asked = marker["asked"]
+        asked, artifacts = marker["asked"], marker["artifacts"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if asked != list(jar_set.artifacts):
+    if asked != list(jar_set.artifacts) or artifacts != list(fetched):
         return None
     return jars if jars and all(jar.is_file() for jar in jars) else None
+
+
+def _locate(root: Path, jar_set: JarSet) -> tuple[list[Path], bool] | None:
+    """``(jars, under its old name)`` of the complete set in the cache ``root``, None without one.
+
+    Looked for in turn: the artifacts' own version under :attr:`JarSet.name`, the fallback under
+    :attr:`JarSet.fallback_name`, and the fallback under :attr:`JarSet.name`, where earlier
+    releases kept it (``True``: to be renamed by :func:`fetch_jar_set`).
+    """
+    found = _read_marker(root / jar_set.name, jar_set, jar_set.artifacts)
+    if found is not None:
+        return found, False
+    fallback = jar_set.fallback_artifacts
+    if fallback is None or jar_set.fallback_name is None:
+        return None
+    found = _read_marker(root / jar_set.fallback_name, jar_set, fallback)
+    if found is not None:
+        return found, False
+    found = _read_marker(root / jar_set.name, jar_set, fallback)
+    return (found, True) if found is not None else None
+
+
+def _rename_old_fallback(root: Path, jar_set: JarSet) -> list[Path]:
+    """Move a fallback set kept under :attr:`JarSet.name` (earlier releases) to
+    :attr:`JarSet.fallback_name`, leaving a symlink under the old name: a process started with
+    the old paths (a worker's ``spark.jars``, which Spark serves to executors) keeps reading them."""
+    assert jar_set.fallback_name is not None and jar_set.fallback_artifacts is not None
+    old, new = root / jar_set.name, root / jar_set.fallback_name
+    if new.is_symlink() or new.exists():  # not a complete set, or _locate would have found it
+        _remove(new)
+    old.rename(new)
+    old.symlink_to(new.name)
+    logger.info("renamed %s to %s, the connector version it holds (a symlink stays under the old name)", old, new)
+    found = _read_marker(new, jar_set, jar_set.fallback_artifacts)
+    if found is None:  # pragma: no cover - was complete a moment ago, under the lock
+        raise KafkaJarsError(f"{new}: the jars vanished while the set was renamed; run `python -m stream_ops.kafka.jars` again")
+    return found
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, symlink (not what it points to) or directory tree."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 @contextlib.contextmanager
@@ -279,14 +358,13 @@ def fetch_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path]:
         KafkaJarsError: Maven is missing or failed (the message says why), or it resolved no jar.
     """
     root = cache_dir if cache_dir is not None else jars_cache_dir()
-    target = root / jar_set.name
-    found = _read_marker(target, jar_set)
-    if found is not None:
-        return found
+    located = _locate(root, jar_set)
+    if located is not None and not located[1]:
+        return located[0]
     with _locked(root / f".{jar_set.name}.lock"):
-        found = _read_marker(target, jar_set)  # fetched by another process while we waited
-        if found is not None:
-            return found
+        located = _locate(root, jar_set)  # fetched (or renamed) by another process while we waited
+        if located is not None:
+            return _rename_old_fallback(root, jar_set) if located[1] else located[0]
         started = time.monotonic()
         mvn = find_mvn()
         present = _present_artifacts(jar_set.skip_present_in) if jar_set.skip_present_in is not None else []
@@ -318,8 +396,9 @@ def fetch_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path]:
                 "skipped": skipped,
             }
             (staged / MARKER_NAME).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
-            if target.exists():  # an incomplete or damaged earlier attempt
-                shutil.rmtree(target)
+            target = root / jar_set.directory_name(wanted)
+            if target.is_symlink() or target.exists():  # an incomplete or damaged earlier attempt
+                _remove(target)
             staged.rename(target)
         logger.info(
             "fetched %d jars of %s into %s in %.1f s (%d already in pyspark, left out)",
@@ -329,7 +408,7 @@ def fetch_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path]:
             time.monotonic() - started,
             len(skipped),
         )
-    found = _read_marker(target, jar_set)
+    found = _read_marker(target, jar_set, wanted)
     if found is None:  # pragma: no cover - just written
         raise KafkaJarsError(f"{target}: the jars vanished right after they were fetched")
     return found
@@ -351,9 +430,11 @@ def spark_kafka_jars(cache_dir: Path | None = None) -> list[Path]:
 
 
 def cached_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path] | None:
-    """The jars of ``jar_set`` when the cache holds the complete set, None otherwise (never fetches)."""
+    """The jars of ``jar_set`` when the cache holds the complete set, None otherwise (never fetches
+    nor renames: a set under its old name is returned where it is)."""
     root = cache_dir if cache_dir is not None else jars_cache_dir()
-    return _read_marker(root / jar_set.name, jar_set)
+    located = _locate(root, jar_set)
+    return located[0] if located is not None else None
 
 
 def with_kafka_connector(conf: Mapping[str, str], *, fetch: bool, cache_dir: Path | None = None) -> dict[str, str]:
@@ -399,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         for jar_set in (broker_jar_set(), connector_jar_set()):
             jars = fetch_jar_set(jar_set)
-            print(f"{jar_set.name}: {len(jars)} jars in {jars[0].parent}")
+            print(f"{jars[0].parent.name}: {len(jars)} jars in {jars[0].parent}")
     except KafkaJarsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -19,7 +19,13 @@ def _cache_with_connector(root: Path) -> list[Path]:
     names = ["spark-sql-kafka-0-10_2.13-4.0.0.jar", "kafka-clients-4.0.0.jar"]
     for name in names:
         (directory / name).write_bytes(b"PK")
-    marker = {"asked": list(jar_set.artifacts), "jars": names, "artifacts": [], "resolved": [], "skipped": []}
+    marker = {
+        "asked": list(jar_set.artifacts),
+        "jars": names,
+        "artifacts": list(jar_set.artifacts),
+        "resolved": [],
+        "skipped": [],
+    }
     (directory / MARKER_NAME).write_text(json.dumps(marker))
     return [directory / name for name in names]
 
