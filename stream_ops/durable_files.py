@@ -5,14 +5,24 @@ vouches for (staged outputs, state-topic entries) must be just as durable by the
 data (``fsync`` of the file) and its name (``fsync`` of the directory that holds it, after a
 create or rename). Without both, an OS crash or power loss can leave a committed txid whose
 files are missing, empty or cut short.
+
+Markers that several processes may write (what a queue's reader consumed, what a sink
+delivered) are :class:`ForwardMarker` records: one new file per write, created only if no
+other writer took its version first, so a late writer never moves a value back.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from stream_ops.errors import TopicError
 
 FILE_MODE = 0o640
 """Mode of the data files stream_ops creates (topics, dead letters, state topics, snapshots,
@@ -86,3 +96,194 @@ def fsync_dirs(paths: Iterable[Path]) -> None:
     """:func:`fsync_dir` each distinct directory once."""
     for path in sorted(set(paths)):
         fsync_dir(path)
+
+
+def create_exclusively(target: Path, data: bytes, *, durable: bool = True) -> bool:
+    """Create ``target`` holding ``data`` unless something already has that name: a
+    compare-and-set on a file name. Returns False, writing nothing, when the name is taken.
+
+    The data goes to a hidden temp file (fsynced with ``durable``) that is then hard-linked to
+    ``target``: the name appears complete or not at all, and ``link``, unlike ``rename``,
+    never replaces an existing name (the classic exclusive create of NFS lock files).
+
+    Raises:
+        OSError: the file could not be written, or the file system has no hard links
+            (``EPERM``, ``EOPNOTSUPP``: some FUSE and SMB mounts).
+    """
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    if durable:
+        fsync_dir(target.parent)
+    return True
+
+
+MARKER_ATTEMPTS = 100
+"""How often :meth:`ForwardMarker.advance` tries again after another writer took the version
+it wanted (each try re-reads the marker), before it gives up."""
+
+
+@dataclass(frozen=True)
+class MarkerState:
+    """What a :class:`ForwardMarker` holds."""
+
+    txids: dict[str, int]
+    """Per key, the highest txid any writer recorded."""
+    epoch: int
+    """The highest owner epoch that wrote the marker (-1: none, or only writers without one)."""
+    version: int
+    """The number of the newest version file (-1: none yet); the next write creates the one after."""
+
+
+@dataclass(frozen=True)
+class ForwardMarker:
+    """A small durable record of txids (per key, the highest recorded) that never moves back,
+    whoever writes it and however late.
+
+    A read-modify-write of one file by rename lets a stale writer (a previous owner still
+    running, or its I/O thread finishing after the new owner's) replace a newer value with
+    the older one it read. Here every write creates a new version file
+    ``<stem>-v<version>.json``, exclusively (:func:`create_exclusively`): a writer reads the
+    newest version, merges its txids in (per key the maximum) and creates the next version, or,
+    when another writer created it first, reads again. Each version is therefore built on the
+    one before it, so the newest holds every recorded txid and a value can only grow. A writer
+    that gives its owner ``epoch`` is refused (:meth:`advance` returns None, writing nothing)
+    once a higher epoch has written. Older versions are deleted after each write; readers
+    that meet a deleted one read again. ``legacy``, the single file used before versions, is
+    read (through ``legacy_txids``) while no version exists, and deleted after the first one.
+
+    Example:
+        >>> marker = ForwardMarker(Path(tempfile.mkdtemp()), "_consumed", durable=False)
+        >>> marker.advance({"3": 7}, epoch=2).txids
+        {'3': 7}
+        >>> marker.advance({"3": 5}, epoch=2).txids, marker.advance({"3": 9}, epoch=1)
+        ({'3': 7}, None)
+    """
+
+    directory: Path
+    stem: str
+    durable: bool = True
+    legacy: str | None = None
+    legacy_txids: Callable[[Any], dict[str, int]] | None = None
+    """The txids a parsed ``legacy`` file holds."""
+
+    def read(self) -> MarkerState:
+        """The marker's newest complete version (empty when nothing was recorded).
+
+        Raises:
+            TopicError: the marker's directory cannot be listed, a version cannot be read, or
+                versions kept being deleted under the reader.
+        """
+        for _ in range(MARKER_ATTEMPTS):
+            versions = self._versions()
+            newest = versions[0] if versions else -1
+            for version in versions:
+                try:
+                    text = self._path(version).read_bytes()
+                except FileNotFoundError:
+                    break  # deleted by a writer that made a newer one: list again
+                except OSError as e:
+                    raise TopicError(f"{self._path(version)}: unreadable marker: {e}") from e
+                parsed = _parse_marker(text)
+                if parsed is not None:
+                    return MarkerState(parsed[0], parsed[1], newest)
+                # not a complete marker (a write cut short by an OS crash): the one before counts
+            else:
+                return MarkerState(self._read_legacy(), -1, newest)
+        raise TopicError(f"{self.directory}: the marker {self.stem} kept changing while it was read; try again")
+
+    def advance(self, txids: Mapping[str, int], *, epoch: int | None = None) -> MarkerState | None:
+        """Record ``txids`` (per key the maximum of what is recorded and what is given).
+
+        Args:
+            txids: per key, a txid to record.
+            epoch: the writer's owner epoch; None for a writer that has none to give (it
+                still never moves a value back).
+
+        Returns:
+            The marker as written (or as found, when it already held as much), or None when a
+            higher owner epoch has written it: the caller is a stale owner and must act on
+            nothing it meant to record.
+
+        Raises:
+            TopicError: the version could not be written (e.g. a file system without hard
+                links), or other writers kept taking the next version.
+        """
+        for _ in range(MARKER_ATTEMPTS):
+            current = self.read()
+            if epoch is not None and epoch < current.epoch:
+                return None
+            merged = dict(current.txids)
+            for key, txid in txids.items():
+                merged[key] = max(txid, merged.get(key, txid))
+            written_epoch = current.epoch if epoch is None else max(current.epoch, epoch)
+            if merged == current.txids and written_epoch == current.epoch:
+                return current
+            version = current.version + 1
+            text = json.dumps({"epoch": written_epoch, "txids": merged}, separators=(",", ":"), sort_keys=True)
+            try:
+                created = create_exclusively(self._path(version), text.encode("utf-8"), durable=self.durable)
+            except OSError as e:
+                raise TopicError(
+                    f"could not write {self._path(version)}: {e}. stream_ops' markers need a file system with hard "
+                    "links on the shared path (NFS, ext4, xfs have them)"
+                ) from e
+            if created:
+                self._collect(version)
+                return MarkerState(merged, written_epoch, version)
+        raise TopicError(f"{self.directory}: other writers kept taking the next version of {self.stem}; try again")
+
+    def _path(self, version: int) -> Path:
+        return self.directory / f"{self.stem}-v{version:012d}.json"
+
+    def _versions(self) -> list[int]:
+        """The version numbers present, newest first."""
+        pattern = re.compile(rf"^{re.escape(self.stem)}-v(\d+)\.json$")
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise TopicError(f"{self.directory}: cannot list the marker {self.stem}: {e}") from e
+        return sorted((int(m[1]) for m in map(pattern.match, names) if m is not None), reverse=True)
+
+    def _read_legacy(self) -> dict[str, int]:
+        if self.legacy is None or self.legacy_txids is None:
+            return {}
+        path = self.directory / self.legacy
+        try:
+            return self.legacy_txids(json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise TopicError(f"{path}: unreadable marker: {e}") from e
+
+    def _collect(self, written: int) -> None:
+        """Delete the versions below the one before ``written`` (kept for readers that listed
+        just before it appeared) and the legacy file, which ``written`` includes."""
+        for version in self._versions():
+            if version < written - 1:
+                self._path(version).unlink(missing_ok=True)
+        if self.legacy is not None:
+            (self.directory / self.legacy).unlink(missing_ok=True)
+
+
+def _parse_marker(text: bytes) -> tuple[dict[str, int], int] | None:
+    """(txids, epoch) of a version file, or None for one that is not complete."""
+    try:
+        parsed = json.loads(text)
+        txids = {str(key): int(value) for key, value in parsed["txids"].items()}
+        return txids, int(parsed["epoch"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None

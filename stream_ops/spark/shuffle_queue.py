@@ -12,6 +12,14 @@ no rows: the query's callback reads the batch's files (:func:`batch_files`), and
 batch after them has been planned (Spark committed the batch that read them) the task deletes
 them (:meth:`~stream_ops.topics.file_topic.FileTopic.retire_consumed`).
 
+An upstream batch with no rows for a queue writes no file there, so a task's files in a queue
+skip txids, and a file lost in between would leave the same gap. Every txid a batch reads up
+to is accounted for: one with a file is read, and every skipped one must be vouched for by the
+file after it, which names its task's previous file in the queue (a chained topic, see
+:mod:`stream_ops.topics.file_topic`). Any other gap is a lost committed file
+(:class:`~stream_ops.errors.CommittedBatchLostError`). The check costs nothing for consecutive
+txids and one small read (a JSON line, a Parquet footer) per file after a gap.
+
 A task with time-based windows or triggers writes tick files into its own queue
 (:func:`tick_file_name`) so that a batch runs although no data arrives; the offset counts them
 as one more task, key ``-1`` (:data:`TICKS`), whose "txid" is the tick's stamp in nanoseconds.
@@ -36,12 +44,13 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.errors import CommittedBatchLostError, ShuffleSourceUnavailableError
+from stream_ops.errors import CommittedBatchLostError, ShuffleSourceUnavailableError, TopicError
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.spark.jvm_classes import loadable
 from stream_ops.spark.settings import whole_number_setting
 from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name
+from stream_ops.topics.shuffle_files import previous_txid
 from stream_ops.topology.plan import StageSpec
 
 logger = logging.getLogger(__name__)
@@ -194,23 +203,56 @@ def batch_files(checkpoint_dir: Path, batch_id: int, input_dir: Path, suffix: st
     previous batch's offset up to this batch's.
 
     Raises:
-        CommittedBatchLostError: Spark logged no queue offset for the batch, or the newest file
-            it planned of some task is gone (deleted or lost: its batch would be skipped).
+        CommittedBatchLostError: Spark logged no queue offset for the batch, the newest file it
+            planned of some task is gone, or a txid in between has no file although the file
+            after it names it as its task's previous one (deleted or lost: its batch would be
+            skipped).
+        TopicError: a file names a previous txid at or below one this reader has read after it
+            (the queue holds files its upstream task did not write in this order).
     """
     end = offset_txids(checkpoint_dir, batch_id)
     if end is None:
         raise CommittedBatchLostError(f"checkpoint {checkpoint_dir}: no shuffle-queue offset logged for batch {batch_id}")
     start = read_before(checkpoint_dir, batch_id)
-    files = [
-        path for path, task, txid in _queue_files(input_dir, suffix) if task in end and start.get(task, -1) < txid <= end[task]
-    ]
-    found = {(task, txid) for _, task, txid in _queue_files_of(files)}
-    missing = [(task, txid) for task, txid in end.items() if txid > start.get(task, -1) and (task, txid) not in found]
+    by_task: dict[int, dict[int, Path]] = {}
+    for path, task, txid in _queue_files(input_dir, suffix):
+        if task in end and start.get(task, -1) < txid <= end[task]:
+            by_task.setdefault(task, {})[txid] = path
+    missing = [(task, txid) for task, txid in end.items() if txid > start.get(task, -1) and txid not in by_task.get(task, {})]
     if missing:
         raise CommittedBatchLostError(
             f"{input_dir}: batch {batch_id} was planned over the files of (task, txid) {sorted(missing)}, which are gone"
         )
-    return sorted(files)
+    for task, files in by_task.items():
+        if task != TICKS:
+            _check_skipped_txids(input_dir, batch_id, task, start.get(task, -1), files)
+    return sorted(path for files in by_task.values() for path in files.values())
+
+
+def _check_skipped_txids(input_dir: Path, batch_id: int, task: int, read: int, files: Mapping[int, Path]) -> None:
+    """Check that every txid of ``task`` above ``read`` (the highest read before) that has no
+    file among ``files`` (txid -> file) wrote none: the next file must name the one before
+    the gap as its previous file. A file that does not say (written before chains) is taken
+    as it is."""
+    last = read
+    for txid in sorted(files):
+        if txid != last + 1:
+            previous = previous_txid(files[txid])
+            if previous is not None and previous > last:
+                lost = f"t{task:05d}-x{previous:012d}-e*{files[txid].suffix}"
+                raise CommittedBatchLostError(
+                    f"{input_dir}: batch {batch_id} reads upstream task {task}'s file of txid {txid}, which follows its "
+                    f"file of txid {previous} in this queue, but that file ({lost}) is gone: the committed batch was lost "
+                    "(deleted, or an OS crash on storage that did not honour fsync) and its rows would be skipped. The "
+                    "task stops; restore the file from a backup, or accept the loss by re-running the topology"
+                )
+            if previous is not None and previous < last:
+                raise TopicError(
+                    f"{input_dir}: {files[txid].name} names txid {previous} as its task's previous file in this queue, "
+                    f"but this reader read its file of txid {last} before it: the queue holds files its upstream task "
+                    "did not write in this order (copied in by hand?); remove the stray file or restore the queue"
+                )
+        last = txid
 
 
 def unread_files(input_dir: Path, read: Mapping[int, int], suffix: str) -> list[Path]:
@@ -240,11 +282,13 @@ def _queue_files_of(paths: list[Path]) -> list[tuple[Path, int, int]]:
     return found
 
 
-def retire_read(topic: FileTopic, queue: int, read: Mapping[int, int]) -> int:
+def retire_read(topic: FileTopic, queue: int, read: Mapping[int, int], *, epoch: int | None = None) -> int:
     """Delete what committed batches read up to ``read`` (an offset): upstream batch files
     through :meth:`FileTopic.retire_consumed` (recorded first), tick files at or below their
-    stamp (only this task writes them). Returns the files deleted."""
-    removed = topic.retire_consumed(queue, {task: txid for task, txid in read.items() if task != TICKS})
+    stamp (only this task writes them, and a planned one was read by a committed batch whoever
+    deletes it). Given the reading task's owner ``epoch``, a previous owner's call records and
+    deletes no upstream file once a newer owner has recorded. Returns the files deleted."""
+    removed = topic.retire_consumed(queue, {task: txid for task, txid in read.items() if task != TICKS}, epoch=epoch)
     upto = read.get(TICKS)
     if upto is not None:
         for path, task, stamp in _queue_files(topic.queue_path(queue), ".jsonl"):

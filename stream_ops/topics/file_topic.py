@@ -11,33 +11,60 @@ fsynced) after it. Publishing checks the files against what the commit recorded 
 loudly when a committed file is missing or cut short. Deleting staged files is limited to
 epochs below the caller's own, so a stale owner never removes a newer owner's work. A queue's
 one reader deletes the files its committed batches consumed, after recording them as consumed
-(``_consumed.json``), so a committed file that is gone because it was read is not taken for lost.
+(``_consumed-v<version>.json``, a :class:`~stream_ops.durable_files.ForwardMarker`: a stale
+reader finishing late never moves it back), so a committed file that is gone because it was
+read is not taken for lost.
+
+A *chained* topic (a shuffle) lets its reader prove that a committed batch file it does not
+find was never written, rather than lost: an upstream task writes a file into a queue only
+for a batch with rows for it, so its files in one queue skip txids. Each file names the txid
+of the task's previous file in the same queue (:data:`PREVIOUS_TXID_KEY`: a field of the first
+JSON line, which readers with a schema ignore, or Parquet key-value metadata), and the reader
+checks every skipped txid against it (:func:`stream_ops.spark.shuffle_queue.batch_files`).
+The writer knows its previous files from its own commits: each commit records, beside the
+staged sizes, per queue without a file the txid of the last one (``head:<queue>``,
+:class:`QueueChains`), and a new owner learns them from the committed record it publishes.
+No file, fsync or ZooKeeper round trip is added per batch.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
+import logging
 import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stream_ops.durable_files import FILE_MODE, fsync_dir, fsync_dirs, make_dirs
+from stream_ops.durable_files import FILE_MODE, ForwardMarker, fsync_dir, fsync_dirs, make_dirs
 from stream_ops.errors import TopicError
 from stream_ops.topics.publishing import publish_file
+
+logger = logging.getLogger(__name__)
 
 _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)(?P<suffix>\.jsonl|\.arrow|\.parquet)$")
 BATCH_FILE_SUFFIXES = (".jsonl", ".arrow", ".parquet")
 """The formats a batch file can be in: JSON lines, Arrow IPC (stream format) or Parquet."""
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 CONSUMED_FILE = "_consumed.json"
-"""A queue's record of the batches its reader consumed (:meth:`FileTopic.retire_consumed`)."""
+"""A queue's record of the batches its reader consumed as one file, as written before the
+versioned record (:data:`CONSUMED_MARKER`); read while no version exists."""
+CONSUMED_MARKER = "_consumed"
+"""The stem of a queue's record of the batches its reader consumed
+(``_consumed-v<version>.json``, :meth:`FileTopic.retire_consumed`)."""
+PREVIOUS_TXID_KEY = "stream_ops.previous_txid"
+"""Where a chained topic's file names the txid of its task's previous file in the same queue
+(-1: none): a field of its first JSON line, or a key of a Parquet file's metadata."""
+HEAD_KEY_PREFIX = "head:"
+"""Commit-record keys ``head:<queue>`` of a chained topic: for a queue the batch wrote no file
+to, the txid of the task's last file there (-1: none yet)."""
 
 
 def batch_file_name(task_id: int, txid: int, epoch: int, suffix: str = ".jsonl") -> str:
@@ -65,6 +92,81 @@ def parse_batch_file_name(name: str) -> BatchFileId | None:
     if match is None:
         return None
     return BatchFileId(int(match["task"]), int(match["txid"]), int(match["epoch"]))
+
+
+def queue_sizes(expected: Mapping[str, int] | Mapping[int, int]) -> dict[int, int]:
+    """Queue -> size of the files a commit recorded for a topic (its ``head:`` entries left out)."""
+    return {int(key): size for key, size in expected.items() if not str(key).startswith(HEAD_KEY_PREFIX)}
+
+
+@dataclass(frozen=True)
+class _Heads:
+    txid: int
+    """The committed txid the heads are as of."""
+    queues: dict[int, int]
+    """Queue -> the txid of the task's last file there up to ``txid`` (-1: none); a queue
+    missing is not known (a commit recorded before chains)."""
+
+
+class QueueChains:
+    """What an upstream task knows of its own files in each queue of a chained topic: the
+    txid of its last file there, learned from its commits (see the module docstring).
+
+    Kept per task in memory by the task's topic object, from one batch's publish to the next
+    batch's staging; a new owner learns it from the committed batch it publishes first.
+    Without it (a commit recorded before chains), a file names no previous txid and its reader
+    checks nothing before it.
+    """
+
+    def __init__(self, queues: int) -> None:
+        self.queues = queues
+        self._known: dict[int, _Heads] = {}
+
+    def previous(self, task_id: int, txid: int, queue: int) -> int | None:
+        """The txid of ``task_id``'s last file in ``queue`` before ``txid`` (-1: none), or None
+        when not known."""
+        if txid == 0:
+            return -1
+        known = self._known.get(task_id)
+        if known is None or known.txid != txid - 1:
+            return None
+        return known.queues.get(queue)
+
+    def commit_keys(self, task_id: int, txid: int, written: Iterable[int]) -> dict[str, int]:
+        """The ``head:<queue>`` entries the commit of ``txid`` records beside its sizes: for each
+        queue without a file in ``written``, the txid of the task's last file there, if known."""
+        wrote = set(written)
+        keys: dict[str, int] = {}
+        for queue in range(self.queues):
+            previous = None if queue in wrote else self.previous(task_id, txid, queue)
+            if previous is not None:
+                keys[f"{HEAD_KEY_PREFIX}{queue}"] = previous
+        return keys
+
+    def committed(self, task_id: int, txid: int, expected: Mapping[str, int] | Mapping[int, int]) -> None:
+        """Learn from the commit record of ``txid`` (its sizes and ``head:`` entries), as it is
+        published; an older batch published again changes nothing."""
+        known = self._known.get(task_id)
+        if known is not None and known.txid > txid:
+            return
+        queues = dict.fromkeys(queue_sizes(expected), txid)
+        for key, value in expected.items():
+            if str(key).startswith(HEAD_KEY_PREFIX):
+                queues[int(str(key)[len(HEAD_KEY_PREFIX) :])] = int(value)
+        self._known[task_id] = _Heads(txid, queues)
+
+
+def with_previous_txid(records: Iterable[Any], previous: int | None) -> Iterable[Any]:
+    """``records`` with :data:`PREVIOUS_TXID_KEY` added to the first one (a dict), when
+    ``previous`` is known."""
+    if previous is None:
+        return records
+    rows = iter(records)
+    for first in rows:
+        if isinstance(first, dict):
+            first = {**first, PREVIOUS_TXID_KEY: previous}
+        return itertools.chain([first], rows)
+    return ()
 
 
 def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable: bool = True) -> int:
@@ -143,11 +245,16 @@ class FileTopic:
     queues: int = 1
     durable: bool = True
     """fsync batch files and their directories (turn off only for throwaway data or to measure the cost)."""
+    chained: bool = False
+    """A shuffle: each JSON-lines file names its task's previous file in the queue, and commits
+    record the last file per queue (see the module docstring). Never for a topic users read."""
+    _chains: QueueChains = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.queues, int) or isinstance(self.queues, bool) or self.queues < 1:
             raise TopicError(f"FileTopic {self.path!s}: queues must be a positive integer, got {self.queues!r}")
         object.__setattr__(self, "path", str(self.path))
+        object.__setattr__(self, "_chains", QueueChains(self.queues))
 
     @property
     def root(self) -> Path:
@@ -206,17 +313,20 @@ class FileTopic:
         return self.root / ".pending" / f"queue-{queue:05d}"
 
     def stage_batch(self, queue: int, task_id: int, txid: int, epoch: int, records: Iterable[Any]) -> Path:
-        """Write a batch's file where readers cannot see it yet (see :meth:`publish_batch`).
+        """Write a batch's file where readers cannot see it yet (see :meth:`publish_batch`); in a
+        chained topic its first record names the task's previous file in the queue.
 
         The file is durable when this returns (unless the topic is not ``durable``).
         """
         target = self.pending_path(queue) / batch_file_name(task_id, txid, epoch)
+        if self.chained:
+            records = with_previous_txid(records, self._chains.previous(task_id, txid, queue))
         write_json_lines_atomically(target, records, durable=self.durable)
         return target
 
     def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
         """Queue number (as text) -> size in bytes of each staged file of (task, txid, epoch):
-        what a commit records."""
+        what a commit records; a chained topic adds its ``head:<queue>`` entries."""
         name = batch_file_name(task_id, txid, epoch)
         sizes: dict[str, int] = {}
         for queue in range(self.queues):
@@ -224,6 +334,8 @@ class FileTopic:
                 sizes[str(queue)] = (self.pending_path(queue) / name).stat().st_size
             except FileNotFoundError:
                 continue
+        if self.chained:
+            sizes.update(self._chains.commit_keys(task_id, txid, map(int, sizes)))
         return sizes
 
     def publish_batch(self, task_id: int, txid: int, epoch: int, expected: Mapping[str, int] | Mapping[int, int]) -> int:
@@ -231,7 +343,8 @@ class FileTopic:
 
         ``expected`` is what the commit recorded (:meth:`staged_sizes`): every queue named must
         end with a published file of exactly that size, moved now or by an earlier (or a
-        concurrent) publish of the same batch. A moved file gets the current time as its
+        concurrent) publish of the same batch. A chained topic learns its task's last file per
+        queue from it. A moved file gets the current time as its
         modification time, so a file stream whose ``maxFileAge`` is measured from the newest
         file still reads a batch published late. Idempotent; safe to run from two processes.
 
@@ -246,7 +359,7 @@ class FileTopic:
         name = batch_file_name(task_id, txid, epoch)
         moved = 0
         touched: list[Path] = []
-        for queue, size in sorted((int(q), size) for q, size in expected.items()):
+        for queue, size in sorted(queue_sizes(expected).items()):
             what = f"{self.path}: the output of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
             dirs = publish_file(
                 self.pending_path(queue) / name,
@@ -259,6 +372,8 @@ class FileTopic:
             touched += dirs
         if touched and self.durable:
             fsync_dirs(touched)
+        if self.chained:
+            self._chains.committed(task_id, txid, expected)
         return moved
 
     def discard_staged(self, task_id: int, *, below_epoch: int, keep: tuple[int, int] | None = None) -> int:
@@ -277,41 +392,46 @@ class FileTopic:
 
     # --- consumed batches: deleted by the queue's one reader once no replay needs them ------
 
-    def consumed_path(self, queue: int) -> Path:
-        """The record of what ``queue``'s reader consumed and may have deleted (a ``_`` file:
-        no reader lists it)."""
-        return self.queue_path(queue) / CONSUMED_FILE
+    def consumed_marker(self, queue: int) -> ForwardMarker:
+        """The record of what ``queue``'s reader consumed and may have deleted (``_`` files: no
+        reader lists them)."""
+        return ForwardMarker(
+            self.queue_path(queue),
+            CONSUMED_MARKER,
+            durable=self.durable,
+            legacy=CONSUMED_FILE,
+            legacy_txids=lambda recorded: {str(task): int(txid) for task, txid in recorded.get("tasks", {}).items()},
+        )
 
     def consumed_txids(self, queue: int) -> dict[int, int]:
         """Per upstream task, the highest txid whose files in ``queue`` its reader consumed in a
         committed batch: files at or below it may be gone, and are not lost."""
-        try:
-            recorded = json.loads(self.consumed_path(queue).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            raise TopicError(f"{self.consumed_path(queue)}: unreadable record of consumed batches: {e}") from e
-        return {int(task): int(txid) for task, txid in recorded.get("tasks", {}).items()}
+        return {int(task): txid for task, txid in self.consumed_marker(queue).read().txids.items()}
 
-    def retire_consumed(self, queue: int, txids: Mapping[int, int]) -> int:
+    def retire_consumed(self, queue: int, txids: Mapping[int, int], *, epoch: int | None = None) -> int:
         """Record ``txids`` (per upstream task, the highest txid consumed) as consumed, durably,
-        then delete the queue's batch files at or below them; returns the files deleted.
+        then delete the queue's batch files at or below what is recorded; returns the files
+        deleted.
 
         The record comes first, so a committed batch whose file is gone is known as consumed
         (:meth:`publish_batch` then has nothing to publish) rather than lost. Only the queue's
-        reader calls this, with what its committed batches read; a record only grows.
+        reader calls this, with what its committed batches read. The record never moves back,
+        even when a previous owner of the reader writes late; given the reader's owner
+        ``epoch``, a previous owner's call records and deletes nothing once a newer owner has
+        recorded.
         """
-        recorded = self.consumed_txids(queue)
-        merged = dict(recorded)
-        for task, txid in txids.items():
-            merged[task] = max(txid, merged.get(task, -1))
-        if merged != recorded:
-            text = json.dumps({"tasks": {str(task): txid for task, txid in sorted(merged.items())}}, separators=(",", ":"))
-            write_bytes_atomically(self.consumed_path(queue), text.encode("utf-8"), durable=self.durable)
+        recorded = self.consumed_marker(queue).advance({str(task): txid for task, txid in txids.items()}, epoch=epoch)
+        if recorded is None:
+            logger.info(
+                "%s: a newer owner of the reader records what it consumed; this one (epoch %s) leaves the queue alone",
+                self.queue_path(queue),
+                epoch,
+            )
+            return 0
         removed = 0
         for path in _entries(self.queue_path(queue)):
             found = parse_batch_file_name(path.name)
-            if found is not None and found.txid <= merged.get(found.task_id, -1):
+            if found is not None and found.txid <= recorded.txids.get(str(found.task_id), -1):
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed
@@ -345,15 +465,19 @@ class FileTopic:
         return removed
 
     def read_queue(self, queue: int) -> Iterator[tuple[Path, int, Any]]:
-        """Every record of a queue as (file, line number, record), files in name order."""
+        """Every record of a queue as (file, line number, record), files in name order (a
+        chained topic's :data:`PREVIOUS_TXID_KEY` left out)."""
         for file in self.files(queue):
             with open(file, encoding="utf-8") as f:
                 for line_no, line in enumerate(f):
                     if line.strip():
                         try:
-                            yield file, line_no, json.loads(line)
+                            record = json.loads(line)
                         except json.JSONDecodeError as e:
                             raise TopicError(f"{file}:{line_no + 1}: not JSON: {e}") from e
+                        if self.chained and line_no == 0 and isinstance(record, dict):
+                            record.pop(PREVIOUS_TXID_KEY, None)
+                        yield file, line_no, record
 
 
 def _discard(directory: Path, task_id: int, below_epoch: int, keep: tuple[int, int] | None, *, staged: bool) -> int:

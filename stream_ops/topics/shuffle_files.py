@@ -5,7 +5,10 @@ two columns, ``key`` (the encoded key, text) and ``value`` (the partial, typed a
 stage reads it), named and staged like every batch file of a
 :class:`~stream_ops.topics.file_topic.FileTopic`: ``t<task>-x<txid>-e<epoch>.parquet`` under
 the topic's ``.pending/`` directory until the batch commits, then published into its queue with
-the size the commit recorded. A replay writes the same name again.
+the size the commit recorded. A replay writes the same name again. Partials files are chained
+(see :mod:`stream_ops.topics.file_topic`): each names, in its key-value metadata, the txid of
+its task's previous file in the queue (:func:`previous_txid`), so the keyed stage tells a txid
+that had no partials for its queue from a lost file.
 
 The keyed stage reads these files with pyarrow on the driver (no Spark job); Spark can still
 stream them (``readStream.schema(...).parquet(dir)``). Which format a topology's partial
@@ -16,7 +19,8 @@ submitted before Parquet shuffles keep their JSON-lines files.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,16 @@ import pyarrow.parquet as pq
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.durable_files import fsync_dirs
-from stream_ops.errors import TopicError
+from stream_ops.errors import CommittedBatchLostError, TopicError
 from stream_ops.sources.base import count_lines
-from stream_ops.topics.file_topic import FileTopic, batch_file_name, write_bytes_atomically
+from stream_ops.topics.file_topic import (
+    PREVIOUS_TXID_KEY,
+    FileTopic,
+    QueueChains,
+    batch_file_name,
+    queue_sizes,
+    write_bytes_atomically,
+)
 from stream_ops.topics.publishing import publish_file
 
 
@@ -103,6 +114,33 @@ def shuffle_file_rows(path: Path) -> int:
     return count_lines(path)
 
 
+def previous_txid(path: Path) -> int | None:
+    """The txid of the file its task wrote into the same queue before ``path`` (-1: none), as
+    the file of a chained topic says (Parquet metadata, or the first JSON line's
+    :data:`~stream_ops.topics.file_topic.PREVIOUS_TXID_KEY`); None when it does not say (a file
+    written before chains).
+
+    Raises:
+        CommittedBatchLostError: the file is gone.
+        TopicError: the file cannot be read.
+    """
+    try:
+        if path.suffix == ".parquet":
+            found = (pq.read_metadata(path).metadata or {}).get(PREVIOUS_TXID_KEY.encode())
+        else:
+            with open(path, "rb") as f:
+                first = json.loads(f.readline() or b"{}")
+            found = first.get(PREVIOUS_TXID_KEY) if isinstance(first, dict) else None
+        return None if found is None else int(found)
+    except FileNotFoundError:
+        raise CommittedBatchLostError(
+            f"the shuffle file {path} is gone while its batch reads it; restore it from a backup, or accept the loss by "
+            "re-running the topology"
+        ) from None
+    except (OSError, ValueError, pa.ArrowInvalid) as e:
+        raise TopicError(f"could not read the shuffle file {path}: {e}") from e
+
+
 class PartialsShuffle:
     """The Parquet partials files into one keyed stage (a :class:`~stream_ops.topics.staged_output.StagedOutput`).
 
@@ -121,6 +159,7 @@ class PartialsShuffle:
             )
         self.topic = topic
         self.value_type = value_type
+        self._chains = QueueChains(topic.queues)
 
     @property
     def output_id(self) -> str:
@@ -132,25 +171,32 @@ class PartialsShuffle:
         return self.topic.pending_path(queue) / batch_file_name(task_id, txid, epoch, self.suffix)
 
     def stage_batch(self, queue: int, task_id: int, txid: int, epoch: int, keys: Sequence[str], values: Sequence[Any]) -> Path:
-        """Stage one queue's partials of a batch (durable when this returns if the topic is)."""
+        """Stage one queue's partials of a batch, naming the task's previous file in the queue
+        when it is known (durable when this returns if the topic is)."""
         target = self.staged_path(queue, task_id=task_id, txid=txid, epoch=epoch)
-        write_table_atomically(target, partials_table(keys, values, self.value_type), durable=self.topic.durable)
+        table = partials_table(keys, values, self.value_type)
+        previous = self._chains.previous(task_id, txid, queue)
+        if previous is not None:
+            table = table.replace_schema_metadata({PREVIOUS_TXID_KEY: str(previous)})
+        write_table_atomically(target, table, durable=self.topic.durable)
         return target
 
     def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
-        """Queue number (as text) -> size of each staged file of (task, txid, epoch): what a
-        commit records."""
+        """Queue number (as text) -> size of each staged file of (task, txid, epoch), and the
+        ``head:<queue>`` entries of the queues without one: what a commit records."""
         sizes: dict[str, int] = {}
         for queue in range(self.topic.queues):
             try:
                 sizes[str(queue)] = self.staged_path(queue, task_id=task_id, txid=txid, epoch=epoch).stat().st_size
             except FileNotFoundError:
                 continue
+        sizes.update(self._chains.commit_keys(task_id, txid, map(int, sizes)))
         return sizes
 
-    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: dict[str, int]) -> int:
+    def publish_batch(self, task_id: int, txid: int, epoch: int, expected: Mapping[str, int] | Mapping[int, int]) -> int:
         """Move a committed batch's staged files into their queues, checked against the sizes
-        the commit recorded (as :meth:`FileTopic.publish_batch` does); returns the files moved.
+        the commit recorded (as :meth:`FileTopic.publish_batch` does), and learn the task's last
+        file per queue from the record; returns the files moved.
 
         Raises:
             CommittedBatchLostError: a recorded file is neither staged nor published, or has
@@ -159,7 +205,7 @@ class PartialsShuffle:
         name = batch_file_name(task_id, txid, epoch, self.suffix)
         moved = 0
         touched: list[Path] = []
-        for queue, size in sorted((int(q), size) for q, size in expected.items()):
+        for queue, size in sorted(queue_sizes(expected).items()):
             what = f"{self.topic.path}: the partials of committed batch txid {txid} (task {task_id}, epoch {epoch}) for queue {queue}"
             dirs = publish_file(
                 self.topic.pending_path(queue) / name,
@@ -172,6 +218,7 @@ class PartialsShuffle:
             touched += dirs
         if touched and self.topic.durable:
             fsync_dirs(touched)
+        self._chains.committed(task_id, txid, expected)
         return moved
 
     def discard_staged(self, task_id: int, *, below_epoch: int, keep: tuple[int, int] | None = None) -> int:
