@@ -71,7 +71,8 @@ class _Context:
         from stream_ops.coordination.acl import require_auth
 
         config = self.zk_config(insecure=insecure)
-        require_auth(config, process)
+        # A worker may start itself again (exec) before it runs: its Worker warns, in the image that runs.
+        require_auth(config, process, warn=process != "worker")
         return config
 
     def query_config(self, tls_cert: Path | None = None, tls_key: Path | None = None) -> QueryConfig:

@@ -32,7 +32,7 @@ recreate ``/storms/<id>`` under them. So, with credentials:
 
 Workers, the nimbus and the supervisor refuse to run without credentials at all unless told
 ``insecure`` explicitly (:func:`require_auth`): on an open tree any client that reaches
-ZooKeeper chooses what they run.
+ZooKeeper chooses what they run. Told so, each says it once in its log.
 
 The ACL names the digest identity explicitly (not ZooKeeper's ``auth`` scheme, which means
 "whoever created it"), so every process of the cluster, whatever other identities its session
@@ -53,6 +53,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -232,17 +233,26 @@ def tree_not_owned(config: ZooKeeperConfig, mismatches: list[tuple[str, list[ACL
     return ZooKeeperTreeNotOwnedError(message, mismatches=rows)
 
 
-def require_auth(config: ZooKeeperConfig, process: str) -> None:
+_warned: set[tuple[str, str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def require_auth(config: ZooKeeperConfig, process: str, *, warn: bool = True) -> None:
     """Refuse to run ``process`` (a worker, the nimbus, a supervisor) on an unauthenticated tree.
 
     Without ``auth_digest`` every znode is open: any client that reaches ZooKeeper can rewrite
     ``/storms/<id>`` and the assignments, so it chooses the code the workers run and where tasks
     go. That is acceptable only when said explicitly, for a local single-user stack
-    (``stream-ops dev`` / ``demo``) or tests: ``insecure`` (``--insecure``).
+    (``stream-ops dev`` / ``demo``) or tests: ``insecure`` (``--insecure``). Then the process
+    says so with one warning: once per process (and ``process``, hosts and chroot), however
+    many times it checks.
 
     Args:
         config: The process's ZooKeeper configuration.
         process: What is starting, for the messages (``worker``, ``nimbus``, ``supervisor``).
+        warn: Log the warning for an insecure tree. False for an early check made before the
+            process image that runs (a ``stream-ops worker`` starts itself again without its
+            environment first, and its :class:`~stream_ops.runtime.worker.Worker` warns).
 
     Raises:
         ZooKeeperAuthRequiredError: No credentials and not ``insecure``.
@@ -263,6 +273,13 @@ def require_auth(config: ZooKeeperConfig, process: str) -> None:
             "or env STREAM_OPS_ZK_AUTH; ZooKeeperResource.auth_digest in Dagster), or, for a local single-user stack "
             f"only, say so explicitly: `stream-ops {process} --insecure` (ZooKeeperConfig.insecure=True)"
         )
+    if not warn:
+        return
+    with _warned_lock:
+        key = (process, config.hosts, config.chroot)
+        if key in _warned:
+            return
+        _warned.add(key)
     logger.warning(
         "%s runs INSECURE: ZooKeeper %s%s has no credentials, so any client that reaches it can change what this %s runs",
         process,
