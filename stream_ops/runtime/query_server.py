@@ -305,7 +305,7 @@ class _Ticket:
     evicted: bool = False
 
 
-Refusal = Literal["peer", "full"]
+_Refusal = Literal["peer", "full"]
 
 
 class _Admission:
@@ -332,7 +332,7 @@ class _Admission:
     def served(self) -> int:
         return self._served
 
-    def admit(self, sock: socket.socket, peer: str) -> _Ticket | Refusal:
+    def admit(self, sock: socket.socket, peer: str) -> _Ticket | _Refusal:
         """A pending slot for a new connection (perhaps another's, evicted), or why there is none."""
         limits = self._limits
         with self._lock:
@@ -783,7 +783,7 @@ class QueryServer(ThreadingHTTPServer):
             limits.max_connections,
         )
 
-    def _refuse(self, request: socket.socket, client_address: Any, why: Refusal) -> None:
+    def _refuse(self, request: socket.socket, client_address: Any, why: _Refusal) -> None:
         """Answer 503 without blocking (plain HTTP) and close; runs on the accepting thread."""
         self.note_refusal(client_address)
         if self.tls is not None:
