@@ -496,8 +496,13 @@ def list_cmd(obj: _Context, as_json: bool) -> None:
 @click.option("--heartbeat-timeout", default=10.0, show_default=True)
 @pass_ctx
 def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) -> None:
-    """Tasks, owners, heartbeat ages and committed txids of a topology."""
-    from stream_ops.nimbus.status import describe_topology, standbys_text
+    """Tasks, owners, heartbeat ages and committed txids of a topology.
+
+    ~KEYS is RocksDB's estimate of the keys in each task's local store (JSON:
+    state_keys_estimate): overwritten and deleted keys count until RocksDB compacts them, so it
+    can be several times the real number.
+    """
+    from stream_ops.nimbus.status import STATE_KEYS_NOTE, describe_topology, standbys_text
     from stream_ops.nimbus.submission import find_topology_id
 
     with obj.store() as store:
@@ -510,7 +515,7 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
         f"assignment epoch={result.assignment_epoch}  workers={','.join(result.workers_live) or '-'}"
     )
     click.echo(
-        f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>7} {'KEYS':>7} {'DLQ':>5}"
+        f"{'TASK':>4} {'STAGE':<12} {'Q':>3} {'OWNER':<22} {'EPOCH':>5} {'HB AGE':>7} {'TXID':>6} {'ROWS/S':>9} {'LAG':>7} {'~KEYS':>7} {'DLQ':>5}"
     )
     for t in result.tasks:
         age = "-" if t.heartbeat_age_s is None else f"{t.heartbeat_age_s:.1f}"
@@ -520,6 +525,8 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
             f"{t.task_id:>4} {t.stage_name:<12} {t.queue:>3} {t.owner or '-':<22} {t.owner_epoch or '-':>5} "
             f"{age:>7} {t.committed_txid:>6} {t.rows_per_s:>9.1f} {lag:>7} {t.state_keys:>7} {t.dead_letters:>5}"
         )
+    if any(t.state_keys for t in result.tasks):
+        click.echo(f"  {STATE_KEYS_NOTE}")
     for t in result.tasks:
         if t.standbys:
             click.echo(f"  task {t.task_id} standbys: {standbys_text(t)}")

@@ -60,6 +60,12 @@ AGE_OBSERVED: HeartbeatAgeBasis = "observed"
 #: Heartbeat ages are the reader's clock minus the time the worker wrote (clocks must agree).
 AGE_WORKER_CLOCK: HeartbeatAgeBasis = "worker_clock"
 
+#: What the key counts are, for reports under a ``~KEYS`` column.
+STATE_KEYS_NOTE = (
+    "~KEYS: RocksDB's estimate of the keys in each task's local store; overwritten and deleted keys "
+    "count until it compacts them, so it can exceed the real number"
+)
+
 #: One line per basis, for reports (observations, checks, the CLI).
 AGE_BASIS_TEXT: Mapping[str, str] = {
     AGE_OBSERVED: "seconds since the observer saw the heartbeat change, by its own clock",
@@ -98,6 +104,8 @@ class TaskStatus:
     rows_out_per_s: float
     lag_files: int
     state_keys: int
+    """RocksDB's *estimate* of the keys in the task's local store (``rocksdb.estimate-num-keys``):
+    overwritten and deleted keys count until a compaction merges them (see :data:`STATE_KEYS_NOTE`)."""
     dead_letters: int
     lag_records: int | None = None
     """Input records not read yet (None where the source cannot count them)."""
@@ -171,8 +179,13 @@ class TopologyStatus:
         return lines
 
     def to_json_obj(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The status as JSON values, with ``health``; each task's ``state_keys`` is also given as
+        ``state_keys_estimate``, the name that says what it is (``state_keys`` stays for readers
+        of earlier releases)."""
         data = asdict(self)
         data["health"] = self.health(timeout_s)
+        for task in data["tasks"]:
+            task["state_keys_estimate"] = task["state_keys"]
         return data
 
 
