@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -132,6 +133,11 @@ def create_exclusively(target: Path, data: bytes, *, durable: bool = True) -> bo
 MARKER_ATTEMPTS = 100
 """How often :meth:`ForwardMarker.advance` tries again after another writer took the version
 it wanted (each try re-reads the marker), before it gives up."""
+
+
+STALE_MARKER_TEMP_S = 60.0
+"""How long a marker's temp file stays untouched before a writer deletes it as left by a write
+that crashed (a live write links it within milliseconds)."""
 
 
 @dataclass(frozen=True)
@@ -271,10 +277,22 @@ class ForwardMarker:
 
     def _collect(self, written: int) -> None:
         """Delete the versions below the one before ``written`` (kept for readers that listed
-        just before it appeared) and the legacy file, which ``written`` includes."""
-        for version in self._versions():
-            if version < written - 1:
-                self._path(version).unlink(missing_ok=True)
+        just before it appeared), the legacy file, which ``written`` includes, and temp files
+        of writes that crashed (untouched for :data:`STALE_MARKER_TEMP_S`)."""
+        version = re.compile(rf"^{re.escape(self.stem)}-v(\d+)\.json$")
+        temp = re.compile(rf"^\.{re.escape(self.stem)}-v\d+\.json\.[0-9a-f]{{32}}\.tmp$")
+        now = time.time()
+        for name in os.listdir(self.directory):
+            path = self.directory / name
+            found = version.match(name)
+            if found is not None and int(found[1]) < written - 1:
+                path.unlink(missing_ok=True)
+            elif temp.match(name) is not None:
+                try:
+                    if now - path.stat().st_mtime > STALE_MARKER_TEMP_S:
+                        path.unlink()
+                except FileNotFoundError:
+                    continue
         if self.legacy is not None:
             (self.directory / self.legacy).unlink(missing_ok=True)
 

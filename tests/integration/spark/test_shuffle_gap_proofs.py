@@ -4,11 +4,13 @@ Real ZooKeeper and Spark: an upstream task whose batches had no rows for the tas
 skipped txids there, and the keyed batch reading across them counts exactly; Spark delivers
 a committed batch again after a crash and it finds its files; a committed file lost in the
 middle of a batch's range stops the task with ``CommittedBatchLostError`` naming it, instead
-of committing without it.
+of committing without it. A chained JSON-lines file reads in Spark as the records it was
+given (the previous txid in its first line is not a column).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -24,9 +26,10 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
+from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import compiler, shuffle_queue
-from stream_ops.topics.file_topic import batch_file_name
-from stream_ops.topics.shuffle_files import PartialsShuffle
+from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.topics.shuffle_files import PartialsShuffle, previous_txid
 
 UPSTREAM = 0
 """The source task publishing by hand into the keyed stage's two queues."""
@@ -154,3 +157,17 @@ def test_skipped_txids_are_read_across_and_a_lost_one_stops_the_task(spark, zk_c
                 third.stop()
     finally:
         spark.conf.unset(shuffle_queue.ROUND_WAIT_CONF)
+
+
+def test_a_chained_json_file_reads_in_spark_as_the_records_it_was_given(spark, tmp_path):
+    topic = FileTopic(tmp_path / "shuffle", queues=1, chained=True)
+    lines = [{"stream": "words", "key": encode_key([w]), "record": f'{{"word": "{w}"}}'} for w in ("how", "are")]
+    for txid in range(2):
+        topic.stage_batch(0, UPSTREAM, txid, 1, lines)
+        topic.publish_batch(UPSTREAM, txid, 1, topic.staged_sizes(UPSTREAM, txid, 1))
+    files = [str(p) for p in topic.files(0)]
+    assert [previous_txid(Path(f)) for f in files] == [-1, 0]
+    read = spark.read.schema(schema_ddl({"stream": "string", "key": "string", "record": "string"})).json(files)
+    assert sorted(compiler.records_batch(read)) == sorted(
+        [("words", line["key"], json.loads(line["record"])) for line in lines] * 2
+    )

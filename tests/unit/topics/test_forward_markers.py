@@ -175,16 +175,21 @@ def test_racing_reader_processes_lose_no_update(tmp_path):
     assert topic.consumed_txids(0) == {1: rounds - 1, 2: rounds - 1}
 
 
-def test_old_versions_go_and_a_version_cut_short_is_not_read(tmp_path):
+def test_old_versions_and_crashed_writes_go_and_a_version_cut_short_is_not_read(tmp_path):
     marker = ForwardMarker(tmp_path, "_m", durable=False)
     for txid in range(4):
         marker.advance({"a": txid})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_m-v000000000002.json", "_m-v000000000003.json"]
     (tmp_path / "_m-v000000000004.json").write_text('{"epoch":-1,"txids":{"a":9')  # an OS crash cut it short
     assert marker.read().txids == {"a": 3} and marker.read().version == 4
+    crashed, running = (tmp_path / f"._m-v000000000005.json.{c * 32}.tmp" for c in "ab")
+    for temp in (crashed, running):
+        temp.write_text("{")
+    os.utime(crashed, (time.time() - 120, time.time() - 120))  # a writer killed two minutes ago
     written = marker.advance({"a": 5})
     assert written is not None and written.version == 5
     assert marker.read().txids == {"a": 5}
+    assert not crashed.exists() and running.exists()
 
 
 def test_a_record_written_before_versions_is_read_and_replaced(tmp_path):
