@@ -11,13 +11,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.durable_files import apply_umask
 from stream_ops.errors import StreamOpsError
+
+if TYPE_CHECKING:
+    from stream_ops.runtime.worker_pipe import WorkerSecrets
 
 logger = logging.getLogger("stream_ops.cli")
 
@@ -728,6 +731,10 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 # --- processes ---------------------------------------------------------------------------------
 
 
+_WORKER_SECRET_OPTIONS = frozenset({"zk_auth", "zk_auth_file", "query_token", "query_token_file"})
+"""Options of ``stream-ops`` whose values are secrets: a worker's restart passes them on its pipe."""
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Host name others reach this worker by.")
 @click.option("--port", default=6700, show_default=True, type=int, help="Slot port (state queries).")
@@ -742,6 +749,16 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
 )
 @click.option("--max-files-per-trigger", default=100, show_default=True, type=int)
 @click.option("--heartbeat-interval", default=2.0, show_default=True, type=float)
+@click.option(
+    "--poll-interval",
+    default=0.5,
+    show_default=True,
+    type=float,
+    help="Seconds between reconciliations with the assignment (a watch also wakes it at once).",
+)
+@click.option(
+    "--capacity", default=64, show_default=True, type=click.IntRange(min=1), help="Most tasks this worker runs at once."
+)
 @click.option(
     "--shutdown-timeout",
     default=5.0,
@@ -778,6 +795,52 @@ def query(obj: _Context, topology: str, query_name: str, args: tuple[str, ...]) 
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="PEM private key of --query-tls-cert; env STREAM_OPS_QUERY_TLS_KEY.",
 )
+@click.option(
+    "--dist-dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="Dist store, if not <home>/dist (as StreamClusterResource.dist_dir).",
+)
+@click.option(
+    "--topics-root",
+    default=None,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="Internal topics, if not <home>/topics (as StreamClusterResource.topics_root).",
+)
+@click.option(
+    "--checkpoints-root",
+    default=None,
+    type=click.Path(path_type=Path),
+    callback=_absolute_path,
+    help="Spark checkpoints, if not <home>/checkpoints (as StreamClusterResource.checkpoints_root).",
+)
+@click.option(
+    "--pass-env",
+    "pass_env",
+    multiple=True,
+    metavar="NAME",
+    help="Environment variable the topologies' code may read (repeatable; also env STREAM_OPS_WORKER_PASS_ENV="
+    "NAME,NAME), e.g. a Kafka password a conf names as env:KAFKA_PASSWORD. The worker, its Spark JVM, Spark's "
+    "Python workers and its row processes keep only these and what Python, Java and Spark need to start; "
+    "stream_ops, Dagster and database secrets are refused.",
+)
+@click.option(
+    "--secrets-fd",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="FD",
+    help='Read the ZooKeeper credentials and query token from this file descriptor, one JSON line {"zk_auth": '
+    '..., "query_token": ...} (0: stdin), instead of the options and environment: how the Dagster worker op '
+    "starts a worker, and how a worker restarts itself without secrets in its environment.",
+)
+@click.option(
+    "--stop-on-stdin-eof",
+    is_flag=True,
+    default=False,
+    help="Stop (as on SIGTERM) when stdin reaches its end: the process that started this worker closed it or died.",
+)
 @_INSECURE_OPTION
 @pass_ctx
 def worker(
@@ -790,23 +853,37 @@ def worker(
     shuffle_trigger_seconds: float | None,
     max_files_per_trigger: int,
     heartbeat_interval: float,
+    poll_interval: float,
+    capacity: int,
     shutdown_timeout: float,
     launched_by: str,
     spark_conf: tuple[str, ...],
     kafka_connector: bool | None,
     query_tls_cert: Path | None,
     query_tls_key: Path | None,
+    dist_dir: Path | None,
+    topics_root: Path | None,
+    checkpoints_root: Path | None,
+    pass_env: tuple[str, ...],
+    secrets_fd: int | None,
+    stop_on_stdin_eof: bool,
     insecure: bool,
 ) -> None:
-    """Run a worker slot until SIGTERM / Ctrl-C."""
+    """Run a worker slot until SIGTERM / Ctrl-C.
+
+    Its process, Spark JVM, Spark's Python workers and row processes run topology code: they get
+    an environment of allow-listed names only (--pass-env adds some). A worker started with
+    secrets or other names in its environment reads what it needs, then starts itself again in
+    the same process without them.
+    """
+    from stream_ops import topology_env
     from stream_ops.runtime.worker import Worker, WorkerSettings
+    from stream_ops.runtime.worker_pipe import WorkerSecrets, read_secrets, stop_at_eof
 
+    passed = topology_env.pass_env_names(os.environ, pass_env)
+    if secrets_fd is not None:
+        _take_secrets(obj, read_secrets(secrets_fd))
     zk_config = obj.secured_zk_config("worker", insecure)
-    # Keep the credentials out of what the worker's children inherit: its Spark JVM, Spark's
-    # Python workers and its row processes run topology code and need none.
-    for name in ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE"):
-        os.environ.pop(name, None)
-
     conf: dict[str, str] = {}
     for item in spark_conf:
         key, sep, value = item.partition("=")
@@ -817,6 +894,8 @@ def worker(
         host=host,
         port=port,
         bind_host=bind_host or host,
+        capacity=capacity,
+        poll_interval_s=poll_interval,
         spark_master=spark_master,
         spark_conf=conf,
         kafka_connector=kafka_connector,
@@ -828,8 +907,93 @@ def worker(
         launched_by=launched_by,
         query=obj.query_config(tls_cert=query_tls_cert, tls_key=query_tls_key),
     )
+    paths = {"dist_dir": dist_dir, "topics_root": topics_root, "checkpoints_root": checkpoints_root}
+    cluster = obj.cluster().model_copy(update={k: v for k, v in paths.items() if v is not None})
+
+    # Everything secret is in memory now. Whatever this process was started with beyond the
+    # allow-list stays readable in /proc/<pid>/environ, to its own topology code too, whatever
+    # os.environ says: start again in this process (same pid) without it.
+    started_with = topology_env.exec_environment()
+    if started_with is not None:
+        extra = sorted(set(started_with) - set(topology_env.topology_environment(started_with, passed)))
+        if extra and secrets_fd is not None:
+            from stream_ops.errors import WorkerLaunchError
+
+            raise WorkerLaunchError(
+                f"this worker was given its secrets on file descriptor {secrets_fd} but its environment also holds "
+                f"{', '.join(extra)}: start it with the allow-listed environment only "
+                "(stream_ops.topology_env.topology_environment)"
+            )
+        if extra:
+            token = settings.query.token.get_secret_value() if settings.query.token is not None else None
+            _restart_without(extra, passed, WorkerSecrets(zk_auth=zk_config.auth_credentials(), query_token=token))
+    dropped = topology_env.reduce_environ(passed)
+    if dropped:
+        logger.debug("environment of the worker and its children reduced (dropped %s)", ", ".join(dropped))
     stop = _stop_on_signals()
-    Worker(zk_config, obj.cluster(), settings).run(stop)
+    if stop_on_stdin_eof:
+        stop_at_eof(stop)
+    Worker(zk_config, cluster, settings).run(stop)
+
+
+def _take_secrets(obj: _Context, secrets: WorkerSecrets) -> None:
+    """Use the ZooKeeper credentials and query token read from ``--secrets-fd`` (given once)."""
+    if secrets.zk_auth and obj.zk_auth:
+        raise click.UsageError("give the ZooKeeper credentials once: on --secrets-fd or in --zk-auth / --zk-auth-file")
+    if secrets.query_token and (obj.query_token or obj.query_token_file):
+        raise click.UsageError("give the query token once: on --secrets-fd or in --query-token / --query-token-file")
+    obj.zk_auth = secrets.zk_auth or obj.zk_auth
+    obj.query_token = secrets.query_token or obj.query_token
+
+
+def _restart_without(extra: list[str], passed: tuple[str, ...], secrets: WorkerSecrets) -> None:
+    """``exec`` this worker again without the variables ``extra``, its secrets on a pipe.
+
+    The command line is rebuilt from the parsed options (each value given explicitly, the
+    secret ones left out), so the new image parses to the same settings. Never returns.
+    """
+    from stream_ops import topology_env
+    from stream_ops.runtime.worker_pipe import secrets_pipe
+
+    ctx = click.get_current_context()
+    assert ctx.parent is not None
+    fd = secrets_pipe(secrets)
+    argv = [
+        sys.executable,
+        "-m",
+        "stream_ops.cli",
+        *_given_options(ctx.parent, skip=_WORKER_SECRET_OPTIONS),
+        str(ctx.info_name),
+        *_given_options(ctx, skip=frozenset({"secrets_fd"})),
+        "--secrets-fd",
+        str(fd),
+    ]
+    logger.info("worker: starting again in this process without %s in its environment", ", ".join(extra))
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execve(sys.executable, argv, topology_env.topology_environment(os.environ, passed))
+
+
+def _given_options(ctx: click.Context, *, skip: frozenset[str]) -> list[str]:
+    """The options of ``ctx``'s command as parsed, as command-line arguments (unset ones left out)."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in skip or param.name is None:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None:
+            continue
+        if param.is_flag and param.secondary_opts:
+            args.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
+            if value:
+                args.append(param.opts[0])
+        elif param.multiple:
+            for item in value:
+                args += [param.opts[0], str(item)]
+        else:
+            args += [param.opts[0], str(value)]
+    return args
 
 
 def _say_local_stack_is_insecure() -> None:

@@ -153,6 +153,13 @@ class ConfigError(StreamOpsError):
     """A configuration value (a topology's conf, a setting) is not valid."""
 
 
+class TopologyEnvironmentError(ConfigError):
+    """A name an operator asked to pass through to the processes that run topology code
+    (``stream-ops worker --pass-env``, ``STREAM_OPS_WORKER_PASS_ENV``,
+    ``StreamClusterResource.worker_pass_env``) is a secret of stream_ops, Dagster or its
+    database, or not an environment variable name. Nothing was started."""
+
+
 class SubmissionError(StreamOpsError):
     """A topology could not be submitted."""
 
@@ -187,6 +194,12 @@ class RowProcessError(WorkerError):
 class ShuffleSourceUnavailableError(WorkerError):
     """A task's checkpoint was written by stream_ops' shuffle-queue source and this worker's
     JVM cannot load it (its classes are built with the JDK's ``javac``)."""
+
+
+class WorkerLaunchError(WorkerError):
+    """A ``stream-ops worker`` process could not be given its secrets or its clean environment
+    (a pipe that does not hold one line of them, an environment that still holds a secret after
+    the worker's restart without it)."""
 
 
 class QueryError(StreamOpsError):

@@ -172,7 +172,7 @@ class Worker:
         self.settings = settings
         self.worker_id = settings.worker_id
         self.clock = clock
-        # A session passed in by the caller (tests, Dagster's PySparkResource) is not ours to stop.
+        # A session passed in by the caller (tests' shared session) is not ours to stop.
         self._owns_spark = spark_factory is None
         self._spark_factory = spark_factory or (
             lambda: create_spark_session(

@@ -12,7 +12,8 @@ started with the pool (when the first query that needs it starts). It serves one
 time over its stdin and stdout: the function (cloudpickled, as Spark ships it) and the slice as
 an Arrow IPC stream (a pickled slice would carry its whole table's buffers), the batches it
 yields back the same way. It imports the user's code from the submission's verified archive as
-the driver does (:mod:`stream_ops.topology.isolation`), and exits when its stdin closes: when
+the driver does (:mod:`stream_ops.topology.isolation`), gets the allow-listed environment of
+:mod:`stream_ops.topology_env` (no secret of the worker's), and exits when its stdin closes: when
 the worker's process exits or is killed. A new interpreter rather than ``multiprocessing``:
 forking the worker's process (a JVM gateway, threads) is unsafe, and ``spawn``/``forkserver``
 run the caller's ``__main__`` again in every child. Batches that need the processes at once
@@ -44,6 +45,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 
 from stream_ops.errors import RowProcessError
+from stream_ops.topology_env import topology_environment
 
 if TYPE_CHECKING:
     from stream_ops.spark.driver_batches import StageRows
@@ -57,9 +59,6 @@ evenly, and a slow slice holds up only a quarter of a process's share."""
 CHILD_MODULE = "stream_ops.spark.row_process_main"
 """What each process runs (``python -m``): :func:`serve` on its stdin and stdout."""
 
-_SECRETS = frozenset({"STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_QUERY_TOKEN_FILE"})
-"""What the worker's environment may hold that the processes, which run topology code, must not get."""
-
 _FRAME = struct.Struct("!Q")
 _OK, _FAILED = b"0", b"1"
 
@@ -68,7 +67,8 @@ class _RowProcess:
     """One child interpreter serving slices, used by one thread at a time."""
 
     def __init__(self) -> None:
-        env = {name: value for name, value in os.environ.items() if name not in _SECRETS}
+        # They run topology code: the allow-listed environment only, whoever started this process.
+        env = topology_environment(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
         self._popen = subprocess.Popen(
             [sys.executable, "-m", CHILD_MODULE],

@@ -3,8 +3,9 @@
 
 They give what the driver's thread gives for a real stage function (dead letters included),
 report a function that raises or a process that dies as :class:`RowProcessError` and carry on
-with a new process, keep what user functions print out of their protocol, get no credentials
-from the worker's environment, and exit when the process that started them is SIGKILLed.
+with a new process, keep what user functions print out of their protocol, get only the
+allow-listed environment (pass-throughs included, no secret), and exit when the process that
+started them is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -154,25 +155,41 @@ def test_batches_that_need_the_processes_at_once_take_turns():
     assert order.startswith(("lsl", "llsl")), order  # first in, first out would be "llllssss"
 
 
+_SEEN_NAMES = ("STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_ZK_AUTH", "DAGSTER_PG_PASSWORD", "OTHER_SETTING", "PASSED_SETTING", "PATH")
+
+
 def environment(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for _ in batches:
-        names = ("STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_ZK_AUTH", "OTHER_SETTING")
-        yield pa.record_batch({"name": list(names), "value": [os.environ.get(n) for n in names]})
+        with open("/proc/self/environ", "rb") as f:
+            started_with = {entry.partition(b"=")[0].decode() for entry in f.read().split(b"\0")}
+        yield pa.record_batch(
+            {
+                "name": list(_SEEN_NAMES),
+                "value": [os.environ.get(n) for n in _SEEN_NAMES],
+                "started_with": [n in started_with for n in _SEEN_NAMES],
+            }
+        )
 
 
-def test_the_processes_get_the_workers_environment_without_its_secrets(monkeypatch):
-    for name in ("STREAM_OPS_QUERY_TOKEN", "STREAM_OPS_ZK_AUTH", "OTHER_SETTING"):
+def test_the_processes_get_the_allow_listed_environment_and_pass_throughs_only(monkeypatch):
+    for name in _SEEN_NAMES[:-1]:
         monkeypatch.setenv(name, f"{name.lower()}-value")
+    monkeypatch.setenv("STREAM_OPS_WORKER_PASS_ENV", "PASSED_SETTING")
     pool = RowProcesses(1)
     try:
         seen = pa.Table.from_batches(pool.run(environment, _sentences(10), max_records=1_000)).to_pylist()
     finally:
         pool.shutdown()
-    assert {row["name"]: row["value"] for row in seen} == {
+    values = {row["name"]: row["value"] for row in seen}
+    assert values == {
         "STREAM_OPS_QUERY_TOKEN": None,
         "STREAM_OPS_ZK_AUTH": None,
-        "OTHER_SETTING": "other_setting-value",
+        "DAGSTER_PG_PASSWORD": None,
+        "OTHER_SETTING": None,  # not allow-listed, not passed through
+        "PASSED_SETTING": "passed_setting-value",
+        "PATH": os.environ["PATH"],
     }
+    assert {row["name"]: row["started_with"] for row in seen} == {name: values[name] is not None for name in _SEEN_NAMES}
 
 
 _PARENT = textwrap.dedent(
