@@ -7,6 +7,15 @@ from its own ``start``, then waits until it serves. This class owns the rest: th
 its own session (so a stop reaches the JVM and anything it started), the log file, the
 idempotent SIGTERM-then-SIGKILL stop, a crash-like kill, the context manager, and
 :func:`serve_forever` (the foreground ``stream-ops zookeeper start`` / ``kafka start``).
+
+The JVM dies with the process that started it, even when that one is SIGKILLed and so cannot
+stop it: on Linux the child asks the kernel for SIGKILL when its parent goes
+(``prctl(PR_SET_PDEATHSIG)``, between fork and exec; a parent that died before that is seen
+through ``getppid()``). Its own session keeps it out of its parent's process group, so a
+signal to that group (Ctrl-C in a terminal, a SIGKILL of the group) reaches it only this way.
+The kernel's "parent" is the *thread* that started the JVM: call ``start`` from a thread that
+lives as long as the server (the main thread, or the thread that also stops it, as
+:func:`serve_forever` does), or the JVM is killed when that thread ends.
 """
 
 from __future__ import annotations
@@ -14,12 +23,15 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, ClassVar, Self
@@ -29,6 +41,43 @@ from stream_ops.errors import StreamOpsError
 logger = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 40
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved once in the parent (None where there is none: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a Linux libc without prctl
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die (SIGKILL) when the thread starting it ends.
+
+    Made in the parent, run in the child between fork and exec: it only calls the ``prctl``
+    resolved here and compares ``getppid()`` with this process's pid (if the parent died
+    before the ``prctl``, the child was already handed to another parent and exits at once).
+    The setting survives exec. None where the kernel offers no such thing.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def _preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return _preexec
 
 
 class JvmServer(abc.ABC):
@@ -87,16 +136,22 @@ class JvmServer(abc.ABC):
         return self.data_dir / self.log_file_name
 
     def _launch(self, cmd: Sequence[str]) -> None:
-        """Start ``cmd`` in its own session, output appended to :attr:`log_path`; stopped at exit."""
+        """Start ``cmd`` in its own session, output appended to :attr:`log_path`; stopped at exit,
+        killed by the kernel when the calling thread ends (see the module docstring)."""
         self._log_handle = open(self.log_path, "ab")  # noqa: SIM115 - closed in _cleanup()
-        self._proc = subprocess.Popen(
-            list(cmd),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT,
-            cwd=self.data_dir,
-            start_new_session=True,
-        )
+        try:
+            self._proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_handle,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # only a prctl and a getppid() run between fork and exec
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            self._cleanup()
+            raise self.error_type(f"could not start the {self.kind} JVM ({cmd[0]}): {e}") from e
         atexit.register(self.stop)
 
     def stop(self, timeout_s: float = 10.0) -> None:
