@@ -35,7 +35,14 @@ from stream_ops.coordination.cluster_state import find_topology, read_assignment
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import WorkerRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import QueryAuthError, QueryError, QueryRequestError, QueryTLSError, QueryUnavailableError
+from stream_ops.errors import (
+    QueryAuthError,
+    QueryError,
+    QueryRequestError,
+    QueryTLSError,
+    QueryUnavailableError,
+    TopologyNotFoundError,
+)
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES
@@ -104,9 +111,15 @@ def query_state(
     Example:
         >>> query_state(store, "wordcount", "words", [["how"], ["you"]])
         {'how': 3, 'you': 6}
+
+    Raises:
+        TopologyNotFoundError: No running topology has that name or id.
+        QueryError: The topology has no such query, or a key has the wrong number of fields;
+            a worker could not answer (:class:`QueryUnavailableError`) or refused the keys.
     """
-    storm = find_topology(store, topology)
-    assert storm is not None
+    storm = find_topology(store, topology, missing_ok=True)
+    if storm is None:
+        raise TopologyNotFoundError(f"cannot query {query!r}: no running topology named {topology!r}; see 'stream-ops list'")
     topology_id = storm.topology_id
     # Verified against the record's integrity root; a client has no dist store of its own to check the place.
     plan = load_submission(None, storm).plan
