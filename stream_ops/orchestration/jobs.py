@@ -5,8 +5,9 @@ Each job is one op that calls the library function the CLI calls too:
 =============================  ==============================================================
 job                            library call
 =============================  ==============================================================
-``stream_ops_worker``          :class:`~stream_ops.runtime.worker.Worker` ``.run(stop)``, with
-                               the SparkSession of dagster-pyspark's ``PySparkResource``
+``stream_ops_worker``          a ``stream-ops worker`` process
+                               (:mod:`stream_ops.orchestration.worker_process`), with the Spark
+                               settings of dagster-pyspark's ``PySparkResource``
 ``stream_ops_rebalance``       :func:`~stream_ops.nimbus.rebalance.rebalance`, or
                                :func:`~stream_ops.nimbus.assignment.reassign` (with the slots
                                of lost tasks excluded) when the heartbeat sensor asks, or
@@ -22,23 +23,27 @@ The jobs are cluster-wide: which topology they act on is run configuration (``to
 name or an id). :func:`build_jobs` fills in the first topology of the code location as the
 launchpad's default.
 
-Worker runs. A worker is one long-running run (in-process executor: one process, one
-SparkSession). The op runs the worker on a thread and stops it (``stop`` event: the worker
-stops its queries and releases its tasks' ownership) when either
+Worker runs. A worker is one long-running run. Its topology code never runs in the run's
+process, which holds the Dagster instance and its database password: the op starts the
+``stream-ops worker`` process the cluster scripts start, with the allow-listed environment of
+:mod:`stream_ops.topology_env` and its secrets on its stdin
+(:mod:`stream_ops.orchestration.worker_process`), and stops it (SIGTERM: the worker stops its
+queries and releases its tasks' ownership, handing tasks over to their standbys) when either
 
 * the run is terminated: Dagster interrupts the op (``DagsterExecutionInterruptedError``), or
 * the run's status becomes CANCELING (polled every ``status_poll_s``; covers run launchers
   that do not interrupt).
 
-dagster-pyspark never stops its SparkSession, so the op stops it after the worker ended
-(``stop_spark_session``, on by default: a worker run owns its process).
+If the run's process dies, even by SIGKILL, the worker's stdin reaches its end and the worker
+stops the same way. A worker that exits by itself with an error fails the run (``dg.Failure``
+with its last output). dagster-pyspark starts a SparkSession in the run's process that nothing
+uses; the op stops it at once (``stop_spark_session``, on by default).
 
 Note: this module does not use ``from __future__ import annotations`` because Dagster reads
 the resource and config parameters' annotations of the decorated functions at definition time.
 """
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,9 +85,8 @@ from stream_ops.orchestration.run_config import (
 )
 from stream_ops.orchestration.state import build_compact_op
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.orchestration.worker_process import WorkerProcess, worker_launch
 from stream_ops.ports import free_port
-from stream_ops.runtime.worker import Worker
-from stream_ops.spark.local_fs import bind_local_fs
 
 __all__ = [
     "ACTIVATE_JOB_NAME",
@@ -209,22 +213,6 @@ def _run_is_canceling(context: dg.OpExecutionContext) -> bool:
     return run is not None and run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
 
 
-def _wait_stopped(done: threading.Event, timeout_s: float, log: Any) -> None:
-    """Wait until the worker thread set ``done``, riding out further interrupts (Dagster may repeat them).
-
-    Waits on an Event, not ``Thread.join``: on Python 3.11 a join interrupted by an exception
-    from a signal handler marks a still-running thread as stopped (bpo-45274).
-    """
-    deadline = time.monotonic() + timeout_s
-    while not done.is_set() and time.monotonic() < deadline:
-        try:
-            done.wait(0.25)
-        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
-            log.info("interrupted again while the worker stops; still waiting for it")
-    if not done.is_set():
-        log.error(f"the worker did not stop within {timeout_s:.0f}s; leaving it to the process exit")
-
-
 @dg.op(name=WORKER_OP, tags={ROLE_TAG: "worker"})
 def _worker_op(
     context: dg.OpExecutionContext,
@@ -233,60 +221,50 @@ def _worker_op(
     stream_cluster: StreamClusterResource,
     pyspark: PySparkResource,
 ) -> dict[str, Any]:
-    """Run one worker slot until the run is terminated; its tasks are released when it stops."""
+    """Run one worker slot (a ``stream-ops worker`` process) until the run is terminated; its tasks
+    are released when it stops."""
     zk_config = zookeeper.config()
     require_auth(zk_config, "worker")  # ZooKeeperResource.insecure for a local development stack only
+    with zookeeper.store():
+        pass  # unreachable ZooKeeper, wrong credentials, a tree not the cluster's: fail here, before a JVM starts
     port = config.port or free_port(stream_cluster.worker_bind_host)
     settings = stream_cluster.worker_settings(port=port, launched_by=f"dagster:{context.run_id}")
-    spark = pyspark.spark_session
-    bind_local_fs(spark)  # checkpoint writes through java.nio, as create_spark_session binds them for CLI workers
-    worker = Worker(zk_config, stream_cluster.config(), settings, spark_factory=lambda: spark)
-    stop = threading.Event()
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
+    launch = worker_launch(
+        zk_config, stream_cluster.config(), settings, pyspark.spark_config, pass_env=stream_cluster.worker_pass_env
+    )
+    if config.stop_spark_session:
+        # The worker process runs its own Spark; the session dagster-pyspark started here is idle.
         try:
-            worker.run(stop)
-        except BaseException as e:  # noqa: BLE001 - reported by the op
-            failure.append(e)
-        finally:
-            done.set()
-
+            pyspark.spark_session.stop()
+        except Exception as e:  # noqa: BLE001 - nothing depends on it; report and go on
+            context.log.warning(f"stopping the PySparkResource's SparkSession: {e}")
     started = time.monotonic()
-    thread = threading.Thread(target=run, name=f"stream-ops-worker-{settings.worker_id}", daemon=True)
-    context.log.info(f"worker {settings.worker_id} starting (Spark {spark.version}, master {spark.sparkContext.master})")
-    thread.start()
+    worker = WorkerProcess.start(launch)
+    context.log.info(f"worker {launch.worker_id} starting (process {worker.pid})")
     reason = "worker ended by itself"
     try:
-        while not done.wait(config.status_poll_s):
+        while worker.wait(config.status_poll_s) is None:
             if _run_is_canceling(context):
                 reason = "run is being terminated"
-                context.log.info(f"worker {settings.worker_id}: {reason}; stopping it and releasing its tasks")
-                stop.set()
+                context.log.info(f"worker {launch.worker_id}: {reason}; stopping it and releasing its tasks")
                 break
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
         reason = "run was interrupted"
-        context.log.info(f"worker {settings.worker_id}: {reason}; stopping it and releasing its tasks")
+        context.log.info(f"worker {launch.worker_id}: {reason}; stopping it and releasing its tasks")
         raise
     finally:
-        stop.set()
-        _wait_stopped(done, _WORKER_STOP_TIMEOUT_S, context.log)
-        if config.stop_spark_session:
-            try:
-                spark.stop()
-            except Exception as e:  # noqa: BLE001 - the worker is stopped; report and go on
-                context.log.warning(f"stopping the SparkSession: {e}")
+        worker.stop(_WORKER_STOP_TIMEOUT_S, context.log)
     seconds = round(time.monotonic() - started, 1)
-    if failure:
-        error = failure[0]
+    code = worker.returncode
+    if code != 0 and not worker.killed:
         raise dg.Failure(
-            description=f"worker {settings.worker_id} failed after {seconds}s: {error}",
-            metadata={"worker_id": settings.worker_id, "error": repr(error)},
-        ) from error
-    context.log.info(f"worker {settings.worker_id} stopped after {seconds}s ({reason})")
-    context.add_output_metadata({"worker_id": settings.worker_id, "seconds": seconds, "stopped_because": reason})
-    return {"worker_id": settings.worker_id, "seconds": seconds, "stopped_because": reason}
+            description=f"worker {launch.worker_id} failed after {seconds}s (exit code {code}); its last output:\n"
+            f"{worker.tail()}",
+            metadata={"worker_id": launch.worker_id, "exit_code": code},
+        )
+    context.log.info(f"worker {launch.worker_id} stopped after {seconds}s ({reason})")
+    context.add_output_metadata({"worker_id": launch.worker_id, "seconds": seconds, "stopped_because": reason})
+    return {"worker_id": launch.worker_id, "seconds": seconds, "stopped_because": reason}
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -345,8 +323,8 @@ def build_jobs(
 
     @dg.job(
         name=WORKER_JOB_NAME,
-        description="One stream_ops worker slot with a SparkSession from PySparkResource, running until the run "
-        "is terminated; terminating it stops the worker and releases its tasks.",
+        description="One stream_ops worker slot (a stream-ops worker process with PySparkResource's Spark "
+        "settings), running until the run is terminated; terminating it stops the worker and releases its tasks.",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "worker"},
     )

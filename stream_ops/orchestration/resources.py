@@ -253,6 +253,13 @@ class StreamClusterResource(dg.ConfigurableResource):
         default_factory=dict,
         description="Extra Spark configuration of the workers' SparkSession (overrides stream_ops' defaults).",
     )
+    worker_pass_env: list[str] = Field(
+        default_factory=list,
+        description="Environment variables of the Dagster process that its workers' topology code may read "
+        "(stream-ops worker --pass-env), e.g. KAFKA_PASSWORD for a conf naming env:KAFKA_PASSWORD. Workers get "
+        "only these and what Python, Java and Spark need to start; stream_ops, Dagster and database secrets "
+        "(STREAM_OPS_ZK_AUTH*, STREAM_OPS_QUERY_TOKEN*, DAGSTER_*, PG*) are refused when a worker run starts.",
+    )
 
     # --- state queries of Dagster-launched workers (-> QueryConfig) --------------------------
     query_token: str | None = Field(

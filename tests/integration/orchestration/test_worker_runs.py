@@ -1,8 +1,10 @@
 """Worker runs and the heartbeat sensor with real workers: real ZooKeeper, real Spark.
 
-* A worker run (``stream_ops_worker``) runs a real :class:`Worker` on the session-scoped
-  SparkSession (through ``PySparkResource``); terminating the run (status CANCELING) or
-  interrupting its op stops the worker and releases its tasks.
+* A worker run (``stream_ops_worker``) starts a real ``stream-ops worker`` process (its own
+  Spark, the Spark settings of ``PySparkResource``) with the allow-listed environment: the
+  run's secrets are in none of its processes, a pass-through variable is; terminating the run
+  (status CANCELING) or interrupting its op stops the worker and releases its tasks; a worker
+  whose parent is SIGKILLed stops cleanly at the end of its stdin.
 * The sensor test kills a real worker *process* (SIGKILL) mid-run: the next ticks show the
   stream assets down and request a rebalance naming the lost tasks and a worker run; the
   requested runs (a worker run, then the rebalance) bring the topology back to healthy with
@@ -11,9 +13,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +28,7 @@ from typing import Any
 import dagster as dg
 import pytest
 from dagster_pyspark import PySparkResource
+from process_tree import process_tree, secrets_shown
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ZooKeeperConfig
@@ -41,16 +47,26 @@ from stream_ops.orchestration import (
     build_worker_relaunch_sensor,
     worker_run_config,
 )
+from stream_ops.orchestration.worker_process import worker_launch
 from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.topics.producer import produce
 from stream_ops.topology.dsl import Topology
 
 HEARTBEAT_TIMEOUT_S = 3.0
-#: Worker runs here share the test session's SparkSession: they must not stop it.
+#: The PySparkResource's session is the test session's SparkSession: worker runs must not stop it.
 SHARED_SPARK = worker_run_config(stop_spark_session=False)
+#: Seconds a worker process may take to register (Python, then a JVM, on a loaded machine).
+REGISTER_TIMEOUT_S = 90
 STREAM = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
 KEYED = dg.AssetKey(["stream_ops", "wordcount", "count"])
+#: Secrets a Dagster run's process holds, none of which a worker it starts may show.
+RUN_SECRETS = {
+    "DAGSTER_PG_PASSWORD": "pg-run-secret-5e2a",
+    "STREAM_OPS_ZK_AUTH": "stream-ops:zk-run-secret-91c4",
+    "STREAM_OPS_QUERY_TOKEN": "query-run-secret-0b7d33e1",
+    "PGPASSWORD": "pg-libpq-secret-44f0",
+}
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
@@ -127,21 +143,40 @@ def _owners(store: ZkStore, topology_id: str) -> list[str]:
     return store.children(ZkPaths.owners(topology_id))
 
 
-def test_worker_run_runs_tasks_and_releases_them_when_terminated(
+def test_worker_run_runs_tasks_without_the_runs_secrets_and_releases_them_when_terminated(
     worker_resources: dict[str, Any],
     wordcount: Topology,
     zk_store: ZkStore,
     fast_cluster: StreamClusterResource,
     spark: SparkSession,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # What dagster.sh gives a run's process, and a variable the operator passes to topologies.
+    for name, value in RUN_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TOPOLOGY_API_KEY", "passed-through-7d1f")
+    passing = StreamClusterResource(
+        root=fast_cluster.root,
+        trigger_seconds=0.2,
+        heartbeat_interval_s=0.5,
+        poll_interval_s=0.2,
+        worker_pass_env=["TOPOLOGY_API_KEY"],
+    )
     with dg.DagsterInstance.ephemeral() as instance:
-        run = WorkerRun(instance, worker_resources)
-        worker_id = wait_until(lambda: run.worker_id(zk_store), 30, "the worker to register")
+        run = WorkerRun(instance, {**worker_resources, "stream_cluster": passing})
+        worker_id = wait_until(lambda: run.worker_id(zk_store), REGISTER_TIMEOUT_S, "the worker to register")
         topology_id = submit(zk_store, fast_cluster.config(), wordcount, workers=1)  # assigned to the live worker
         sentences = list(SAMPLE_SENTENCES) * 2
         produce(wordcount.chains[0].source.topic, ({"sentence": s} for s in sentences))
         wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(sentences), timeout_s=60)
         assert {t.owner for t in describe_topology(zk_store, topology_id).tasks} == {worker_id}
+
+        worker_pid = live_workers(zk_store)[worker_id].pid
+        assert worker_pid != os.getpid()  # topology code runs outside the run's process
+        tree = process_tree(worker_pid)
+        assert {"stream-ops worker", "Spark JVM"} <= {view.kind for view in tree}
+        assert secrets_shown(tree, RUN_SECRETS) == []
+        assert b"TOPOLOGY_API_KEY=passed-through-7d1f" in tree[0].environ
 
         result = run.terminate()
 
@@ -162,7 +197,7 @@ def test_interrupting_the_worker_op_stops_the_worker(
 
     def interrupt_once_tasks_run() -> None:
         try:
-            wait_until(lambda: live_workers(zk_store), 60, "the worker to register")
+            wait_until(lambda: live_workers(zk_store), REGISTER_TIMEOUT_S, "the worker to register")
             submitted.append(submit(zk_store, fast_cluster.config(), wordcount, workers=1))
             wait_until(lambda: len(_owners(zk_store, submitted[0])) == 4, 60, "the worker to own every task")
             owned.set()
@@ -177,6 +212,68 @@ def test_interrupting_the_worker_op_stops_the_worker(
     assert "DagsterExecutionInterruptedError" in str(result.all_events)
     assert _owners(zk_store, submitted[0]) == []
     assert live_workers(zk_store) == {}
+
+
+_RUN_PROCESS = """
+import json, sys, time
+from stream_ops.runtime.processes import start_worker
+from stream_ops.runtime.worker_pipe import WorkerSecrets
+spec = json.loads(sys.stdin.readline())
+with open(spec["log"], "ab") as log:
+    worker = start_worker(spec["command"], env=spec["env"], secrets=WorkerSecrets(), output=log.fileno())
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (an exited one nobody reaped yet is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_worker_of_a_killed_run_process_stops_cleanly(
+    zk_config: ZooKeeperConfig, zk_store: ZkStore, fast_cluster: StreamClusterResource, tmp_path: Path
+) -> None:
+    """A run's process SIGKILLed: the worker it started (as the op starts it) reaches the end of its
+    stdin and stops as on SIGTERM, unregistering at once."""
+    settings = fast_cluster.worker_settings(port=free_port(), launched_by="dagster:killed-run")
+    launch = worker_launch(zk_config, fast_cluster.config(), settings, {"spark.master": "local[1]"})
+    log = tmp_path / "worker.log"
+    run_process = subprocess.Popen(
+        [sys.executable, "-c", _RUN_PROCESS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert run_process.stdin is not None and run_process.stdout is not None
+    run_process.stdin.write(json.dumps({"command": launch.command, "env": launch.env, "log": str(log)}).encode() + b"\n")
+    run_process.stdin.flush()
+    worker_pid = int(run_process.stdout.readline())
+    try:
+        wait_until(lambda: settings.worker_id in live_workers(zk_store), REGISTER_TIMEOUT_S, f"the worker to register ({log})")
+        kill_group(run_process)
+        run_process.wait(10)
+        wait_until(lambda: not _running(worker_pid), 60, "the worker to exit after its run's process was killed")
+        output = log.read_text(errors="replace")
+        assert "stdin closed: the process that started this worker is gone; stopping" in output
+        assert f"worker {settings.worker_id} stopped" in output  # a clean stop, not a death
+        assert settings.worker_id not in live_workers(zk_store)
+    finally:
+        kill_group(run_process)
+        if _running(worker_pid):
+            os.killpg(worker_pid, signal.SIGKILL)
+
+
+def test_a_worker_process_that_fails_fails_the_run_with_its_output(worker_resources: dict[str, Any]) -> None:
+    # A Spark setting without a key: the worker process refuses it at start (a usage error).
+    pyspark = PySparkResource(spark_config={**worker_resources["pyspark"].spark_config, "": "no-key"})
+    result = build_jobs(topology_names=["wordcount"]).worker.execute_in_process(
+        run_config=SHARED_SPARK, resources={**worker_resources, "pyspark": pyspark}, raise_on_error=False
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = str(failure.step_failure_data.error)
+    assert "(exit code 2)" in message and "'=no-key' is not KEY=VALUE" in message
 
 
 def test_failed_worker_runs_are_relaunched_a_bounded_number_of_times(
@@ -277,7 +374,9 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
     )
     sensor_resources = {"zookeeper": worker_resources["zookeeper"]}
     topic = wordcount.chains[0].source.topic
-    wait_until(lambda: live_workers(zk_store), 60, f"the worker process to register (log {tmp_path / 'worker.log'})")
+    wait_until(
+        lambda: live_workers(zk_store), REGISTER_TIMEOUT_S, f"the worker process to register (log {tmp_path / 'worker.log'})"
+    )
     topology_id = submit(zk_store, fast_cluster.config(), wordcount, workers=1)
     first = list(SAMPLE_SENTENCES) * 2
     produce(topic, ({"sentence": s} for s in first))
@@ -327,7 +426,7 @@ def test_sensor_repairs_a_topology_whose_worker_was_killed(
 
         # What the daemon would launch: the worker run, then the rebalance run.
         run = WorkerRun(instance, worker_resources)
-        new_worker = wait_until(lambda: run.worker_id(zk_store), 30, "the new worker to register")
+        new_worker = wait_until(lambda: run.worker_id(zk_store), REGISTER_TIMEOUT_S, "the new worker to register")
         rebalance = jobs.rebalance.execute_in_process(
             run_config=rebalances[0].run_config, resources=sensor_resources, instance=instance
         )
