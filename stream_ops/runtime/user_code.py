@@ -7,7 +7,9 @@
    name every time, created with ``O_EXCL | O_NOFOLLOW``, so nothing planted beforehand is
    used or written through), on local disk: under ``ClusterConfig.local_state_dir`` when it
    is configured, else the system temp directory, never under the shared root; it is removed
-   when the process exits;
+   when the process exits. Its name carries its process (:mod:`stream_ops.runtime.owned_dirs`),
+   so what a SIGKILLed worker left is removed by the next worker of this user installing code
+   in the same place;
 3. that copy is shipped to Spark's executors under the same unique name
    (``SparkContext.addPyFile``);
 4. the plan is bound to the archive (:func:`~stream_ops.topology.plan_code.bind_plan`): every
@@ -33,11 +35,15 @@ from stream_ops.config import ClusterConfig
 from stream_ops.coordination.records import StormRecord
 from stream_ops.errors import WorkerError
 from stream_ops.nimbus.dist_store import VerifiedSubmission, load_submission
+from stream_ops.runtime.owned_dirs import OwnedDirs
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.plan import Plan
 from stream_ops.topology.plan_code import bind_plan
 
 logger = logging.getLogger(__name__)
+
+CODE_DIRS = OwnedDirs("stream-ops-code")
+"""The private code directories: ``stream-ops-code-<submission digest>-<owner>-<random>``."""
 
 
 def private_code_parent(cluster: ClusterConfig) -> Path:
@@ -48,12 +54,17 @@ def private_code_parent(cluster: ClusterConfig) -> Path:
 
 
 class PrivateArchives:
-    """The verified archives this process installed: one fresh private copy per submission."""
+    """The verified archives this process installed: one fresh private copy per submission.
+
+    The first install under a parent directory removes there the copies of processes that are
+    gone (:meth:`OwnedDirs.remove_dead`).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._scopes: dict[str, CodeScope] = {}
         self._dirs: list[Path] = []
+        self._swept: set[Path] = set()
 
     def install(self, submission: VerifiedSubmission, parent: Path) -> CodeScope:
         """A private copy of the submission's archive (reused within this process while it exists).
@@ -69,7 +80,10 @@ class PrivateArchives:
             try:
                 parent.mkdir(parents=True, exist_ok=True)
                 _check_parent(parent)
-                directory = Path(tempfile.mkdtemp(prefix=f"stream-ops-code-{digest[:16]}-", dir=parent))
+                if parent not in self._swept:
+                    self._swept.add(parent)
+                    CODE_DIRS.remove_dead(parent)
+                directory = CODE_DIRS.create(parent, digest[:16])
                 self._dirs.append(directory)
                 archive = directory / f"{directory.name}.zip"
                 fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
