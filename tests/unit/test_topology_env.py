@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -124,3 +125,31 @@ def test_the_worker_refuses_a_secret_pass_through_before_it_starts(args: list[st
     assert result.exit_code == 1
     assert "may not be passed through to topology code" in result.output
     assert "zk-pass-123" not in result.output
+
+
+def test_a_workers_restart_command_line_parses_to_the_same_settings_without_its_secrets(tmp_path: Path) -> None:
+    from stream_ops.cli import _WORKER_SECRET_OPTIONS, _given_options
+
+    # What stream-ops worker rebuilds to start itself again (exec) without its secrets.
+    token_file = tmp_path / "token"
+    token_file.write_text("query-token-hush-0123456789\n")
+    group_args = ["--zookeeper", "zk1:2181", "--chroot", "/c", "--home", str(tmp_path), "--zk-auth", "u:hush-zk"]
+    group_args += ["--query-token-file", str(token_file), "--zk-open-reads", "--topology-default", "a=1", "--log-level", "DEBUG"]
+    worker_args = ["--port", "6701", "--spark-conf", "spark.x=1", "--spark-conf", "spark.y=a=b", "--pass-env", "KAFKA_PASSWORD"]
+    worker_args += ["--no-kafka-connector", "--stop-on-stdin-eof", "--secrets-fd", "7", "--dist-dir", "d"]
+
+    def parse(group: list[str], worker: list[str]) -> tuple[click.Context, click.Context]:
+        parent = main.make_context("stream-ops", [*group, "worker", *worker])
+        command = main.get_command(parent, "worker")
+        assert command is not None
+        return parent, command.make_context("worker", list(worker), parent=parent)
+
+    parent, child = parse(group_args, worker_args)
+    rebuilt_group = _given_options(parent, skip=_WORKER_SECRET_OPTIONS)
+    rebuilt_worker = _given_options(child, skip=frozenset({"secrets_fd"}))
+    assert not any("hush" in arg or arg == str(token_file) for arg in rebuilt_group + rebuilt_worker)
+    parent_again, child_again = parse(rebuilt_group, rebuilt_worker)
+    assert {k: v for k, v in parent_again.params.items() if k not in _WORKER_SECRET_OPTIONS} == {
+        k: v for k, v in parent.params.items() if k not in _WORKER_SECRET_OPTIONS
+    }
+    assert {**child_again.params, "secrets_fd": 7} == child.params
