@@ -462,10 +462,19 @@ def _parse_conf(items: tuple[str, ...], option: str = "--conf") -> dict[str, Any
     type=click.IntRange(min=0),
     help="Other workers keeping a warm copy of each stateful task's state, taking over with a tail replay only.",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Then wait up to this many seconds until every task runs (as `stream-ops wait`); exit 1 saying what is missing.",
+)
 @pass_ctx
-def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...], standby_replicas: int) -> None:
-    """Submit a topology given as pkg.module:attribute."""
+def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...], standby_replicas: int, wait_s: float) -> None:
+    """Submit a topology given as pkg.module:attribute; prints its id."""
     from stream_ops.nimbus.submission import submit as submit_topology
+    from stream_ops.nimbus.waiting import wait_until_running
     from stream_ops.topology.loading import load_topology
 
     topology = load_topology(topology_ref)
@@ -473,7 +482,10 @@ def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...]
         topology_id = submit_topology(
             store, obj.cluster(), topology, workers=workers, conf=_parse_conf(conf), standby_replicas=standby_replicas
         )
-    click.echo(topology_id)
+        click.echo(topology_id)
+        if wait_s > 0:
+            running = wait_until_running(store, topology_id, timeout_s=wait_s)
+            click.echo(_running_text(running), err=True)  # stdout stays the id alone
 
 
 @main.command("list")
@@ -535,6 +547,30 @@ def status(obj: _Context, name: str, as_json: bool, heartbeat_timeout: float) ->
             click.echo(f"  task {t.task_id} standbys: {standbys_text(t)}")
     for line in result.problems():
         click.echo(f"  ! {line}")
+
+
+@main.command()
+@click.argument("topology")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, type=click.FloatRange(min=0), help="Seconds to wait.")
+@click.option("--committed", is_flag=True, help="Also wait until every task committed a batch.")
+@click.option("--heartbeat-timeout", default=10.0, show_default=True, help="A heartbeat unchanged this long does not count.")
+@pass_ctx
+def wait(obj: _Context, topology: str, timeout_s: float, committed: bool, heartbeat_timeout: float) -> None:
+    """Wait until every task of a topology runs: assigned to a live worker, owned by it and
+    heartbeating (with --committed: and has committed a batch). Exits 1 at the timeout, saying
+    what is missing (no worker, no nimbus to assign the tasks, tasks not started, ...)."""
+    from stream_ops.nimbus.waiting import wait_until_running
+
+    with obj.store() as store:
+        running = wait_until_running(
+            store, topology, timeout_s=timeout_s, committed=committed, heartbeat_timeout_s=heartbeat_timeout
+        )
+    click.echo(_running_text(running, committed=committed))
+
+
+def _running_text(status: Any, *, committed: bool = False) -> str:
+    tasks, workers = len(status.tasks), len(status.workers_live)
+    return f"{status.topology_id} running: {tasks} tasks on {workers} workers" + (", each committed" if committed else "")
 
 
 @main.command()

@@ -174,6 +174,13 @@ class TopologyNotFoundError(StreamOpsError):
     """No submitted topology has the given name or id."""
 
 
+class TopologyNotRunningError(StreamOpsError):
+    """A topology did not get running in the time given (:func:`stream_ops.nimbus.waiting.wait_until_running`),
+    or cannot without an operator (deactivated, being killed, a task quarantined). The message
+    says what is missing: no live worker, no nimbus to assign the tasks, tasks not started, no
+    heartbeat or no commit yet, and what to do about each."""
+
+
 class SchedulingError(StreamOpsError):
     """Tasks could not be assigned (no slots, bad arguments)."""
 
