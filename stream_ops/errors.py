@@ -47,6 +47,21 @@ class ReplayError(StateError):
     """A state topic could not be replayed (corrupt entry, impossible ordering)."""
 
 
+class StateNotReadyError(StateError, TransientError):
+    """A task refused a state query rather than risk answering values older than its committed
+    txid: a batch's commit or its write into the local store is taking longer than
+    ``commit_wait_s``, that write failed and the store is being caught up from the state topic
+    (or could not be, and the task is failing), the worker is not connected to ZooKeeper, or it
+    lost the task to a newer owner. Ask again shortly (the query server answers 503)."""
+
+
+class StateStoreBehindError(StateError):
+    """A task's local store could not be brought to the committed txid after writing a committed
+    batch into it failed (the write and the catch-up from the state topic kept failing, or the
+    tail it needed was compacted meanwhile). The task stops; its next start catches the store up
+    from the state topic or rebuilds it."""
+
+
 # --- topics ----------------------------------------------------------------------------
 
 

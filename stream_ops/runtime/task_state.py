@@ -8,6 +8,9 @@ Anything else (a batch applied but never committed, a tail compacted away, no st
 means rebuilding it from the snapshot and the state topic up to the committed txid (DESIGN
 invariant 5). The state topic is a :class:`~stream_ops.state.state_log.StateLog`: files, or a
 Kafka partition when the topology's conf says so.
+
+A running task whose write of a committed batch into the store failed catches the store up the
+same way (:meth:`TaskState.catch_up`), without closing it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream_ops.errors import StateError
+from stream_ops.errors import StateError, StateStoreBehindError
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.state_log import FileStateLog, StateLog
@@ -44,11 +47,41 @@ class TaskState:
     rebuilt: bool
     tail_keys: int | None = None
     """Changed keys applied from the state-topic tail when the store caught up (None: it did not)."""
+    snapshot_dir: Path | None = None
+    """Where the queue's snapshots are written (a catch-up reads the newest when it must)."""
 
     @property
     def state_topic(self) -> StateTopicQueue | None:
         """The file state topic's queue, None when the state topic is in Kafka."""
         return self.log.queue if isinstance(self.log, FileStateLog) else None
+
+    def catch_up(self, committed_txid: int, committed_epoch: int) -> int:
+        """Bring the store to the committed (txid, epoch) from the state topic after writing a
+        committed batch into it failed: drop the batch's buffered writes, then apply the
+        state-topic tail above the store's marker and the new marker in one atomic write, as a
+        start does (:func:`open_task_state`); a store that never applied a batch is restored.
+
+        Returns:
+            The changed keys applied (0: the store was at the committed state already).
+
+        Raises:
+            StateStoreBehindError: the store is at no committed state its tail can extend (the
+                tail was compacted meanwhile): only a rebuild at the next start can help.
+            StateError: the store refused the write (a ReplayError: a state-topic file is
+                corrupt or missing).
+        """
+        store = self.store
+        store.discard_pending()
+        applied = self.log.catch_up(store, committed_txid, committed_epoch, snapshot_dir=self.snapshot_dir)
+        if applied is not None:
+            return applied
+        if store.applied_marker() is None:  # an empty store (the first batch's write failed): restore it
+            return self.log.rebuild(store, committed_txid, committed_epoch, snapshot_dir=self.snapshot_dir)
+        raise StateStoreBehindError(
+            f"state store {store.path} is at {store.applied_marker()} and cannot be caught up to committed txid "
+            f"{committed_txid} from {self.log.where} (the tail above its marker was compacted); the task must start "
+            "again, which rebuilds the store from the newest snapshot"
+        )
 
     def close(self) -> None:
         self.store.close()
@@ -125,4 +158,12 @@ def _open(
             store.close()
             raise
     map_state = MAP_STATES[kind](store) if kind is not None else None
-    return TaskState(store=store, map_state=map_state, log=queue_log, restored_keys=restored, rebuilt=rebuilt, tail_keys=tail)
+    return TaskState(
+        store=store,
+        map_state=map_state,
+        log=queue_log,
+        restored_keys=restored,
+        rebuilt=rebuilt,
+        tail_keys=tail,
+        snapshot_dir=snapshot_dir,
+    )

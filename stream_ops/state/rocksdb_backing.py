@@ -215,7 +215,7 @@ class RocksDBBackingMap:
                     else:
                         batch.put(_db_key(key), encode_stored(value))
             batch.put(_META_KEY, meta)
-            self._call("write", lambda db: db.write(batch, self._write_options))
+            self._write_batch("write", batch)
             written = len(self._pending)
             self._pending.clear()
         logger.debug("state store %s: flushed txid %d epoch %d (%d keys)", self._path, txid, epoch, written)
@@ -255,10 +255,10 @@ class RocksDBBackingMap:
                 batch.put(_db_key(as_key(key)), encode_stored(value))
                 count += 1
                 if batch.len() >= _RESTORE_BATCH:
-                    self._call("restore", lambda db, b=batch: db.write(b, self._write_options))
+                    self._write_batch("restore", batch)
                     batch = WriteBatch(raw_mode=True)
             batch.put(_META_KEY, meta)
-            self._call("restore", lambda db: db.write(batch, self._write_options))
+            self._write_batch("restore", batch)
         logger.info("state store %s: restored %d keys at txid %d epoch %d", self._path, count, txid, epoch)
         return count
 
@@ -303,14 +303,14 @@ class RocksDBBackingMap:
                     raise StateError(_bad_encoded_pair(self._path, key, value)) from e
                 in_batch += 1
                 if in_batch == _RESTORE_BATCH:
-                    self._call("restore", lambda db, b=batch: db.write(b, self._write_options))
+                    self._write_batch("restore", batch)
                     count += in_batch
                     in_batch = 0
                     batch = WriteBatch(raw_mode=True)
                     put = batch.put
             count += in_batch
             batch.put(_META_KEY, meta)
-            self._call("restore", lambda db: db.write(batch, self._write_options))
+            self._write_batch("restore", batch)
         logger.info("state store %s: restored %d encoded keys at txid %d epoch %d", self._path, count, txid, epoch)
         return count
 
@@ -351,7 +351,7 @@ class RocksDBBackingMap:
                     count += written
                 batch = WriteBatch(raw_mode=True)
                 batch.put(_META_KEY, meta)
-                self._call("restore", lambda db: db.write(batch, self._write_options))
+                self._write_batch("restore", batch)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         logger.info("state store %s: restored %d sorted keys at txid %d epoch %d", self._path, count, txid, epoch)
@@ -394,7 +394,7 @@ class RocksDBBackingMap:
                 else:
                     batch.put(key, value)
             batch.put(_META_KEY, meta)
-            self._call("apply the state-topic tail after the snapshot's SST", lambda db: db.write(batch, self._write_options))
+            self._write_batch("apply the state-topic tail after the snapshot's SST", batch)
         logger.info("state store %s: loaded %s and the tail at txid %d epoch %d", self._path, sst.name, txid, epoch)
 
     def apply_encoded(self, pairs: Iterable[tuple[bytes, bytes | None]], txid: int, epoch: int) -> int:
@@ -436,7 +436,7 @@ class RocksDBBackingMap:
                     raise StateError(_bad_encoded_pair(self._path, key, value)) from e
                 count += 1
             batch.put(_META_KEY, meta)
-            self._call("apply a tail", lambda db: db.write(batch, self._write_options))
+            self._write_batch("apply a tail", batch)
         logger.debug("state store %s: applied %d changes up to txid %d epoch %d", self._path, count, txid, epoch)
         return count
 
@@ -491,6 +491,12 @@ class RocksDBBackingMap:
 
     def _is_empty(self) -> bool:
         return next(iter(self._call("iterate", lambda db: db.keys())), None) is None
+
+    def _write_batch(self, action: str, batch: WriteBatch) -> None:
+        """Write ``batch`` atomically with the store's write options (synced): the one place every
+        flush, tail, restore and marker reaches RocksDB, and so where tests inject a failed or slow
+        write. Raises StateError when RocksDB refuses it (nothing of the batch is applied)."""
+        self._call(action, lambda db: db.write(batch, self._write_options))
 
     def _call(self, action: str, op: Any) -> Any:
         """Run ``op(db)``, turning RocksDB's plain exceptions into StateError."""
