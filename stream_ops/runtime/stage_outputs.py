@@ -12,7 +12,12 @@ Three sinks act after the publish: a function sink calls the user's function wit
 published batch and deletes it once the function returned (so a crash in between calls it
 again with the same txid and records); a Kafka sink delivers each published batch the same
 way, in one Kafka transaction whose progress record makes a second delivery of a txid a no-op
-(:mod:`stream_ops.kafka.sink`); and ``print`` logs the batch's records.
+(:mod:`stream_ops.kafka.sink`); and ``print`` logs each published batch's records, also through
+a :class:`~stream_ops.topics.delivery_topic.DeliveryTopic`, so a batch committed by an owner that
+died before logging it is logged by the next owner, once. Only the owner logs: it logs no batch
+above the txid it committed (a newer owner's) and checks it still owns the task before it logs.
+A crash after the lines were logged and before the batch was marked delivered logs them again
+(the window of one marker write): to the log, ``print`` is at least once per txid.
 
 With the shuffle kept in Kafka (the topology's conf, :class:`~stream_ops.kafka.shuffle_options.KafkaShuffle`)
 a shuffle is delivered like a Kafka sink: the batch's rows for every queue of the downstream stage
@@ -75,6 +80,8 @@ class StageOutputs:
         self._sinks: dict[str, StagedOutput] = {}
         self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
         """Sinks whose published batches are delivered after the publish: functions and Kafka."""
+        self._prints: dict[str, DeliveryTopic] = {}
+        """``print`` sinks: each batch's lines (records as JSON text), logged after the publish."""
         self._kafka_writers: dict[str, KafkaSinkWriter] = {}
         self.kafka_shuffle = kafka_shuffle
         self._kafka_shuffles: dict[int, DeliveryTopic] = {}
@@ -106,7 +113,8 @@ class StageOutputs:
                 self._sinks[output.name] = FileTopic(output.path, output.queues, durable=layout.cluster.fsync)
             elif isinstance(output, SinkSpec) and output.format in ("function", "kafka"):
                 self._functions[output.name] = (layout.sink_delivery_topic(stage, output.name), output)
-        self._printed: list[tuple[int, str, list[Record]]] = []
+            elif isinstance(output, SinkSpec) and output.format == "print":
+                self._prints[output.name] = layout.sink_delivery_topic(stage, output.name)
 
     def staged_outputs(self) -> list[StagedOutput]:
         """Every output this task stages files in (the dead-letter topic included)."""
@@ -116,6 +124,7 @@ class StageOutputs:
         outputs += self._kafka_shuffles.values()
         outputs += self._sinks.values()
         outputs += [topic for topic, _ in self._functions.values()]
+        outputs += self._prints.values()
         return outputs
 
     # --- step 3 --------------------------------------------------------------------------------
@@ -224,8 +233,9 @@ class StageOutputs:
                 sink.stage_batch(queue, task_id, txid, epoch, lines)
         elif name in self._functions:
             self._functions[name][0].stage_batch(self.task.queue, task_id, txid, epoch, batch)
-        else:  # print: logged once the batch committed
-            self._printed.append((txid, name, batch))
+        else:  # print: the lines as they are logged (any record prints, JSON or not), logged once committed
+            texts = [json.dumps(record, default=str) for record in batch]
+            self._prints[name].stage_batch(self.task.queue, task_id, txid, epoch, texts)
         return len(batch)
 
     def _partials_of(self, index: int, records: list[Record], dead: list[Record]) -> list[Partial]:
@@ -246,18 +256,55 @@ class StageOutputs:
 
     # --- step 6, after the publish --------------------------------------------------------------
 
-    def after_publish(self) -> None:
+    def after_publish(
+        self, committed_txid: int, *, epoch: int | None = None, verify_owner: Callable[[], object] | None = None
+    ) -> None:
         """Deliver what the published batches owe: function and Kafka sinks (every published
         batch of this task not yet delivered, oldest first), Kafka shuffles likewise, and the
-        ``print`` sink's records."""
+        ``print`` sinks' records.
+
+        Args:
+            committed_txid: the task's committed txid as its caller, the owner, committed it:
+                no batch above it is logged (only a newer owner can have published one).
+            epoch: the caller's owner epoch: a ``print`` batch is marked logged under it, so the
+                marker of an owner superseded meanwhile moves nothing
+                (:meth:`~stream_ops.topics.delivery_topic.DeliveryTopic.mark_delivered`).
+            verify_owner: raises (``OwnershipLostError``) when the caller no longer owns the
+                task; called once before the first line is logged, so a superseded owner logs
+                nothing.
+        """
         for to_stage, shuffle_topic in self._kafka_shuffles.items():
             self._deliver_shuffle(to_stage, shuffle_topic)
         for topic, spec in self._functions.values():
             self._deliver(topic, spec)
-        for txid, name, batch in self._printed:
-            for record in batch:
-                print_logger.info("%s task %d txid %d: %s", name, self.task.task_id, txid, json.dumps(record, default=str))
-        self._printed.clear()
+        verified = verify_owner is None
+        for name, topic in self._prints.items():
+            verified = self._print(name, topic, committed_txid, epoch, verify_owner, verified=verified)
+
+    def _print(
+        self,
+        name: str,
+        topic: DeliveryTopic,
+        committed_txid: int,
+        epoch: int | None,
+        verify_owner: Callable[[], object] | None,
+        *,
+        verified: bool,
+    ) -> bool:
+        """Log the lines of the ``print`` sink ``name``'s published batches up to ``committed_txid``
+        not logged yet, each marked delivered once logged; returns whether the owner was verified."""
+        queue, task_id = self.task.queue, self.task.task_id
+        for txid, lines in topic.undelivered(queue, task_id):
+            if txid > committed_txid:
+                break
+            if not verified:
+                assert verify_owner is not None
+                verify_owner()
+                verified = True
+            for line in lines:
+                print_logger.info("%s task %d txid %d: %s", name, task_id, txid, line)
+            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
+        return verified
 
     def _deliver(self, topic: DeliveryTopic, spec: SinkSpec) -> None:
         queue, task_id = self.task.queue, self.task.task_id

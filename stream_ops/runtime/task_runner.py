@@ -24,7 +24,10 @@ stage kind (txid n, owner epoch e):
      against what step 5 recorded), ``map_state.commit(n)``; and, on the task's I/O thread,
      the state changes and the applied marker (n, e) are written to RocksDB in one synced
      write batch, overlapping steps 6 and the next batch's Spark work. The next batch (and a
-     stop) waits for that write before it touches the state.
+     stop) waits for that write before it touches the state. A write that fails is repaired
+     at once on that thread: the committed batch is re-applied from the state topic
+     (:meth:`~stream_ops.runtime.task_state.TaskState.catch_up`); when that fails too, the
+     task fails (:meth:`TaskRunner.is_running` turns False, the worker records it).
 
 A crash before 5 leaves only files no reader accepts (staged, or state-topic entries of an
 uncommitted txid / lower epoch); a crash after 5 is finished when the task starts again
@@ -40,12 +43,21 @@ Written after step 5, RocksDB is at most the committed state, so a failure of ei
 costs little: a state-topic append that fails commits nothing and RocksDB is untouched; a
 RocksDB write that fails or is cut short by a crash (a write batch applies whole or not at
 all) leaves the store at an earlier committed marker, which the next start catches up from
-the state-topic tail (:func:`~stream_ops.runtime.task_state.open_task_state`), and the running
-task stops at its next batch (:class:`~stream_ops.errors.StateError`). Written before or
-alongside step 4, the store could be ahead of the state topic and of ZooKeeper: a crash or a
-refused commit there means a full rebuild at the next start, and state queries would need a
-copy of every overwritten value to stay read-committed. Here they read RocksDB as it is: it
-never holds an uncommitted batch, and a lookup waits for a committed batch's write in flight.
+the state-topic tail (:func:`~stream_ops.runtime.task_state.open_task_state`); the running
+task catches it up the same way at once, or fails
+(:class:`~stream_ops.errors.StateStoreBehindError`). Written before or alongside step 4, the
+store could be ahead of the state topic and of ZooKeeper: a crash or a refused commit there
+means a full rebuild at the next start, and state queries would need a copy of every
+overwritten value to stay read-committed. Here they read RocksDB as it is: it never holds an
+uncommitted batch, and a lookup waits for a committed batch's write in flight.
+A lookup never answers from a store behind the committed txid: while that write is slower than
+``commit_wait_s``, is being caught up, or failed for good (and while ZooKeeper is not connected,
+so the task may have a new owner), it refuses with the retryable
+:class:`~stream_ops.errors.StateNotReadyError`.
+
+A ``print`` sink's records are staged and published like a function sink's batch
+(:mod:`stream_ops.runtime.stage_outputs`): logged after the commit, by the owner that still owns
+the task, and by the next owner when the process died before it logged them.
 """
 
 from __future__ import annotations
@@ -69,7 +81,15 @@ from stream_ops.config import QueryConfig
 from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.records import BatchInput
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import InputMismatchError, StateError, TaskStoppingError, ZooKeeperUnavailableError
+from stream_ops.errors import (
+    InputMismatchError,
+    OwnershipLostError,
+    StateError,
+    StateNotReadyError,
+    StateStoreBehindError,
+    TaskStoppingError,
+    ZooKeeperUnavailableError,
+)
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
@@ -117,6 +137,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+CATCH_UP_ATTEMPTS = 3
+"""Tries at catching the store up from the state topic after a committed batch's write failed,
+0.2 s then 0.4 s apart, before the task fails (:class:`~stream_ops.errors.StateStoreBehindError`)."""
 
 COMMIT_STEPS = ("state_topic", "zookeeper", "publish", "rocksdb")
 """The parts of the commit path :attr:`TaskStats.commit_steps_ms` times; the RocksDB write runs
@@ -253,6 +277,7 @@ class TaskRunner:
         self._checkpoint_entries: tuple[int, Future[tuple[list[Any], BatchInput | None]]] | None = None
         self._state_write: Future[None] | None = None
         self._state_write_failed: BaseException | None = None
+        self._ownership_lost: OwnershipLostError | None = None
         self._appended: tuple[int, int] | None = None
         # (txid, keys, their shuffled key texts) of the map-state update, for the commit's encoding
         self._key_texts: tuple[int, list[tuple[Any, ...]], list[str]] | None = None
@@ -334,7 +359,8 @@ class TaskRunner:
             )
         if keep is not None:
             self._publish(*keep)
-            self.outputs.after_publish()  # function sinks: batches published but not yet delivered
+            # sinks: batches published but not yet delivered (a print of a batch our predecessor committed)
+            self._after_publish(keep[0])
         stage = self.stage
         if stage.keeps_state:
             started = time.monotonic()
@@ -444,11 +470,15 @@ class TaskRunner:
         return self.layout.input_dir(self.stage, self.task.queue)
 
     def is_running(self) -> bool:
-        """True while the query is active."""
-        return self.query is not None and self.query.isActive
+        """True while the query is active and the task's state is sound (a committed batch's
+        store write that could not be repaired fails the task at once)."""
+        return self._state_write_failed is None and self.query is not None and self.query.isActive
 
     def failure(self) -> str | None:
-        """Why the query stopped, if it failed."""
+        """Why the task stopped running, if it failed."""
+        failed = self._state_write_failed
+        if failed is not None:
+            return f"{type(failed).__name__}: {failed}"[:1000]
         if self.query is None:
             return None
         exc = self.query.exception()
@@ -583,14 +613,16 @@ class TaskRunner:
         self._state_write = visible
         try:
             self._commit_to_zookeeper(txid, batch.rows_in)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, OwnershipLostError):
+                self._ownership_lost = e  # a newer owner commits from now on: this one answers no query
             visible.set_result(None)  # nothing committed: the store holds the committed state
             raise
         publish_started = time.perf_counter()
         # Step 6: RocksDB on the I/O thread, the rest here
         if encoded is not None:
             self._io.submit(self._write_state_store, txid, epoch, encoded).add_done_callback(
-                lambda written: _pass_outcome(written, visible)
+                lambda written: self._state_written(txid, written, visible)
             )
         else:
             visible.set_result(None)
@@ -673,7 +705,7 @@ class TaskRunner:
         else:
             self._publish(txid, committed.committed_epoch)
             self._finish_user_state_commit(txid, committed.committed_epoch)
-            self.outputs.after_publish()
+            self._after_publish(txid)
         return True
 
     @contextmanager
@@ -718,8 +750,79 @@ class TaskRunner:
         if state is None:  # closed by a stop after the commit: the next start catches the store up
             return
         started = time.perf_counter()
-        state.store.flush(txid, epoch, encoded=encoded)
+        try:
+            state.store.flush(txid, epoch, encoded=encoded)
+        except Exception as e:  # noqa: BLE001 - whatever failed, the state topic holds the batch: re-apply it from there
+            logger.warning(
+                "task %s/%d: writing committed txid %d to the local state store failed (%s: %s); "
+                "catching the store up from the state topic",
+                self.topology_id,
+                self.task.task_id,
+                txid,
+                type(e).__name__,
+                e,
+            )
+            self._catch_up_store(state, txid, epoch, e)
         self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - started) * 1000.0
+
+    def _catch_up_store(self, state: TaskState, txid: int, epoch: int, cause: Exception) -> None:
+        """On the I/O thread, after committed batch ``txid``'s store write failed: re-apply the
+        batch from the state topic (a few tries), then check we still own the task, since state
+        queries are answered from this store again once this returns.
+
+        Raises:
+            StateStoreBehindError: the store could not be caught up (the task fails).
+            OwnershipLostError: the task has a newer owner (the task fails).
+        """
+        assert self.ownership is not None
+        last: Exception = cause
+        for attempt in range(CATCH_UP_ATTEMPTS):
+            if attempt and self._stopping.wait(0.1 * 2**attempt):
+                break  # a stop: the next start catches the store up
+            try:
+                applied = state.catch_up(txid, epoch)
+            except StateStoreBehindError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the disk may recover; tried again, then reported
+                last = e
+                continue
+            verify_owner(self.zk, self.ownership)
+            logger.info(
+                "task %s/%d: local state store caught up to committed txid %d from the state topic (%d changed keys)",
+                self.topology_id,
+                self.task.task_id,
+                txid,
+                applied,
+            )
+            return
+        raise StateStoreBehindError(
+            f"task {self.topology_id}/{self.task.task_id}: the local state store could not be brought to committed "
+            f"txid {txid}: its write failed ({type(cause).__name__}: {cause}) and so did catching it up from the state "
+            f"topic ({type(last).__name__}: {last}); the task stops, and its next start catches the store up from the "
+            "state topic or rebuilds it (check the local disk of the store)"
+        ) from last
+
+    def _state_written(self, txid: int, written: Future[None], visible: Future[None]) -> None:
+        """The outcome of committed batch ``txid``'s store write, passed on to the state queries
+        and the next batch through ``visible``; a failure fails the task at once (no later batch
+        need arrive to notice), recorded before ``visible`` wakes the queries waiting on it."""
+        error = written.exception()
+        if error is None:
+            visible.set_result(None)
+            return
+        if self._state_write_failed is None:
+            self._state_write_failed = error
+        logger.log(
+            logging.WARNING if self._stopping.is_set() else logging.ERROR,  # a stop cut the catch-up short
+            "task %s/%d: the local state store is behind committed txid %d; the task stops answering state queries "
+            "and fails: %s: %s",
+            self.topology_id,
+            self.task.task_id,
+            txid,
+            type(error).__name__,
+            error,
+        )
+        visible.set_exception(error)
 
     def _retire_consumed_input(self, txid: int) -> None:
         """On the I/O thread: delete the shuffle files the batches before ``txid`` read, when the
@@ -754,8 +857,8 @@ class TaskRunner:
         if self._state_write_failed is not None:
             raise StateError(
                 f"task {self.topology_id}/{self.task.task_id}: writing a committed batch to the local state store "
-                f"failed ({type(self._state_write_failed).__name__}: {self._state_write_failed}); the task must start "
-                "again, which catches the store up from the state topic"
+                f"failed and could not be repaired ({type(self._state_write_failed).__name__}: "
+                f"{self._state_write_failed}); the task must start again, which catches the store up from the state topic"
             ) from self._state_write_failed
 
     def _read_checkpoint_entries(self, txid: int) -> tuple[list[Any], BatchInput | None]:
@@ -798,7 +901,15 @@ class TaskRunner:
         state = self.state
         if state is not None and state.map_state is not None:
             state.map_state.commit(txid)
-        self.outputs.after_publish()
+        self._after_publish(txid)
+
+    def _after_publish(self, committed_txid: int) -> None:
+        """What the published batches owe (sinks, Kafka shuffles), delivered as this owner: a
+        ``print`` sink logs nothing above ``committed_txid`` and only once ZooKeeper confirms we
+        still own the task, and marks what it logged under our epoch."""
+        assert self.ownership is not None
+        ownership = self.ownership
+        self.outputs.after_publish(committed_txid, epoch=ownership.epoch, verify_owner=lambda: verify_owner(self.zk, ownership))
 
     def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> Collector:
         """Apply a batch's tuples to the partition_persist State, without committing it.
@@ -1040,25 +1151,49 @@ class TaskRunner:
         return state.store.count_keys() if state is not None else 0
 
     def lookup(self, keys: list[tuple[Any, ...]]) -> list[Any]:
-        """Committed values of ``keys`` in this task's state (for state queries)."""
+        """Committed values of ``keys`` in this task's state (for state queries), never older
+        than the task's committed txid.
+
+        Raises:
+            LookupError: the task keeps no state.
+            StateNotReadyError: the store may be behind the committed txid: a commit or its
+                store write in flight longer than ``commit_wait_s``, a write that failed and is
+                being caught up or failed for good; ZooKeeper not connected, or the task lost to a
+                newer owner. Retryable.
+        """
         state = self.state
         if state is None:
             raise LookupError(f"task {self.task.task_id} keeps no state")
+        where = f"task {self.topology_id}/{self.task.task_id}"
+        # Read first: a commit after this point is concurrent with the query, one before it is not.
+        committed = self.ownership.committed_txid if self.ownership is not None else -1
+        if not self.connected.is_set():
+            raise StateNotReadyError(f"{where}: not connected to ZooKeeper, so the task may have a new owner; ask again shortly")
         # RocksDB never holds an uncommitted batch (it is written after the commit); waiting for
         # a committed batch's write in flight (milliseconds) lets a query see every commit made.
         writing = self._state_write
-        if writing is not None:
-            wait((writing,), timeout=self.settings.commit_wait_s)
+        if writing is not None and not wait((writing,), timeout=self.settings.commit_wait_s).done:
+            raise StateNotReadyError(
+                f"{where}: committed txid {committed} is still being written to the local state store (over "
+                f"{self.settings.commit_wait_s:g} s); ask again shortly"
+            )
+        if self._ownership_lost is not None:
+            raise StateNotReadyError(
+                f"{where}: this worker lost the task to a newer owner (its commit was refused); ask again shortly, "
+                "the query then goes to the task's new worker"
+            ) from self._ownership_lost
+        failed = self._state_write_failed
+        if failed is not None:
+            raise StateNotReadyError(
+                f"{where}: its local state store is behind committed txid {committed} and the task is failing "
+                f"({type(failed).__name__}); it answers again once it has started anew, ask again shortly"
+            ) from failed
+        marker = state.store.applied_marker()
+        if committed >= 0 and (marker is None or marker[0] < committed):
+            raise StateNotReadyError(
+                f"{where}: its local state store is at {marker}, behind committed txid {committed}; ask again shortly"
+            )
         return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
-
-
-def _pass_outcome(done: Future[None], to: Future[None]) -> None:
-    """Complete ``to`` as ``done`` ended (the store write's outcome, for queries and the next batch)."""
-    error = done.exception()
-    if error is not None:
-        to.set_exception(error)
-    else:
-        to.set_result(None)
 
 
 def _combinable_types(aggregator: Any) -> tuple[type, ...]:

@@ -28,26 +28,28 @@ def _committed_txid(store: ZkStore, topology_id: str, task_id: int) -> int:
     return store.get_json(ZkPaths.transactional_task(topology_id, task_id))[0]["committed_txid"]
 
 
-def test_a_failed_rocksdb_write_after_the_commit_is_caught_up_at_the_next_start(spark, zk_config, tmp_path, monkeypatch):
+def test_a_rocksdb_write_that_keeps_failing_after_the_commit_is_caught_up_at_the_next_start(
+    spark, zk_config, tmp_path, monkeypatch, wait_until
+):
     cluster = ClusterConfig(root=tmp_path / "cluster")
-    real_flush = RocksDBBackingMap.flush
+    real_write = RocksDBBackingMap._write_batch
 
-    def flush_failing_txid_1(store, txid, epoch, **kwargs):
-        if txid == 1:
-            raise OSError("simulated: the machine went down during the RocksDB write")
-        return real_flush(store, txid, epoch, **kwargs)
+    def write_failing(store, action, batch):
+        raise StateError(f"state store {store.path}: could not {action}: simulated: the disk is gone")
 
     with ZkStore.connect(zk_config) as admin:
         topology_id = submit(admin, cluster, build_wordcount(tmp_path / "in", queues=1), workers=1)
         a = make_runner(admin, spark, cluster, topology_id, "host-a:1", stage=1)
         a.prepare()
         a.process_batch(_partials(spark, {"how": 2}), 0)
-        monkeypatch.setattr(RocksDBBackingMap, "flush", flush_failing_txid_1)
+        assert a.lookup([("how",)]) == [2]  # also waits for txid 0's store write, before the fault
+        monkeypatch.setattr(RocksDBBackingMap, "_write_batch", write_failing)  # the write and every catch-up
         a.process_batch(_partials(spark, {"how": 1, "you": 1}), 1)  # committed; RocksDB write fails after
         assert _committed_txid(admin, topology_id, a.task.task_id) == 1
-        with pytest.raises(StateError, match="catches the store up"):  # the task stops at its next batch
+        wait_until(lambda: a.failure() is not None, 30, "the task to fail")
+        with pytest.raises(StateError, match="catches the store up"):  # and so does its next batch
             a.process_batch(_partials(spark, {"you": 5}), 2)
-        monkeypatch.undo()
+        monkeypatch.setattr(RocksDBBackingMap, "_write_batch", real_write)
         a.stop()
         assert _committed_txid(admin, topology_id, a.task.task_id) == 1
 
