@@ -194,10 +194,12 @@ def test_interrupting_the_worker_op_stops_the_worker(
     job = build_jobs(topology_names=["wordcount"]).worker
     owned = threading.Event()
     submitted: list[str] = []
+    pids: list[int] = []
 
     def interrupt_once_tasks_run() -> None:
         try:
-            wait_until(lambda: live_workers(zk_store), REGISTER_TIMEOUT_S, "the worker to register")
+            workers = wait_until(lambda: live_workers(zk_store), REGISTER_TIMEOUT_S, "the worker to register")
+            pids.extend(record.pid for record in workers.values())
             submitted.append(submit(zk_store, fast_cluster.config(), wordcount, workers=1))
             wait_until(lambda: len(_owners(zk_store, submitted[0])) == 4, 60, "the worker to own every task")
             owned.set()
@@ -212,6 +214,7 @@ def test_interrupting_the_worker_op_stops_the_worker(
     assert "DagsterExecutionInterruptedError" in str(result.all_events)
     assert _owners(zk_store, submitted[0]) == []
     assert live_workers(zk_store) == {}
+    assert pids and not any(_running(pid) for pid in pids)  # the op waited for its worker process to end
 
 
 _RUN_PROCESS = """
