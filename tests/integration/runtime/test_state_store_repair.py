@@ -6,7 +6,8 @@ that write fail or wait at the store's one write seam (``RocksDBBackingMap._writ
 RocksDB reports an I/O error) and then asks the task: it answers the committed values or
 refuses with the retryable ``StateNotReadyError``, never the previous txid's values (the bug:
 ``[2, None]`` where the committed truth was ``[3, 1]``). A failed write is repaired from the
-state topic at once; one that cannot be fails the task through the worker's failure handling.
+state topic at once; one that cannot be fails the task through the worker's failure handling
+(``/errors``, backoff), and its next start catches the store up.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StateError, StateNotReadyError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
+from stream_ops.layout import TopologyLayout
+from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus.submission import submit
+from stream_ops.runtime.task_failures import read_task_error
 from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
+from stream_ops.topics.producer import produce
 
 PROBE = [("how",), ("you",)]
 
@@ -194,3 +199,38 @@ def test_a_superseded_owner_whose_write_failed_answers_nothing(spark, zk_config,
             a.lookup(PROBE)  # neither [2, None] (behind its own commit) nor [3, 1] (behind B's)
         b.stop()
         a.stop(release_ownership=False)
+
+
+def test_a_worker_fails_the_task_at_once_and_its_next_start_counts_exactly(
+    worker_pool, zk_store, tmp_path, monkeypatch, wait_until
+):
+    """The worker's failure handling sees the task fail without waiting for another batch
+    (``/errors`` names the cause); its next start catches the store up and counts exactly."""
+    first, second = ["how are you"], ["you you"]
+    worker = worker_pool.start()
+    wordcount = build_wordcount(tmp_path / "in", queues=1)
+    topology_id = submit(zk_store, worker_pool.cluster, wordcount, workers=1)
+    produce(wordcount.chains[0].source.topic, ({"sentence": s} for s in first))
+    wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(first), timeout_s=120)
+
+    keyed_store = TopologyLayout(worker_pool.cluster, topology_id).local_store_dir(worker.worker_id, 1)
+    real_write = RocksDBBackingMap._write_batch
+    broken = threading.Event()
+    broken.set()
+
+    def write(store: RocksDBBackingMap, action: str, batch: Any) -> None:
+        if broken.is_set() and store.path == keyed_store:
+            store._call(action, _eio)
+        real_write(store, action, batch)
+
+    monkeypatch.setattr(RocksDBBackingMap, "_write_batch", write)
+    produce(wordcount.chains[0].source.topic, ({"sentence": s} for s in second))  # the last input there is
+
+    def failed_reason() -> str:
+        record = read_task_error(zk_store, (topology_id, 1))
+        return record.last.reason if record is not None and record.last is not None else ""
+
+    wait_until(lambda: "StateStoreBehindError" in failed_reason(), 120, "the worker to record the task's failure")
+    assert "could not be brought to committed txid" in failed_reason() and "Input/output error" in failed_reason()
+    broken.clear()  # the disk is back: the worker starts the task again after its backoff
+    wait_for_counts(zk_store, "wordcount", "words", expected_word_counts(first + second), timeout_s=120)
