@@ -45,7 +45,7 @@ from stream_ops.errors import (
 )
 from stream_ops.hashing import encode_key, partition_for
 from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.runtime.query_server import MAX_KEYS, MAX_REQUEST_BYTES
+from stream_ops.runtime.query_request import MAX_KEYS, MAX_REQUEST_BYTES
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)

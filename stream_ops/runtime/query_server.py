@@ -32,14 +32,17 @@ from being served:
   answered from the pending slot. A lookup that raises a
   :class:`~stream_ops.errors.TransientError` gets ``503`` too (any other failure ``500``).
 * ``keys`` is refused (400) beyond ``MAX_KEYS`` keys in all or ``MAX_JSON_DEPTH`` levels of
-  nesting, checked before it is parsed.
+  nesting, checked before it is parsed (:mod:`~stream_ops.runtime.query_request`).
 
 Every error is a JSON ``{"error": ...}`` response and at most one log line, with what the
 client sent cut to ``LOGGED_CHARS`` characters and control characters escaped
-(:func:`loggable`). At most ``log_lines`` such lines are logged per ``log_interval_s`` for the
-clients without the token and as many for those with it; the rest are counted, and one line
-per interval says how many were suppressed. No traceback reaches the log (it is logged at
-DEBUG).
+(:func:`~stream_ops.runtime.query_log.loggable`). At most ``log_lines`` such lines are logged
+per ``log_interval_s`` for the clients without the token and as many for those with it; the
+rest are counted, and one line per interval says how many were suppressed. No traceback reaches
+the log (it is logged at DEBUG).
+
+The slots are kept by :mod:`~stream_ops.runtime.query_admission`, the log budgets by
+:mod:`~stream_ops.runtime.query_log`; this module reads, checks and answers the requests.
 
 Example:
     >>> server = QueryServer("127.0.0.1", 6700, lookup, token=token, limits=QueryLimits(max_connections=32))  # doctest: +SKIP
@@ -48,10 +51,8 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import hmac
 import io
-import ipaddress
 import json
 import logging
 import socket
@@ -60,95 +61,44 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import parse_qs, urlparse
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+from urllib.parse import urlparse
 
 from stream_ops.errors import QueryTLSError, TransientError
+from stream_ops.runtime.query_admission import Admission as _Admission
+from stream_ops.runtime.query_admission import Refusal as _Refusal
+from stream_ops.runtime.query_admission import RefusedConnections as _RefusedConnections
+from stream_ops.runtime.query_admission import Ticket as _Ticket
+from stream_ops.runtime.query_admission import peer_of
+from stream_ops.runtime.query_limits import QueryLimits
+from stream_ops.runtime.query_log import LOGGED_CHARS, LogBudget, loggable
+from stream_ops.runtime.query_log import LogBudgets as _LogBudgets
+from stream_ops.runtime.query_request import MAX_JSON_DEPTH, MAX_KEYS, MAX_REQUEST_BYTES, parse_query
+
+__all__ = [
+    "LOGGED_CHARS",
+    "MAX_JSON_DEPTH",
+    "MAX_KEYS",
+    "MAX_REQUEST_BYTES",
+    "Lookup",
+    "QueryLimits",
+    "QueryServer",
+    "server_tls_context",
+]
 
 logger = logging.getLogger(__name__)
-
-MAX_REQUEST_BYTES = 64 * 1024
-MAX_KEYS = 10_000
-#: Deepest nesting of ``keys`` accepted: a list of keys, each a list of values that may be lists.
-MAX_JSON_DEPTH = 16
-#: Characters of anything a client sent (a path, a header) that go into a log line or an error.
-LOGGED_CHARS = 200
-
-#: Refused connections kept half-closed at most this long, so the client reads its 503 before
-#: the close (closing with unread request bytes would reset the connection and lose the answer).
-_LINGER_S = 1.0
-#: Refused connections lingering at once; beyond that they are closed at once.
-_MAX_LINGERING = 32
-#: Seconds between two log lines about refused connections.
-_REFUSAL_LOG_EVERY_S = 10.0
 
 Lookup = Callable[[str, int, list[tuple[Any, ...]]], list[Any] | None]
 """(topology id, task id, keys) -> values, or None when the task does not run here."""
 
 
-class QueryLimits(BaseModel):
-    """What one worker's query server lets its clients use.
+class _LogBudget(LogBudget):
+    """A log budget whose lines go to this module's logger, the name operators configure."""
 
-    Example:
-        >>> QueryLimits(max_connections=16).auth_deadline_s
-        2.0
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    max_connections: int = Field(
-        64,
-        ge=1,
-        description=(
-            "Requests with the token served at once (one thread and one file descriptor each while the lookup runs); "
-            "one more is answered 503. Keep it well below the worker's open-files limit."
-        ),
-    )
-    max_pending: int = Field(
-        32,
-        ge=1,
-        description=(
-            "Connections at once whose token is not checked yet (TLS handshake, request line, headers under way), one "
-            "thread each. When all are taken, a new connection replaces the oldest one of the peer holding the most, "
-            "if its own peer holds fewer; else it is answered 503 at once."
-        ),
-    )
-    max_pending_per_peer: int = Field(
-        8,
-        ge=1,
-        description=(
-            "Pending connections at once from one peer address (an IPv6 peer: its /64), so that one host cannot take "
-            "them all; one more is answered 503 at once."
-        ),
-    )
-    auth_deadline_s: float = Field(
-        2.0,
-        gt=0,
-        description="Seconds a connection has in all for its TLS handshake, request line and headers; then 408.",
-    )
-    request_deadline_s: float = Field(
-        10.0,
-        gt=0,
-        description="Seconds the reply to a request with the token may take to be sent; a client that stops reading is cut off.",
-    )
-    max_header_lines: int = Field(32, ge=1, description="Header lines a request may have; more is answered 431.")
-    max_header_bytes: int = Field(
-        8192, ge=256, description="Bytes of header lines (after the request line) a request may have; more is answered 431."
-    )
-    log_lines: int = Field(
-        20,
-        ge=1,
-        description=(
-            "Lines logged about failed requests per log_interval_s, for clients without the token and for those with "
-            "it each; the rest are counted, and one line per interval says how many were suppressed."
-        ),
-    )
-    log_interval_s: float = Field(60.0, gt=0, description="The interval of log_lines, in seconds.")
+    def __init__(self, who: str, lines: int, interval_s: float) -> None:
+        super().__init__(who, lines, interval_s, log=logger)
 
 
 class _RequestRefused(Exception):  # noqa: N818 - control flow inside the handler, never leaves this module
@@ -167,233 +117,6 @@ class _DeadlinePassed(Exception):  # noqa: N818 - control flow inside the handle
 
 class _Evicted(Exception):  # noqa: N818 - control flow inside the handler, never leaves this module
     """The connection's pending slot was given to a newer connection; it was shut down."""
-
-
-def json_depth_exceeds(text: str, limit: int) -> bool:
-    """Whether JSON ``text`` nests arrays or objects deeper than ``limit`` (without parsing it).
-
-    Brackets inside strings do not count. Malformed text is not judged here (the parser is).
-
-    Example:
-        >>> json_depth_exceeds('[["a"], ["[[["]]', 2), json_depth_exceeds("[[[1]]]", 2)
-        (False, True)
-    """
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-def loggable(text: str, limit: int = LOGGED_CHARS) -> str:
-    r"""``text`` fit for one log line: cut to ``limit`` characters, control characters escaped.
-
-    Escape sequences (ANSI colours, cursor moves), CR and LF are shown as ``\x1b``, ``\r``,
-    ``\n``, so a client cannot forge log lines or reach an operator's terminal.
-
-    Example:
-        >>> loggable("/x\x1b[2J\r\nINFO forged" + "a" * 300, 20)
-        '/x\\x1b[2J\\r\\nINFO fo... (319 characters)'
-    """
-    cut = text[:limit]
-    shown = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in cut)
-    if len(shown) > limit:
-        shown = shown[:limit]
-    return f"{shown}... ({len(text)} characters)" if len(text) > limit or len(shown) < len(cut) else shown
-
-
-class _LogBudget:
-    """At most ``lines`` log lines per ``interval_s`` about one kind of client; the rest counted.
-
-    A line over the budget is dropped and counted; when the interval ends (noticed by the next
-    line or by :meth:`flush`), one line says how many were dropped.
-    """
-
-    def __init__(self, who: str, lines: int, interval_s: float) -> None:
-        self._who = who
-        self._lines = lines
-        self._interval_s = interval_s
-        self._lock = threading.Lock()
-        self._window_end = float("-inf")
-        self._used = 0
-        self._suppressed = 0
-
-    def log(self, level: int, message: str, *args: Any) -> None:
-        if not logger.isEnabledFor(level):
-            return
-        with self._lock:
-            summary = self._roll(time.monotonic())
-            allowed = self._used < self._lines
-            if allowed:
-                self._used += 1
-            else:
-                self._suppressed += 1
-        if summary:
-            self._summarise(summary)
-        if allowed:
-            logger.log(level, message, *args)
-
-    def flush(self, now: float) -> None:
-        """Say how many lines the interval that ended dropped (called on the accepting thread)."""
-        with self._lock:
-            summary = self._roll(now) if now >= self._window_end else 0
-        if summary:
-            self._summarise(summary)
-
-    def _roll(self, now: float) -> int:
-        """Start a new interval if the last one ended; returns what it suppressed (lock held)."""
-        if now < self._window_end:
-            return 0
-        suppressed = self._suppressed
-        self._window_end = now + self._interval_s
-        self._used = self._suppressed = 0
-        return suppressed
-
-    def _summarise(self, suppressed: int) -> None:
-        logger.warning(
-            "query server: %d more log line(s) about requests %s suppressed (at most %d per %g s)",
-            suppressed,
-            self._who,
-            self._lines,
-            self._interval_s,
-        )
-
-
-def peer_of(address: Any) -> str:
-    """The peer a connection counts against: its IPv4 address, or the /64 of an IPv6 one.
-
-    Example:
-        >>> peer_of(("2001:db8::7", 5000, 0, 0)), peer_of(("::ffff:10.0.0.3", 1)), peer_of(("127.0.0.2", 9))
-        ('2001:db8::/64', '10.0.0.3', '127.0.0.2')
-    """
-    host = str(address[0]) if isinstance(address, tuple) and address else str(address)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip.exploded.split('%')[0]}/64", strict=False))
-    return str(ip)
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """One connection's slot: pending until its token is checked, then served."""
-
-    peer: str
-    deadline: float
-    sock: socket.socket
-    served: bool = False
-    evicted: bool = False
-
-
-_Refusal = Literal["peer", "full"]
-
-
-class _Admission:
-    """The pending and served slots of a server's connections (thread-safe).
-
-    A pending ticket's socket is shut down only under the lock and only while the ticket is
-    pending: a handler releases its ticket before it closes the socket, so a shutdown never
-    reaches a file descriptor the kernel gave to another connection meanwhile.
-    """
-
-    def __init__(self, limits: QueryLimits) -> None:
-        self._limits = limits
-        self._lock = threading.Lock()
-        self._pending: dict[_Ticket, None] = {}  # oldest first
-        self._per_peer: collections.Counter[str] = collections.Counter()
-        self._served = 0
-        self.evictions = 0
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    @property
-    def served(self) -> int:
-        return self._served
-
-    def admit(self, sock: socket.socket, peer: str) -> _Ticket | _Refusal:
-        """A pending slot for a new connection (perhaps another's, evicted), or why there is none."""
-        limits = self._limits
-        with self._lock:
-            held = self._per_peer[peer]
-            if held >= limits.max_pending_per_peer:
-                return "peer"
-            if len(self._pending) >= limits.max_pending:
-                most = max(self._per_peer.values())
-                if most <= held:
-                    return "full"
-                self._evict(next(t for t in self._pending if self._per_peer[t.peer] == most))
-            ticket = _Ticket(peer, time.monotonic() + limits.auth_deadline_s, sock)
-            self._pending[ticket] = None
-            self._per_peer[peer] += 1
-            return ticket
-
-    def track(self, ticket: _Ticket, sock: socket.socket) -> bool:
-        """Follow the connection's new socket (TLS); False if it was evicted meanwhile."""
-        with self._lock:
-            ticket.sock = sock
-            return not ticket.evicted
-
-    def promote(self, ticket: _Ticket) -> Literal["served", "evicted", "full"]:
-        """Move an authenticated connection from its pending slot to a served one."""
-        with self._lock:
-            if ticket.evicted:
-                return "evicted"
-            self._unpend(ticket)
-            if self._served >= self._limits.max_connections:
-                return "full"
-            self._served += 1
-            ticket.served = True
-            return "served"
-
-    def release(self, ticket: _Ticket) -> None:
-        """Give back whichever slot the connection holds (before its socket is closed)."""
-        with self._lock:
-            if ticket in self._pending:
-                self._unpend(ticket)
-            elif ticket.served:
-                ticket.served = False
-                self._served -= 1
-
-    def _unpend(self, ticket: _Ticket) -> None:
-        if ticket not in self._pending:
-            return
-        del self._pending[ticket]
-        self._per_peer[ticket.peer] -= 1
-        if not self._per_peer[ticket.peer]:
-            del self._per_peer[ticket.peer]
-
-    def _evict(self, ticket: _Ticket) -> None:
-        self._unpend(ticket)
-        ticket.evicted = True
-        self.evictions += 1
-        try:
-            # The plain socket method: an SSLSocket's own shutdown would unwrap its TLS
-            # object under its handler thread.
-            socket.socket.shutdown(ticket.sock, socket.SHUT_RDWR)
-        except OSError:
-            pass  # a socket being wrapped in TLS: its handler sees ``evicted`` when it tracks it
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -591,7 +314,10 @@ class _Handler(BaseHTTPRequestHandler):
                 {"Retry-After": "1"},
             )
             return
-        topology_id, asks = _parse_query(url.query)
+        try:
+            topology_id, asks = parse_query(url.query)
+        except ValueError as e:
+            raise _RequestRefused(400, str(e)) from e
         values: list[Any] = []
         for task_id, keys in asks:
             try:
@@ -620,33 +346,6 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-def _parse_query(query: str) -> tuple[str, list[tuple[int, list[tuple[Any, ...]]]]]:
-    """``(topology, [(task, keys), ...])`` of a query string, the pairs in request order.
-
-    Raises:
-        _RequestRefused: 400, naming what is wrong.
-    """
-    params = parse_qs(query)
-    try:
-        topology_id = params["topology"][0]
-        tasks, texts = params["task"], params["keys"]
-        if len(tasks) != len(texts):
-            raise ValueError(f"{len(tasks)} task parameters for {len(texts)} keys parameters: give them in pairs")
-        asks: list[tuple[int, list[tuple[Any, ...]]]] = []
-        total = 0
-        for task, text in zip(tasks, texts, strict=True):
-            if json_depth_exceeds(text, MAX_JSON_DEPTH):
-                raise ValueError(f"keys nest deeper than {MAX_JSON_DEPTH} levels")
-            keys = json.loads(text)
-            total += len(keys) if isinstance(keys, list) else 0
-            if not isinstance(keys, list) or total > MAX_KEYS or not all(isinstance(k, list) for k in keys):
-                raise ValueError(f"keys must be JSON lists of at most {MAX_KEYS} key lists in all")
-            asks.append((int(task), [tuple(k) for k in keys]))
-    except (KeyError, IndexError, ValueError, RecursionError) as e:
-        raise _RequestRefused(400, f"bad query: {e}; expected topology, task and keys parameters") from e
-    return topology_id, asks
-
-
 def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     """The TLS context of a query server presenting ``cert`` (PEM chain) with its private ``key``.
 
@@ -663,24 +362,6 @@ def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
             "--query-tls-key as PEM files of one key pair, readable by the worker"
         ) from e
     return context
-
-
-def _refusal(message: str) -> bytes:
-    """The whole 503 response sent to a connection refused by the accepting thread."""
-    body = json.dumps({"error": message}).encode("utf-8")
-    head = (
-        "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-@dataclass(frozen=True)
-class _LogBudgets:
-    """The log budget of clients without the token and that of clients with it."""
-
-    anonymous: _LogBudget
-    authenticated: _LogBudget
 
 
 class QueryServer(ThreadingHTTPServer):
@@ -720,13 +401,13 @@ class QueryServer(ThreadingHTTPServer):
             _LogBudget("without the query token", self.limits.log_lines, self.limits.log_interval_s),
             _LogBudget("with the query token", self.limits.log_lines, self.limits.log_interval_s),
         )
-        self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()
-        self.refusals = 0
-        """Connections answered 503 (or closed unanswered, with TLS) since the start."""
-        self._refused = 0
-        self._refusals_logged_at = float("-inf")
-        self._refusal_lock = threading.Lock()
+        self._refused = _RefusedConnections(self.limits, self.admission, log=logger, close=self.close_request)
         self._thread: threading.Thread | None = None
+
+    @property
+    def refusals(self) -> int:
+        """Connections answered 503 (or closed unanswered, with TLS) since the start."""
+        return self._refused.count
 
     @property
     def active_connections(self) -> int:
@@ -761,27 +442,8 @@ class QueryServer(ThreadingHTTPServer):
             raise
 
     def note_refusal(self, client_address: Any) -> None:
-        """Count a refused connection; log the count at most every ``_REFUSAL_LOG_EVERY_S``."""
-        now = time.monotonic()
-        with self._refusal_lock:
-            self.refusals += 1
-            self._refused += 1
-            if now - self._refusals_logged_at < _REFUSAL_LOG_EVERY_S:
-                return
-            refused, self._refused, self._refusals_logged_at = self._refused, 0, now
-        limits = self.limits
-        logger.warning(
-            "query server busy: refused %d connection(s) since the last report (latest from %s): %d pending of at most %d "
-            "(%d per peer), %d served of at most %d; raise QueryLimits.max_pending / max_connections if legitimate "
-            "clients need more",
-            refused,
-            loggable(str(client_address[0])),
-            self.admission.pending,
-            limits.max_pending,
-            limits.max_pending_per_peer,
-            self.admission.served,
-            limits.max_connections,
-        )
+        """Count a refused connection; the count is logged at most every few seconds."""
+        self._refused.note(client_address)
 
     def _refuse(self, request: socket.socket, client_address: Any, why: _Refusal) -> None:
         """Answer 503 without blocking (plain HTTP) and close; runs on the accepting thread."""
@@ -789,31 +451,13 @@ class QueryServer(ThreadingHTTPServer):
         if self.tls is not None:
             self.shutdown_request(request)
             return
-        if why == "peer":
-            message = (
-                f"{self.limits.max_pending_per_peer} connections from your address are still sending their request; retry shortly"
-            )
-        else:
-            message = f"the query server is handling its limit of {self.limits.max_pending} new connections; retry shortly"
-        try:
-            request.setblocking(False)
-            request.send(_refusal(message))
-            request.shutdown(socket.SHUT_WR)
-        except OSError:
-            self.close_request(request)
-            return
-        if len(self._lingering) >= _MAX_LINGERING:
-            self.close_request(request)
-            return
-        self._lingering.append((time.monotonic() + _LINGER_S, request))
+        self._refused.answer(request, why)
 
     def service_actions(self) -> None:
         """Close refused connections once their client had time to read the 503; end log intervals
         (accepting thread, every poll)."""
         now = time.monotonic()
-        while self._lingering and self._lingering[0][0] <= now:
-            _, sock = self._lingering.popleft()
-            self.close_request(sock)
+        self._refused.close_lingering(now)
         self.log_budgets.anonymous.flush(now)
         self.log_budgets.authenticated.flush(now)
 
@@ -909,5 +553,4 @@ class QueryServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
-        while self._lingering:
-            self.close_request(self._lingering.popleft()[1])
+        self._refused.close_all()

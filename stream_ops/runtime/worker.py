@@ -58,7 +58,8 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import hand_over_to_standbys
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.process_limits import raise_open_files_limit
-from stream_ops.runtime.query_server import QueryLimits, QueryServer, server_tls_context
+from stream_ops.runtime.query_limits import QueryLimits
+from stream_ops.runtime.query_server import QueryServer, server_tls_context
 from stream_ops.runtime.standby import StandbyPool, StandbyTarget
 from stream_ops.runtime.task_failures import (
     FailurePolicy,

@@ -12,7 +12,10 @@ import sys
 import pytest
 
 from stream_ops.runtime import query_server
-from stream_ops.runtime.query_server import QueryLimits, json_depth_exceeds, loggable, peer_of
+from stream_ops.runtime.query_admission import peer_of
+from stream_ops.runtime.query_log import loggable
+from stream_ops.runtime.query_request import json_depth_exceeds
+from stream_ops.runtime.query_server import QueryLimits
 
 
 @pytest.mark.parametrize(
