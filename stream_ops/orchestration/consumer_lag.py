@@ -114,7 +114,7 @@ def kafka_source_watches(
                 stage_name=stage.name,
                 bootstrap=str(source.options.get("bootstrap")),
                 topic=str(source.options.get("topic")),
-                partitions=source.queues,
+                partitions=source.known_queues(),
                 client_config=tuple(sorted((str(k), str(v)) for k, v in config.items())),
                 from_earliest=source.options.get("starting_offsets", "earliest") == "earliest",
                 threshold=threshold,

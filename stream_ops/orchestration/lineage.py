@@ -73,7 +73,7 @@ def _source_spec(key: dg.AssetKey, source: SourceSpec, translator: StreamOpsTran
     identity = source_identity(source)
     metadata: dict[str, Any] = {
         "stream_ops/source_kind": dg.MetadataValue.text(source.kind),
-        "stream_ops/queues": dg.MetadataValue.int(source.queues),
+        "stream_ops/queues": dg.MetadataValue.int(source.known_queues()),
     }
     if source.path is not None:
         metadata["stream_ops/path"] = dg.MetadataValue.path(source.path)

@@ -94,7 +94,9 @@ class SourceSpec(BaseModel):
     Attributes:
         kind: a registered source kind (:func:`source_kind`).
         path: where the source's files are, None for sources without files.
-        queues: how many queues, so how many tasks, the source stage has.
+        queues: how many queues, so how many tasks, the source stage has. None in a topology's
+            definition: learned when its plan is built (:meth:`SourceKind.resolve_spec`, a Kafka
+            topic's partitions); a plan's spec always has it.
         fields: field -> Spark type, in column order.
         options: kind-specific settings (JSON values only).
     """
@@ -103,9 +105,19 @@ class SourceSpec(BaseModel):
 
     kind: str
     path: str | None = None
-    queues: int = Field(1, ge=1)
+    queues: int | None = Field(1, ge=1)
     fields: dict[str, str]
     options: dict[str, JsonValue] = {}
+
+    def known_queues(self) -> int:
+        """:attr:`queues`, which every plan's spec has.
+
+        Raises:
+            SourceError: a definition's spec whose count is learned when the plan is built.
+        """
+        if self.queues is None:
+            raise SourceError(f"this {self.kind} spec is a topology definition's, without its number of queues: build the plan")
+        return self.queues
 
     @field_validator("kind")
     @classmethod
@@ -176,6 +188,21 @@ class SourceKind(ABC):
     def describe(self, spec: SourceSpec) -> str:
         """A few words on what the source reads, for logs and the UI."""
 
+    def resolve_spec(self, spec: SourceSpec, what: str) -> SourceSpec:
+        """``spec`` with what is learned when the plan is built (its ``queues`` when None); called
+        once per build, in the process that builds it (a submit). The default learns nothing.
+
+        Args:
+            spec: the spec of a topology's definition.
+            what: the source, for messages.
+
+        Raises:
+            SourceError: the spec's queue count cannot be learned (the message says why and what to do).
+        """
+        if spec.queues is None:
+            raise SourceError(f"{what}: a {self.name} source must give its number of queues")
+        return spec
+
     def columns(self, spec: SourceSpec) -> dict[str, str]:
         """Column -> Spark type of :meth:`read_stream`'s DataFrame."""
         if self.supports_corrupt_column:
@@ -186,7 +213,7 @@ class SourceKind(ABC):
         """Raise :class:`SourceError` unless ``spec`` is of this kind and has ``queue``."""
         if spec.kind != self.name:
             raise SourceError(f"source kind {self.name!r} was given a spec of kind {spec.kind!r}")
-        if queue is not None and not 0 <= queue < spec.queues:
+        if queue is not None and not 0 <= queue < spec.known_queues():
             raise SourceError(f"queue {queue} out of range for a {self.name} source with {spec.queues} queues")
 
     def spec_path(self, spec: SourceSpec) -> Path:

@@ -59,7 +59,7 @@ class FileTopicKind(SourceKind):
 
     def queue_dir(self, spec: SourceSpec, queue: int) -> Path:
         self.check_spec(spec, queue)
-        return FileTopic(self.spec_path(spec), spec.queues).queue_path(queue)
+        return FileTopic(self.spec_path(spec), spec.known_queues()).queue_path(queue)
 
     def lag(self, spec: SourceSpec, queue: int, consumed_until_ms: int) -> SourceLag:
         """Files of the queue newer than ``consumed_until_ms`` and their lines (one record each)."""

@@ -1,9 +1,10 @@
 """A Kafka topic as a source: one task per partition, read by Spark's Kafka connector.
 
 Task ``q`` of the source stage reads partition ``q`` only (Spark's ``assign``
-``{"<topic>": [q]}``), so the stage has as many queues as the topic has partitions: read from
-the broker when the topology is defined, or given. Partitions added to the topic later are not
-read until the topology is submitted again.
+``{"<topic>": [q]}``), so the stage has as many queues as the topic has partitions: given
+(``partitions=``), or read from the brokers when the plan is built, at submit
+(:meth:`KafkaKind.resolve_spec`), so that defining (importing) a topology never needs them.
+Partitions added to the topic later are not read until the topology is submitted again.
 
 Records carry these fields, besides the declared ones (``format="json"``) or ``value``
 (``format="raw"``):
@@ -86,6 +87,8 @@ METADATA_FIELDS: dict[str, str] = {
 RAW_VALUE_FIELD = "value"
 PROGRESS_TTL_S = 0.5
 """How long one scan of the active queries' progress serves every task's lag."""
+PARTITIONS_TIMEOUT_S = 10.0
+"""How long building a plan waits for the brokers to tell a topic's partition count."""
 
 
 # --- definition time -------------------------------------------------------------------------
@@ -139,9 +142,8 @@ def kafka_spec(
     max_offsets_per_trigger: int | None = None,
     spark_options: Mapping[str, str] | None = None,
     client_config: Mapping[str, str] | None = None,
-    timeout_s: float = 10.0,
 ) -> SourceSpec:
-    """The spec of a source reading ``topic`` on the cluster at ``bootstrap``.
+    """The spec of a source reading ``topic`` on the cluster at ``bootstrap`` (never contacts it).
 
     Args:
         bootstrap: ``host:port[,host:port...]`` of the brokers (as workers reach them).
@@ -150,7 +152,7 @@ def kafka_spec(
             as a string field ``value``).
         schema: field -> Spark type of the JSON values (required for ``json``, not allowed for ``raw``).
         starting_offsets: where a new task starts: ``earliest``, ``latest`` or ``{"timestamp": ms}``.
-        partitions: the topic's partition count; None asks the brokers now.
+        partitions: the topic's partition count; None: the brokers are asked when the plan is built.
         encoding: how bytes become strings: ``utf8`` or ``base64``.
         fail_on_data_loss: Spark's ``failOnDataLoss``.
         max_offsets_per_trigger: at most this many records per batch (Spark's
@@ -161,13 +163,11 @@ def kafka_spec(
             worker's environment when the task starts.
         client_config: librdkafka settings (``security.protocol``, ``sasl.username``,
             ``ssl.ca.location``, ...) for stream_ops' own reads of the topic: its partition
-            count at definition time and the end offsets behind the lag; ``env:NAME`` values
+            count when the plan is built and the end offsets behind the lag; ``env:NAME`` values
             are read from the environment of the process that reads.
-        timeout_s: how long to wait for the brokers when ``partitions`` is None.
 
     Raises:
-        TopologyDefinitionError: a bad argument, or (``partitions`` None) a topic the brokers do
-            not have or brokers that do not answer.
+        TopologyDefinitionError: a bad argument.
     """
     what = f"Kafka topic {topic!r} at {bootstrap!r}"
     if not isinstance(bootstrap, str) or not bootstrap.strip():
@@ -199,15 +199,7 @@ def kafka_spec(
         raise TopologyDefinitionError(f"{what}: field(s) {clash} are reserved for the record's Kafka metadata")
     spark_settings = _settings(spark_options, what, "spark_options", SPARK_OWNED_OPTIONS)
     client_settings = _settings(client_config, what, "client_config", ("bootstrap.servers",))
-    if partitions is None:
-        try:
-            config = resolve_env_settings(client_settings, what=what, error=KafkaServerError)
-            partitions = partition_count(bootstrap, topic, timeout_s=timeout_s, config=config)
-        except KafkaServerError as e:
-            raise TopologyDefinitionError(
-                f"{what}: cannot read the partition count ({e}); create the topic or pass partitions="
-            ) from e
-    elif not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+    if partitions is not None and (not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1):
         raise TopologyDefinitionError(f"{what}: partitions must be a positive integer, got {partitions!r}")
     options: dict[str, Any] = {
         "bootstrap": bootstrap.strip(),
@@ -345,6 +337,31 @@ class KafkaKind(SourceKind):
         self.check_spec(spec, queue)
         return None
 
+    def resolve_spec(self, spec: SourceSpec, what: str) -> SourceSpec:
+        """``spec`` with the topic's partition count read from the brokers, when it gives none.
+
+        Raises:
+            SourceError: the brokers did not answer in :data:`PARTITIONS_TIMEOUT_S`, do not have
+                the topic, or an ``env:NAME`` setting names a variable that is not set.
+        """
+        self.check_spec(spec)
+        if spec.queues is not None:
+            return spec
+        options = self._options(spec)
+        bootstrap, topic = str(options["bootstrap"]), str(options["topic"])
+        try:
+            partitions = partition_count(
+                bootstrap, topic, timeout_s=PARTITIONS_TIMEOUT_S, config=self._settings(spec, "client_config")
+            )
+        except (KafkaServerError, SourceError) as e:
+            raise SourceError(
+                f"{what}: cannot read the partition count of Kafka topic {topic!r} at {bootstrap} to plan one task per "
+                f"partition ({e}); start the brokers or create the topic (or give KafkaTopic(partitions=N)), then submit "
+                "again"
+            ) from e
+        logger.info("%s: Kafka topic %r at %s has %d partitions", what, topic, bootstrap, partitions)
+        return spec.model_copy(update={"queues": partitions})
+
     def lag(self, spec: SourceSpec, queue: int, consumed_until_ms: int) -> SourceLag:
         """Records of the partition after the last batch read: the end offset less the position
         of this process's streaming query reading it. ``records`` is None when no such query has
@@ -405,4 +422,5 @@ class KafkaKind(SourceKind):
     def describe(self, spec: SourceSpec) -> str:
         options = spec.options
         what = "JSON" if options.get("format", "json") == "json" else "raw"
-        return f"reads {what} records of the Kafka topic `{options.get('topic')}` at {options.get('bootstrap')} ({spec.queues} partitions)"
+        partitions = "partitions read at submit" if spec.queues is None else f"{spec.queues} partitions"
+        return f"reads {what} records of the Kafka topic `{options.get('topic')}` at {options.get('bootstrap')} ({partitions})"

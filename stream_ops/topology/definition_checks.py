@@ -7,6 +7,7 @@ from typing import Any
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerCombiner
+from stream_ops.topology.queue_counts import LaterCount, QueueCount
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 
@@ -18,8 +19,10 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-def check_queues(n: Any, what: str) -> int:
-    """``n`` if it is a valid number of queues (tasks of a stage)."""
+def check_queues(n: Any, what: str) -> QueueCount:
+    """``n`` if it is a valid number of queues (tasks of a stage), or one learned when the plan is built."""
+    if isinstance(n, LaterCount):
+        return n
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise TopologyDefinitionError(f"{what}: queues must be a positive integer, got {n!r}")
     return n

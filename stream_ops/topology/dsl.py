@@ -36,6 +36,7 @@ from stream_ops.topology.definition_checks import check_queues as _check_queues
 from stream_ops.topology.definition_checks import state_type as _state_type
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
+from stream_ops.topology.queue_counts import LaterCount, QueueCount, largest
 from stream_ops.topology.sink_paths import FILE_SINK_FORMATS, clashes, sink_directory
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class AggregateNode:
     aggregator: CombinerAggregator
     out: str
     state_kind: str
-    queues: int
+    queues: QueueCount
     value_type: str
 
 
@@ -170,7 +171,8 @@ class Segment:
     index: int
     name: str
     kind: str
-    queues: int
+    queues: QueueCount
+    """Its number of tasks, or one learned when the plan is built (a Kafka topic's partitions)."""
     fields: dict[str, str]
     source: SourceNode | None = None
     aggregate: AggregateNode | None = None
@@ -264,7 +266,8 @@ class Topology:
             raise TopologyDefinitionError(f"source {name!r}: {e}") from None
         types = dict(spec.fields)
         node = SourceNode(name, spec, source if isinstance(source, FileTopic) else None)
-        segment = self._segment(name=name, kind="source", queues=spec.queues, fields=dict(types), source=node)
+        queues = spec.queues if spec.queues is not None else LaterCount.of_source(name)
+        segment = self._segment(name=name, kind="source", queues=queues, fields=dict(types), source=node)
         stream = Stream(self, segment, types)
         self._named[name] = stream
         return stream
@@ -297,7 +300,7 @@ class Topology:
                 f"{what}: the bolt joins streams {sorted(expected)}, but streams {sorted(streams)} were given"
             )
         stage_name = _check_name("join", name or f"join-{'-'.join(bolt.streams)}")
-        n = queues if queues is not None else max(s._segment.queues for s in streams.values())
+        n = queues if queues is not None else largest(s._segment.queues for s in streams.values())
         _check_queues(n, what)
         out_fields = _join_output_types(bolt, streams)
         output_stream = bolt.output_stream
@@ -368,7 +371,7 @@ class Topology:
             inputs[stream_name] = (stream, key)
         if all(key is None for _, key in inputs.values()):
             raise TopologyDefinitionError(f"{what}: at least one stream needs a key field (the others are broadcast)")
-        n = queues if queues is not None else max(s._segment.queues for s, _ in inputs.values())
+        n = queues if queues is not None else largest(s._segment.queues for s, _ in inputs.values())
         _check_queues(n, what)
         options = dict(trigger=trigger, ttl_seconds=ttl_seconds, timer_interval=timer_interval, max_instances=max_instances)
         return self._process_stage(pe, inputs, out=out, options=options, outputs=outputs, queues=n, name=name, what=what)
@@ -381,7 +384,7 @@ class Topology:
         out: str | Sequence[str] | Mapping[str, str],
         options: dict[str, Any],
         outputs: Mapping[str, str | Sequence[str] | Mapping[str, str]] | None,
-        queues: int,
+        queues: QueueCount,
         name: str | None,
         what: str,
         single: bool = False,
@@ -1101,8 +1104,9 @@ class Stream:
         what = self._what("sink")
         ref = function_ref(fn, what=what)
         arity = _positional_arity(fn, what)
-        queues = max(tap.segment.queues for tap in self._taps)
-        if arity == 2 and (queues > 1 or len(self._taps) > 1):
+        queues = largest(tap.segment.queues for tap in self._taps)
+        # A count learned when the plan is built is checked then (plan.py:check_function_sinks).
+        if arity == 2 and (len(self._taps) > 1 or (isinstance(queues, int) and queues > 1)):
             raise TopologyDefinitionError(
                 f"{what}: {ref} takes (txid, records), but this stream is written by several tasks whose txids repeat; "
                 "take a third parameter, partition, and write idempotently by (partition, txid)"
@@ -1210,7 +1214,7 @@ def _partition_keys(topology: Topology, segment: Segment) -> tuple[str, ...] | N
 class GroupedStream:
     """A stream partitioned by key fields, ready for a keyed aggregate."""
 
-    def __init__(self, stream: Stream, keys: tuple[str, ...], queues: int) -> None:
+    def __init__(self, stream: Stream, keys: tuple[str, ...], queues: QueueCount) -> None:
         self._stream = stream
         self.keys = keys
         self.queues = queues

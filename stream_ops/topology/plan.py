@@ -21,9 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.kafka.sink_options import KafkaSinkSpec
-from stream_ops.sources import SourceSpec
+from stream_ops.sources import SourceSpec, source_kind
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
+from stream_ops.topology.queue_counts import LaterCount, QueueCount, resolve
 from stream_ops.topology.stage_kinds import StageKind, stage_kind
 
 
@@ -256,6 +257,13 @@ class StageSpec(_Frozen):
         stage_kind(kind)
         return kind
 
+    @field_validator("source")
+    @classmethod
+    def _source_queues_known(cls, source: SourceSpec | None) -> SourceSpec | None:
+        if source is not None and source.queues is None:
+            raise ValueError("a plan's source spec gives its number of queues (build_plan learns it)")
+        return source
+
     @property
     def kind_info(self) -> StageKind:
         """The registry entry of this stage's kind."""
@@ -407,31 +415,59 @@ def check_stage_graph(topology: str, stages: tuple[StageSpec, ...]) -> None:
         visit(stage.index)
 
 
-def _output_spec(output: dict[str, Any], topology: Topology) -> OutputSpec:
-    spec = dict(output)
+class _Learned:
+    """What a plan is built with besides the topology: each source's spec as its kind completes
+    it (:meth:`~stream_ops.sources.base.SourceKind.resolve_spec`: a Kafka topic's partition
+    count, read now), and so every stage's number of queues."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.sources: dict[str, SourceSpec] = {}
+        self.partitions: dict[str, int] = {}
+        for segment in topology.segments:
+            if segment.source is None:
+                continue
+            spec = segment.source.spec
+            what = f"topology {topology.name!r}: source {segment.name!r}"
+            self.sources[segment.name] = learned = source_kind(spec.kind).resolve_spec(spec, what)
+            if spec.queues is None:
+                self.partitions[segment.name] = learned.known_queues()
+
+    def queues(self, count: QueueCount) -> int:
+        return resolve(count, self.partitions)
+
+    def output(self, output: dict[str, Any]) -> dict[str, Any]:
+        """``output`` with its number of queues as a number."""
+        if isinstance(output.get("queues"), LaterCount):
+            return {**output, "queues": self.queues(output["queues"])}
+        return output
+
+
+def _output_spec(output: dict[str, Any], topology: Topology, learned: _Learned) -> OutputSpec:
+    spec = learned.output(output)
     if spec["kind"] == "partials":
         agg = topology.segments[spec["to_stage"]].aggregate
         assert agg is not None
         spec.update(aggregator=agg.aggregator.to_spec(), value_type=agg.value_type)
         return ShuffleSpec.model_validate(spec)
     if spec["kind"] == "records":
-        return _records_spec(spec, topology)
+        return _records_spec(spec, topology, learned)
     if spec["kind"] == "persist":
         emits = spec.get("emits")
-        return PersistSpec.model_validate({**spec, "emits": _records_spec(emits, topology) if emits else None})
+        return PersistSpec.model_validate({**spec, "emits": _records_spec(emits, topology, learned) if emits else None})
     return SinkSpec.model_validate(spec)
 
 
-def _records_spec(spec: dict[str, Any], topology: Topology) -> RecordsSpec:
+def _records_spec(spec: dict[str, Any], topology: Topology, learned: _Learned) -> RecordsSpec:
+    spec = learned.output(spec)
     return RecordsSpec.model_validate({**spec, "progress": _progress_of(topology.segments[spec["to_stage"]])})
 
 
-def _progress_channels(segment: Segment, topology: Topology) -> tuple[str, ...]:
+def _progress_channels(segment: Segment, topology: Topology, learned: _Learned) -> tuple[str, ...]:
     """The upstream tasks an event-time window stage waits for: ``"<stage>/<queue>"`` each."""
     if _progress_of(segment) is None:
         return ()
     upstream = dict.fromkeys(index for index, _ in segment.inputs)
-    return tuple(f"{index}/{queue}" for index in upstream for queue in range(topology.segments[index].queues))
+    return tuple(f"{index}/{queue}" for index in upstream for queue in range(learned.queues(topology.segments[index].queues)))
 
 
 def _progress_of(segment: Segment) -> dict[str, str] | None:
@@ -444,7 +480,7 @@ def _progress_of(segment: Segment) -> dict[str, str] | None:
     return None
 
 
-def _stage(segment: Segment, topology: Topology) -> StageSpec:
+def _stage(segment: Segment, topology: Topology, learned: _Learned) -> StageSpec:
     operations = tuple(
         OperationSpec(
             kind=op.kind,
@@ -507,19 +543,19 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
         index=segment.index,
         name=segment.name,
         kind=segment.kind,
-        queues=segment.queues,
-        source=segment.source.spec if segment.source else None,
+        queues=learned.queues(segment.queues),
+        source=learned.sources[segment.name] if segment.source else None,
         input_fields=input_fields,
         fields=dict(segment.fields),
         from_stages=tuple(dict.fromkeys(i for i, _ in segment.inputs)),
         operations=operations,
-        outputs=tuple(_output_spec(o, topology) for o in segment.outputs),
+        outputs=tuple(_output_spec(o, topology, learned) for o in segment.outputs),
         state=state,
         batch_aggregate=batch_aggregate,
         join=JoinSpec.model_validate(segment.join) if segment.join is not None else None,
         process=process,
         window_aggregate=window_aggregate,
-        progress_channels=_progress_channels(segment, topology),
+        progress_channels=_progress_channels(segment, topology, learned),
         shuffle_format="parquet" if stage_kind(segment.kind).reads == "partials" else "json",
     )
 
@@ -527,9 +563,15 @@ def _stage(segment: Segment, topology: Topology) -> StageSpec:
 def build_plan(topology: Topology) -> Plan:
     """Cut ``topology`` into stages and tasks.
 
+    Counts the definition left to the sources are learned now: a Kafka topic given without
+    ``partitions=`` asks its brokers (see :mod:`stream_ops.topology.queue_counts`).
+
     Raises:
         TopologyDefinitionError: the topology has no source, or a stream ends without
-            a consumer (its records would go nowhere).
+            a consumer (its records would go nowhere), or a ``fn(txid, records)`` sink is fed
+            by several tasks.
+        SourceError: a source's number of queues cannot be learned (brokers not reachable,
+            no such topic).
     """
     segments = topology.segments
     if not any(s.kind == "source" for s in segments):
@@ -547,7 +589,9 @@ def build_plan(topology: Topology) -> Plan:
             f"topology {topology.name!r}: {what} sends late records to stream {name!r}, which nothing reads; "
             f"read it with topology.stream({name!r}) (e.g. into a sink), or drop late_stream to dead-letter them"
         )
-    stages = tuple(_stage(segment, topology) for segment in segments)
+    learned = _Learned(topology)
+    stages = tuple(_stage(segment, topology, learned) for segment in segments)
+    _check_function_sinks(topology, stages)
     tasks: list[TaskSpec] = []
     for stage in stages:
         for queue in range(stage.queues):
@@ -557,3 +601,17 @@ def build_plan(topology: Topology) -> Plan:
     }
     states = {name: handle.stage for name, handle in topology.states.items()}
     return Plan(topology=topology.name, stages=stages, tasks=tuple(tasks), queries=queries, states=states)
+
+
+def _check_function_sinks(topology: Topology, stages: tuple[StageSpec, ...]) -> None:
+    """Refuse a ``fn(txid, records)`` sink on a stage of several tasks, whose txids repeat (the
+    DSL refuses it when defined; this is for counts learned when the plan is built)."""
+    for stage in stages:
+        for output in stage.outputs:
+            if isinstance(output, SinkSpec) and output.format == "function" and output.arity == 2 and stage.queues > 1:
+                segment = topology.segments[stage.index]
+                raise TopologyDefinitionError(
+                    f"topology {topology.name!r}: sink {output.name!r}: {output.function} takes (txid, records), but stage "
+                    f"{stage.name!r} runs {stage.queues} tasks ({segment.queues}) whose txids repeat; take a third "
+                    "parameter, partition, and write idempotently by (partition, txid)"
+                )

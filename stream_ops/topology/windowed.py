@@ -15,6 +15,7 @@ from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregat
 from stream_ops.operators.windows import WINDOW_END, WINDOW_START, WindowDef
 from stream_ops.topology.definition_checks import check_name, check_queues, state_type
 from stream_ops.topology.field_paths import path_type
+from stream_ops.topology.queue_counts import QueueCount
 
 if TYPE_CHECKING:  # the DSL imports this module; at run time streams come in as arguments
     from stream_ops.topology.dsl import Stream
@@ -63,7 +64,7 @@ class WindowedStream:
 class WindowedGroupedStream:
     """A windowed stream grouped by key fields, ready for ``aggregate``."""
 
-    def __init__(self, stream: Stream, window: WindowDef, keys: tuple[str, ...], queues: int) -> None:
+    def __init__(self, stream: Stream, window: WindowDef, keys: tuple[str, ...], queues: QueueCount) -> None:
         self._stream = stream
         self.window = window
         self.keys = keys

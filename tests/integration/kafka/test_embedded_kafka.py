@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from stream_ops.errors import KafkaServerError, TopologyDefinitionError
+from stream_ops import Count, OpaqueMapState, Topology
+from stream_ops.errors import KafkaServerError, SourceError
 from stream_ops.kafka.embedded import EmbeddedKafka, random_cluster_id
 from stream_ops.sources import KafkaTopic, source_spec
+from stream_ops.topology.plan import build_plan
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +46,21 @@ def test_the_broker_serves_producers_and_consumers(kafka: EmbeddedKafka, topic_n
         consumer.close()
 
 
-def test_a_kafka_source_reads_the_partition_count_from_the_broker(kafka: EmbeddedKafka, topic_name: str) -> None:
+def test_a_kafka_source_reads_the_partition_count_from_the_broker_when_the_plan_is_built(
+    kafka: EmbeddedKafka, topic_name: str
+) -> None:
     kafka.create_topic(topic_name, partitions=3)
-    assert source_spec(KafkaTopic(kafka.bootstrap_servers, topic_name), ["a"]).queues == 3
-    with pytest.raises(TopologyDefinitionError, match="has no topic 'missing-topic'.*pass partitions="):
-        source_spec(KafkaTopic(kafka.bootstrap_servers, "missing-topic"), ["a"])
+    assert source_spec(KafkaTopic(kafka.bootstrap_servers, topic_name), ["a"]).queues is None  # defined: not asked yet
+    topology = Topology("kafka-partitions")
+    topology.source("lines", KafkaTopic(kafka.bootstrap_servers, topic_name), schema=["a"]).group_by("a").persistent_aggregate(
+        Count(), out="n", state=OpaqueMapState
+    )
+    plan = build_plan(topology)
+    assert [stage.queues for stage in plan.stages] == [3, 3] and plan.stages[0].source.queues == 3  # type: ignore[union-attr]
+    missing = Topology("kafka-missing")
+    missing.source("lines", KafkaTopic(kafka.bootstrap_servers, "missing-topic"), schema=["a"]).print()
+    with pytest.raises(SourceError, match="has no topic 'missing-topic'.*create the topic"):
+        build_plan(missing)
 
 
 def test_creating_an_existing_topic_says_so(kafka: EmbeddedKafka, topic_name: str) -> None:

@@ -1,16 +1,14 @@
-"""The Kafka source's spec from ``KafkaTopic`` (partitions given, so no broker is needed): its
-fields and options, the definition errors, and what the kind says without Spark."""
+"""The Kafka source's spec from ``KafkaTopic`` (no broker is needed to define it): its fields and
+options, the definition errors, and what the kind says without Spark. Without ``partitions=``
+the count is read when the plan is built: ``test_kafka_partitions_at_submit.py``."""
 
 from __future__ import annotations
-
-import socket
 
 import pytest
 
 from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.errors import SourceError, TopologyDefinitionError
 from stream_ops.sources import CORRUPT_COLUMN, KAFKA_METADATA_FIELDS, KafkaTopic, SourceLag, SourceSpec, source_kind, source_spec
-from stream_ops.sources.kafka_source import kafka_spec
 
 BOOTSTRAP = "127.0.0.1:9092"
 METADATA = {
@@ -97,14 +95,6 @@ def test_the_kafka_field_names_are_reserved() -> None:
 def test_max_offsets_per_trigger_is_kept() -> None:
     spec = source_spec(KafkaTopic(BOOTSTRAP, "t", partitions=1, max_offsets_per_trigger=500, fail_on_data_loss=False), ["a"])
     assert spec.options["max_offsets_per_trigger"] == 500 and spec.options["fail_on_data_loss"] is False
-
-
-def test_without_partitions_a_broker_that_does_not_answer_is_a_definition_error() -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with pytest.raises(TopologyDefinitionError, match="cannot read the partition count.*pass partitions="):
-        kafka_spec(f"127.0.0.1:{port}", "t", schema=["a"], timeout_s=1.0)
 
 
 def test_a_topology_reads_one_task_per_partition() -> None:
