@@ -135,7 +135,7 @@ class KafkaTopic:
             ``{"timestamp": epoch_ms}`` (the first record at or after it).
         schema: field -> Spark type of the JSON values (or ``schema=`` of ``topology.source``).
         partitions: the topic's partition count, one task each; None reads it from the brokers
-            at definition time.
+            when the plan is built (at submit), never when the topology is defined.
         encoding: how the key, a raw value and header values become strings: ``"utf8"`` or
             ``"base64"``.
         fail_on_data_loss: fail the task when unread records are gone (retention, a deleted
