@@ -308,6 +308,8 @@ class Worker:
             capacity=self.settings.capacity,
             started_at=self.clock(),
             launched_by=self.settings.launched_by,
+            # Clients without the CA refuse to send this worker anything (the token never goes out in clear).
+            tls=self.settings.query.tls_cert is not None,
         )
         deadline = time.monotonic() + self.zookeeper.session_timeout_s * 2 + 5
         self.store.ensure_path(ZkPaths.WORKERS)

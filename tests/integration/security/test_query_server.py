@@ -573,6 +573,8 @@ def test_a_worker_with_zookeeper_credentials_requires_the_derived_token_over_tls
     try:
         with ZkStore.connect(zk) as store:
             wait_until(lambda: settings.worker_id in live_workers(store), 60, "the worker to register")
+            # Its record says it serves TLS: a client without the CA sends it nothing (query_client).
+            assert live_workers(store)[settings.worker_id].tls is True
         derived = QueryAccess.resolve(zk, QueryConfig(tls_ca=pki["ca"]))
         assert derived.token == query_token(QueryConfig(), zk)
         # Authenticated: the lookup runs, and this task simply does not run here.
