@@ -3,7 +3,7 @@
 Public API:
 
 * Resources: :class:`ZooKeeperResource`, :class:`StreamClusterResource` (with the settings of
-  Dagster-launched workers), :func:`pyspark_resource` (dagster-pyspark's ``PySparkResource``).
+  Dagster-launched workers), :func:`pyspark_resource` (dagster-pyspark's ``LazyPySparkResource``).
 * Naming: :class:`StreamOpsTranslator`.
 * Assets: :func:`topology_assets` -> :class:`TopologyDefinitions` (submission asset, stream
   assets with their checks, queue-partitioned state assets); :func:`state_assets`.

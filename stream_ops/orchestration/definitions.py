@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 
 from stream_ops.orchestration.assets import (
     STREAM_CLUSTER_RESOURCE_KEY,
@@ -106,7 +106,7 @@ def build_cluster_definitions(
     topologies: Sequence[TopologyDefinitions],
     zookeeper: ZooKeeperResource,
     stream_cluster: StreamClusterResource,
-    pyspark: PySparkResource | None = None,
+    pyspark: LazyPySparkResource | None = None,
     translator: StreamOpsTranslator | None = None,
     heartbeat_timeout_s: float = 10.0,
     heartbeat_interval_s: int = 5,
@@ -216,7 +216,7 @@ def build_definitions(
     topologies: Sequence[Topology],
     zookeeper: ZooKeeperResource,
     stream_cluster: StreamClusterResource,
-    pyspark: PySparkResource | None = None,
+    pyspark: LazyPySparkResource | None = None,
     workers: int = 2,
     standby_replicas: int = 0,
     conf: Mapping[str, Any] | None = None,
@@ -248,7 +248,7 @@ def build_definitions(
       and worker runs when ``repair`` is on; the run-failure sensor relaunching failed
       worker runs.
     * Resources ``zookeeper``, ``stream_cluster`` and ``pyspark`` (default: a
-      :class:`PySparkResource` with ``stream_cluster``'s Spark settings), pinned
+      :class:`LazyPySparkResource` with ``stream_cluster``'s Spark settings), pinned
       (:func:`~stream_ops.orchestration.pinned.pinned_resource`): whoever launches a run cannot
       replace their configuration, so cluster credentials only go to the deployment's hosts.
 

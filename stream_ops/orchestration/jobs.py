@@ -7,7 +7,7 @@ job                            library call
 =============================  ==============================================================
 ``stream_ops_worker``          a ``stream-ops worker`` process
                                (:mod:`stream_ops.orchestration.worker_process`), with the Spark
-                               settings of dagster-pyspark's ``PySparkResource``
+                               settings of dagster-pyspark's ``LazyPySparkResource``
 ``stream_ops_rebalance``       :func:`~stream_ops.nimbus.rebalance.rebalance`, or
                                :func:`~stream_ops.nimbus.assignment.reassign` (with the slots
                                of lost tasks excluded) when the heartbeat sensor asks, or
@@ -36,8 +36,8 @@ queries and releases its tasks' ownership, handing tasks over to their standbys)
 
 If the run's process dies, even by SIGKILL, the worker's stdin reaches its end and the worker
 stops the same way. A worker that exits by itself with an error fails the run (``dg.Failure``
-with its last output). dagster-pyspark starts a SparkSession in the run's process that nothing
-uses; the op stops it at once (``stop_spark_session``, on by default).
+with its last output). The ``pyspark`` resource is dagster-pyspark's ``LazyPySparkResource``: it
+declares the workers' Spark settings and starts no SparkSession in the run's process.
 
 Note: this module does not use ``from __future__ import annotations`` because Dagster reads
 the resource and config parameters' annotations of the decorated functions at definition time.
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 
 from stream_ops.coordination.acl import require_auth
 from stream_ops.nimbus.assignment import read_assignment, reassign, spread_topology
@@ -219,7 +219,7 @@ def _worker_op(
     config: WorkerConfig,
     zookeeper: ZooKeeperResource,
     stream_cluster: StreamClusterResource,
-    pyspark: PySparkResource,
+    pyspark: LazyPySparkResource,
 ) -> dict[str, Any]:
     """Run one worker slot (a ``stream-ops worker`` process) until the run is terminated; its tasks
     are released when it stops."""
@@ -232,12 +232,6 @@ def _worker_op(
     launch = worker_launch(
         zk_config, stream_cluster.config(), settings, pyspark.spark_config, pass_env=stream_cluster.worker_pass_env
     )
-    if config.stop_spark_session:
-        # The worker process runs its own Spark; the session dagster-pyspark started here is idle.
-        try:
-            pyspark.spark_session.stop()
-        except Exception as e:  # noqa: BLE001 - nothing depends on it; report and go on
-            context.log.warning(f"stopping the PySparkResource's SparkSession: {e}")
     started = time.monotonic()
     worker = WorkerProcess.start(launch)
     context.log.info(f"worker {launch.worker_id} starting (process {worker.pid})")
@@ -323,7 +317,7 @@ def build_jobs(
 
     @dg.job(
         name=WORKER_JOB_NAME,
-        description="One stream_ops worker slot (a stream-ops worker process with PySparkResource's Spark "
+        description="One stream_ops worker slot (a stream-ops worker process with LazyPySparkResource's Spark "
         "settings), running until the run is terminated; terminating it stops the worker and releases its tasks.",
         executor_def=dg.in_process_executor,
         tags={ROLE_TAG: "worker"},

@@ -7,9 +7,10 @@
   checkpoints, local state) and how workers launched from Dagster run (trigger, heartbeat
   interval, Spark master, state-query token and TLS...). It builds a
   :class:`~stream_ops.config.ClusterConfig` and :class:`~stream_ops.runtime.worker.WorkerSettings`.
-* Spark comes from dagster-pyspark's :class:`~dagster_pyspark.PySparkResource`;
-  :func:`pyspark_resource` builds one with stream_ops' session defaults and the cluster's
-  Spark master. It never stops its session: the worker op stops it itself.
+* The workers' Spark settings are declared by dagster-pyspark's
+  :class:`~dagster_pyspark.LazyPySparkResource`; :func:`pyspark_resource` builds one with
+  stream_ops' session defaults and the cluster's Spark master. It starts no session in a run's
+  process: a worker run starts a ``stream-ops worker`` process, which runs its own.
 
 Validation reuses the core config models, so a bad value fails when the resource is built
 (at code-location load time) with the same message the CLI gives. Fields given as
@@ -34,18 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER, ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.runtime.worker import WorkerSettings
 from stream_ops.spark.jvm_classes import jvm_classes_jar, with_jvm_classes
+from stream_ops.spark.local_fs import UMASK_KEY, checkpoint_umask
 from stream_ops.spark.session import DEFAULT_CONF
 
 __all__ = ["PYSPARK_RESOURCE_KEY", "StreamClusterResource", "ZooKeeperResource", "pyspark_resource"]
 
-#: Resource key of the :class:`~dagster_pyspark.PySparkResource` worker runs use.
+#: Resource key of the :class:`~dagster_pyspark.LazyPySparkResource` worker runs use.
 PYSPARK_RESOURCE_KEY = "pyspark"
 
 #: The worker-settings fields of :class:`StreamClusterResource` -> :class:`WorkerSettings` field.
@@ -349,14 +351,17 @@ class StreamClusterResource(dg.ConfigurableResource):
     def spark_config(self) -> dict[str, str]:
         """The Spark configuration workers use: stream_ops' defaults, the master, then ``spark_conf``.
 
-        The Python of this process runs Spark's Python workers, and stream_ops' JVM classes are
-        on the driver's class path (built once per machine with the JDK), as
+        The Python of the worker process (this interpreter) runs Spark's Python workers, and
+        stream_ops' JVM classes are on the driver's class path (built once per machine with the
+        JDK), as
         :func:`~stream_ops.spark.session.create_spark_session` arranges for CLI workers: a
         Dagster-launched worker must run the tasks CLI workers started, whose shuffle-stage
         checkpoints need the queue source (:mod:`stream_ops.spark.shuffle_queue`).
         """
         settings = {
             **DEFAULT_CONF,
+            # Checkpoints with this cluster's modes, also when its umask is stricter than the default.
+            f"spark.hadoop.{UMASK_KEY}": checkpoint_umask(self.config().umask),
             "spark.master": self.spark_master,
             "spark.app.name": "stream-ops-dagster-worker",
             "spark.pyspark.python": sys.executable,
@@ -366,11 +371,11 @@ class StreamClusterResource(dg.ConfigurableResource):
         return with_jvm_classes(settings, jvm_classes_jar())
 
 
-def pyspark_resource(stream_cluster: StreamClusterResource) -> PySparkResource:
-    """A :class:`PySparkResource` with the Spark configuration of ``stream_cluster``'s workers.
+def pyspark_resource(stream_cluster: StreamClusterResource) -> LazyPySparkResource:
+    """A :class:`LazyPySparkResource` with the Spark configuration of ``stream_cluster``'s workers.
 
-    The session is created when a run that needs it starts (worker runs); dagster-pyspark never
-    stops it, so the worker op stops it when the worker ends.
+    Worker runs pass its ``spark_config`` to the ``stream-ops worker`` process they start; being
+    lazy, it starts no SparkSession (no JVM) in the run's own process.
 
     Example:
         >>> spark = pyspark_resource(StreamClusterResource(spark_master="local[2]"))
@@ -379,11 +384,11 @@ def pyspark_resource(stream_cluster: StreamClusterResource) -> PySparkResource:
 
     Raises:
         ValueError: ``spark_master`` or ``spark_conf`` is an :class:`dagster.EnvVar`, which only
-            resolves at execution time: build the ``PySparkResource`` yourself then.
+            resolves at execution time: build the ``LazyPySparkResource`` yourself then.
     """
     if isinstance(stream_cluster.spark_master, dg.EnvVar) or isinstance(stream_cluster.spark_conf, dg.EnvVar):
         raise ValueError(
             "pyspark_resource: StreamClusterResource.spark_master / spark_conf is an EnvVar, which resolves only when "
-            "a run starts; pass build_definitions(pyspark=PySparkResource(spark_config={...})) instead"
+            "a run starts; pass build_definitions(pyspark=LazyPySparkResource(spark_config={...})) instead"
         )
-    return PySparkResource(spark_config=stream_cluster.spark_config())
+    return LazyPySparkResource(spark_config=stream_cluster.spark_config())

@@ -95,11 +95,6 @@ class WorkerConfig(dg.Config):
     """One worker slot."""
 
     port: int = Field(default=0, ge=0, le=65535, description="Slot port; 0 picks a free port when the run starts.")
-    stop_spark_session: bool = Field(
-        default=True,
-        description="Stop the SparkSession when the worker ends (dagster-pyspark never does). Turn off only when "
-        "the session is shared with other code in the same process.",
-    )
     status_poll_s: float = Field(default=1.0, gt=0, description="Seconds between checks whether the run is being terminated.")
 
 
@@ -138,9 +133,9 @@ def rebalance_run_config(
     return {"ops": {REBALANCE_OP: {"config": config}}}
 
 
-def worker_run_config(*, port: int = 0, stop_spark_session: bool = True) -> dict[str, Any]:
+def worker_run_config(*, port: int = 0) -> dict[str, Any]:
     """Run config of ``stream_ops_worker``."""
-    return {"ops": {WORKER_OP: {"config": {"port": port, "stop_spark_session": stop_spark_session}}}}
+    return {"ops": {WORKER_OP: {"config": {"port": port}}}}
 
 
 def compact_run_config(topology: str, *, stages: Sequence[str] = (), queues: Sequence[int] = ()) -> dict[str, Any]:

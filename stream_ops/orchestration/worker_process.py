@@ -6,7 +6,7 @@ cluster scripts start (``stream-ops worker``, :func:`~stream_ops.runtime.process
 with
 
 * the resources' settings on its command line (nothing secret);
-* the Spark configuration of dagster-pyspark's ``PySparkResource`` as its ``--spark-master`` and
+* the Spark configuration of dagster-pyspark's ``LazyPySparkResource`` as its ``--spark-master`` and
   ``--spark-conf`` (:func:`spark_arguments`);
 * the allow-listed environment of :mod:`stream_ops.topology_env`, plus
   ``StreamClusterResource.worker_pass_env``;
@@ -92,7 +92,7 @@ def worker_launch(
         cluster: The cluster's paths.
         settings: The worker's settings (``StreamClusterResource.worker_settings``); its
             query token goes on the worker's stdin.
-        spark_config: The ``PySparkResource``'s ``spark_config``: the worker's Spark settings
+        spark_config: The ``LazyPySparkResource``'s ``spark_config``: the worker's Spark settings
             (``settings.spark_master`` only when it names no ``spark.master``).
         pass_env: Names the topologies' code may read besides the allow-list.
         environ: The environment to reduce; default this process's.

@@ -1,7 +1,7 @@
 """Worker runs and the heartbeat sensor with real workers: real ZooKeeper, real Spark.
 
 * A worker run (``stream_ops_worker``) starts a real ``stream-ops worker`` process (its own
-  Spark, the Spark settings of ``PySparkResource``) with the allow-listed environment: the
+  Spark, the Spark settings of ``LazyPySparkResource``) with the allow-listed environment: the
   run's secrets are in none of its processes, a pass-through variable is; terminating the run
   (status CANCELING) or interrupting its op stops the worker and releases its tasks; a worker
   whose parent is SIGKILLed stops cleanly at the end of its stdin.
@@ -27,7 +27,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from process_tree import process_tree, secrets_shown
 from pyspark.sql import SparkSession
 
@@ -54,8 +54,7 @@ from stream_ops.topics.producer import produce
 from stream_ops.topology.dsl import Topology
 
 HEARTBEAT_TIMEOUT_S = 3.0
-#: The PySparkResource's session is the test session's SparkSession: worker runs must not stop it.
-SHARED_SPARK = worker_run_config(stop_spark_session=False)
+WORKER_RUN = worker_run_config()
 #: Seconds a worker process may take to register (Python, then a JVM, on a loaded machine).
 REGISTER_TIMEOUT_S = 90
 STREAM = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
@@ -90,14 +89,13 @@ def fast_cluster(tmp_path: Path) -> StreamClusterResource:
 
 
 @pytest.fixture
-def worker_resources(
-    zookeeper_resource: ZooKeeperResource, fast_cluster: StreamClusterResource, spark: SparkSession
-) -> dict[str, Any]:
-    """The worker job's resources; ``PySparkResource`` gets the session fixture's SparkSession."""
+def worker_resources(zookeeper_resource: ZooKeeperResource, fast_cluster: StreamClusterResource) -> dict[str, Any]:
+    """The worker job's resources: the workers' Spark settings in a ``LazyPySparkResource`` (no
+    session in this process)."""
     return {
         "zookeeper": zookeeper_resource,
         "stream_cluster": fast_cluster,
-        "pyspark": PySparkResource(spark_config={"spark.master": spark.sparkContext.master}),
+        "pyspark": LazyPySparkResource(spark_config={"spark.master": "local[2]"}),
     }
 
 
@@ -115,7 +113,7 @@ class WorkerRun:
 
     def _execute(self, resources: dict[str, Any]) -> None:
         self.result = self.job.execute_in_process(
-            run_config=SHARED_SPARK, resources=resources, instance=self.instance, raise_on_error=False
+            run_config=WORKER_RUN, resources=resources, instance=self.instance, raise_on_error=False
         )
 
     def _new_run_id(self, known: set[str]) -> str | None:
@@ -207,7 +205,7 @@ def test_interrupting_the_worker_op_stops_the_worker(
             os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_once_tasks_run, daemon=True).start()
-    result = job.execute_in_process(run_config=SHARED_SPARK, resources=worker_resources, raise_on_error=False)
+    result = job.execute_in_process(run_config=WORKER_RUN, resources=worker_resources, raise_on_error=False)
 
     assert owned.is_set()
     assert not result.success  # interrupted
@@ -269,9 +267,9 @@ def test_the_worker_of_a_killed_run_process_stops_cleanly(
 
 def test_a_worker_process_that_fails_fails_the_run_with_its_output(worker_resources: dict[str, Any]) -> None:
     # A Spark setting without a key: the worker process refuses it at start (a usage error).
-    pyspark = PySparkResource(spark_config={**worker_resources["pyspark"].spark_config, "": "no-key"})
+    pyspark = LazyPySparkResource(spark_config={**worker_resources["pyspark"].spark_config, "": "no-key"})
     result = build_jobs(topology_names=["wordcount"]).worker.execute_in_process(
-        run_config=SHARED_SPARK, resources={**worker_resources, "pyspark": pyspark}, raise_on_error=False
+        run_config=WORKER_RUN, resources={**worker_resources, "pyspark": pyspark}, raise_on_error=False
     )
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
@@ -287,7 +285,7 @@ def test_failed_worker_runs_are_relaunched_a_bounded_number_of_times(
     sensor = build_worker_relaunch_sensor(worker_job=jobs.worker, max_relaunches=2)
     with dg.DagsterInstance.ephemeral() as instance:
         failed = jobs.worker.execute_in_process(
-            run_config=SHARED_SPARK,
+            run_config=WORKER_RUN,
             resources={**worker_resources, "zookeeper": unreachable},
             instance=instance,
             raise_on_error=False,
@@ -326,7 +324,7 @@ def test_worker_run_refuses_a_tree_without_credentials_unless_insecure(
     )
     jobs = build_jobs(topology_names=["wordcount"])
     result = jobs.worker.execute_in_process(
-        run_config=SHARED_SPARK, resources={**worker_resources, "zookeeper": secure_default}, raise_on_error=False
+        run_config=WORKER_RUN, resources={**worker_resources, "zookeeper": secure_default}, raise_on_error=False
     )
     assert not result.success
     assert "refusing to start the worker without ZooKeeper credentials" in str(result.all_events)
