@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stream_ops.errors import KafkaServerError, StreamOpsError
+from stream_ops.topology_env import PASS_ENV_VARIABLE, topology_environment
 
 logger = logging.getLogger(__name__)
 _client_logger = logging.getLogger("stream_ops.kafka.librdkafka")
@@ -25,8 +26,12 @@ def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
 
 
 ENV_PREFIX = "env:"
-"""A client setting ``env:NAME`` is read from the worker's environment variable ``NAME``, so
-secrets stay out of plans and confs stored in ZooKeeper."""
+"""A client setting ``env:NAME`` is read from the environment variable ``NAME``, so secrets stay
+out of plans and confs stored in ZooKeeper. Only names a topology may see resolve: the
+allow-listed environment and the names passed through to topologies
+(:mod:`stream_ops.topology_env`), in a worker and in the Dagster process alike, so a topology's
+conf cannot have Dagster send its database password, or a worker its ZooKeeper credentials, to a
+broker of the topology's choosing."""
 
 
 def resolve_env_settings(
@@ -36,19 +41,33 @@ def resolve_env_settings(
     error: type[StreamOpsError],
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """``config`` with every ``env:NAME`` value read from ``environ`` (default: the process's).
+    """``config`` with every ``env:NAME`` value read from ``environ`` (default: what a topology
+    may see of this process's environment, :func:`~stream_ops.topology_env.topology_environment`).
 
     Raises:
-        StreamOpsError: (``error``) a named environment variable is not set; the message names
-            ``what`` the setting belongs to.
+        StreamOpsError: (``error``) a named environment variable is not set, or is not one a
+            topology may read; the message names ``what`` the setting belongs to.
+        TopologyEnvironmentError: ``STREAM_OPS_WORKER_PASS_ENV`` names a secret of stream_ops,
+            Dagster or a database.
     """
-    env = os.environ if environ is None else environ
+    env = topology_environment(os.environ) if environ is None else environ
     resolved: dict[str, str] = {}
     for key, value in config.items():
         if value.startswith(ENV_PREFIX):
             variable = value[len(ENV_PREFIX) :]
             if variable not in env:
-                raise error(f"{what} setting {key!r} names the environment variable {variable!r}, which is not set")
+                hidden = environ is None and variable in os.environ
+                raise error(
+                    f"{what} setting {key!r} names the environment variable {variable!r}, which "
+                    + (
+                        "topologies may not read: only allow-listed names and those passed through resolve; if the "
+                        f"topology may see it, pass it through ({PASS_ENV_VARIABLE}, stream-ops worker --pass-env, "
+                        "StreamClusterResource.worker_pass_env)"
+                        if hidden
+                        else f"is not set (workers keep only allow-listed variables: pass it through with {PASS_ENV_VARIABLE} "
+                        "or stream-ops worker --pass-env)"
+                    )
+                )
             value = env[variable]
         resolved[key] = value
     return resolved

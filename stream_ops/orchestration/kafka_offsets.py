@@ -70,7 +70,8 @@ class EndOffsets:
             bootstrap: The brokers.
             topic: The topic.
             partitions: How many partitions to read.
-            config: librdkafka settings; ``env:NAME`` values are read from this process's environment.
+            config: librdkafka settings; ``env:NAME`` values resolve only for names a topology may see
+                (:func:`~stream_ops.kafka.client.resolve_env_settings`).
 
         Raises:
             KafkaServerError: The brokers did not answer in ``timeout_s`` (or failed less than
