@@ -62,7 +62,7 @@ class TopologyLayout:
         return FileTopic(self.topics_dir / f"persist-{stage.index:03d}-{stage.name}", stage.queues, durable=self.cluster.fsync)
 
     def sink_delivery_topic(self, stage: StageSpec, sink: str) -> DeliveryTopic:
-        """Batches of a function sink: staged before the commit, published after it, and removed
+        """Batches of a function, Kafka or ``print`` sink: staged before the commit, published after it, and removed
         once the user function returned for them (one queue per task of the stage)."""
         return DeliveryTopic(self.topics_dir / f"sink-{stage.index:03d}-{sink}", stage.queues, durable=self.cluster.fsync)
 
