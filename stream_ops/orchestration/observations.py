@@ -81,7 +81,7 @@ OBSERVATION_FIELDS: Mapping[str, tuple[str, str]] = {
     "lag_records": ("int", "Input records not yet processed by this stage's tasks (sum over the tasks that can count them)."),
     "lag_files": ("int", "Input files not yet processed by this stage's tasks (sum; file sources and shuffles)."),
     "dead_letters": ("int", "Records of this stage sent to the dead-letter topic (sum)."),
-    "state_keys": ("int", "Keys in this stage's local state stores (sum; 0 for source stages)."),
+    "state_keys": ("int", "RocksDB's estimate of the keys in this stage's local state stores (sum; 0 for source stages)."),
     "failing_tasks": (
         "json",
         "This stage's tasks whose last starts or queries failed: task id -> {error, failures, quarantined, worker}.",
