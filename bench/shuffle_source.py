@@ -14,12 +14,25 @@ also deletes the files batches before it read, as the task's I/O thread does), a
 (``triggerExecution``, median) and its parts (``latestOffset``, ``walCommit``, ``addBatch``),
 and at the end the files in the queue and the bytes of the checkpoint's source log.
 
-Run: ``.venv/bin/python bench/shuffle_source.py [--rounds 1000] [--window 200]``
+``--durable`` fsyncs the published files and the consumed record as a cluster with ``fsync``
+does (off by default, to time Spark's part alone). ``--gaps`` publishes into a two-queue
+topic where each upstream task has rows for the read queue only every other txid (the other
+txids write only the other queue), as a source task of small batches does: the reader then
+proves each skipped txid empty from the file after it. ``--sources queue`` runs only the
+queue source. Also printed: the callback's own time per batch (finding the batch's files and
+retiring what batches before it read), median per ``--window`` batches (a round may run as two
+batches when the query plans between the two upstream tasks' files). ``--sources callback``
+times that callback alone, without Spark: each round's offsets are logged as Spark logs them,
+then the callback runs (many rounds in seconds, so the file work of a batch is measured apart
+from Spark's noise).
+
+Run: ``.venv/bin/python bench/shuffle_source.py [--rounds 1000] [--window 200] [--durable] [--gaps] [--sources queue|callback]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -46,14 +59,19 @@ FIELDS = {"key": "string", "value": "bigint"}
 UPSTREAM_TASKS = (0, 1)
 KEYS = 50
 STEPS = ("triggerExecution", "latestOffset", "walCommit", "addBatch")
+CALLBACK_MS: list[float] = []
+"""The queue source callback's own time per batch (files found, consumed files retired)."""
 
 
-def publish_round(shuffle: PartialsShuffle, txid: int) -> None:
-    """Each upstream task's partials for ``txid`` (``KEYS`` keys), staged then published."""
+def publish_round(shuffle: PartialsShuffle, txid: int, *, gaps: bool = False) -> bool:
+    """Each upstream task's partials for ``txid`` (``KEYS`` keys), staged then published: into
+    queue 0, or with ``gaps`` into queue 1 on odd txids. Returns whether queue 0 got files."""
     keys = [encode_key([f"w{i}"]) for i in range(KEYS)]
+    queue = 1 if gaps and txid % 2 else 0
     for task in UPSTREAM_TASKS:
-        shuffle.stage_batch(0, task, txid, 1, keys, [txid + 1] * KEYS)
+        shuffle.stage_batch(queue, task, txid, 1, keys, [txid + 1] * KEYS)
         shuffle.publish_batch(task, txid, 1, shuffle.staged_sizes(task, txid, 1))
+    return queue == 0
 
 
 def file_source(spark: SparkSession, queue: Path, checkpoint: Path, topic: FileTopic) -> tuple[DataFrame, Callable[..., None]]:
@@ -78,17 +96,54 @@ def queue_source(spark: SparkSession, queue: Path, checkpoint: Path, topic: File
     df = read_queue_stream(spark, queue, FIELDS, suffix=".parquet", max_files_per_trigger=100)
 
     def on_batch(batch: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
         assert batch_files(checkpoint, batch_id, queue, ".parquet"), f"batch {batch_id} has no files"
         read = read_before(checkpoint, batch_id)
         if read:
             retire_read(topic, 0, read)
+        CALLBACK_MS.append((time.perf_counter() - started) * 1000.0)
 
     return df, on_batch
 
 
-def run(spark: SparkSession, work: Path, name: str, make: Callable[..., Any], rounds: int) -> list[dict[str, float]]:
+def run_callback_only(work: Path, rounds: int, *, durable: bool = False, gaps: bool = False) -> list[float]:
+    """The queue source's callback per batch without Spark: the offsets of each round's batch
+    logged as Spark logs them (``offsets/<batch>``), then the batch's files found and what
+    the batches before it read retired. Returns the callback's time per batch, in ms."""
+    topic = FileTopic(work / "callback" / "shuffle", queues=2 if gaps else 1, durable=durable)
+    topic.create()
+    shuffle = PartialsShuffle(topic, "long")
+    checkpoint = work / "callback" / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    times: list[float] = []
+    batch = 0
+    for txid in range(rounds):
+        if not publish_round(shuffle, txid, gaps=gaps):
+            continue
+        entry = json.dumps({"queueTxids": {str(task): txid for task in UPSTREAM_TASKS}})
+        (checkpoint / "offsets" / str(batch)).write_text(f"v1\n{{}}\n{entry}\n")
+        started = time.perf_counter()
+        assert batch_files(checkpoint, batch, topic.queue_path(0), ".parquet"), f"batch {batch} has no files"
+        read = read_before(checkpoint, batch)
+        if read:
+            retire_read(topic, 0, read)
+        times.append((time.perf_counter() - started) * 1000.0)
+        batch += 1
+    return times
+
+
+def run(
+    spark: SparkSession,
+    work: Path,
+    name: str,
+    make: Callable[..., Any],
+    rounds: int,
+    *,
+    durable: bool = False,
+    gaps: bool = False,
+) -> list[dict[str, float]]:
     """Publish ``rounds`` rounds into a fresh queue read by ``make``'s stream; Spark's step times per batch."""
-    topic = FileTopic(work / name / "shuffle", queues=1, durable=False)
+    topic = FileTopic(work / name / "shuffle", queues=2 if gaps else 1, durable=durable)
     topic.create()
     shuffle = PartialsShuffle(topic, "long")
     checkpoint = work / name / "checkpoint"
@@ -97,7 +152,8 @@ def run(spark: SparkSession, work: Path, name: str, make: Callable[..., Any], ro
     steps: list[dict[str, float]] = []
     try:
         for txid in range(rounds):
-            publish_round(shuffle, txid)
+            if not publish_round(shuffle, txid, gaps=gaps):
+                continue  # nothing new in the read queue: no batch
             query.processAllAvailable()
             progress = query.lastProgress
             if progress and "addBatch" in (progress.get("durationMs") or {}):
@@ -122,18 +178,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1000, help="rounds of two published files each")
     parser.add_argument("--window", type=int, default=200, help="rounds per printed median")
+    parser.add_argument("--durable", action="store_true", help="fsync published files and the consumed record")
+    parser.add_argument("--gaps", action="store_true", help="upstream txids alternate between two queues")
+    parser.add_argument("--sources", nargs="+", choices=["file", "queue", "callback"], default=["file", "queue"])
     args = parser.parse_args()
+    options = {"durable": args.durable, "gaps": args.gaps}
+    if args.sources == ["callback"]:
+        work = Path(tempfile.mkdtemp(prefix="bench-shuffle-callback-"))
+        try:
+            times = run_callback_only(work, args.rounds, **options)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        quartiles = statistics.quantiles(times, n=4)
+        print(
+            f"callback alone, {args.rounds} rounds, {len(times)} batches, {options}: median {statistics.median(times):.3f} ms, "
+            f"quartiles {quartiles[0]:.3f} / {quartiles[2]:.3f} ms; load average {os.getloadavg()}"
+        )
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-shuffle-source-"))
     spark = create_spark_session(master="local[2]", app_name="bench-shuffle-source")
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        print(f"{args.rounds} rounds of {len(UPSTREAM_TASKS)} Parquet files ({KEYS} keys each); load average {os.getloadavg()}")
-        run(spark, work, "warm-up-files", file_source, 50)
-        run(spark, work, "warm-up-queue", queue_source, 50)
+        print(
+            f"{args.rounds} rounds of {len(UPSTREAM_TASKS)} Parquet files ({KEYS} keys each), {options}; "
+            f"load average {os.getloadavg()}"
+        )
+        chosen = [
+            (n, m) for n, m in (("file source", file_source), ("queue source", queue_source)) if n.split()[0] in args.sources
+        ]
+        for name, make in chosen:
+            run(spark, work, f"warm-up-{name.split()[0]}", make, 50, **options)
+        CALLBACK_MS.clear()
         results = {}
-        for name, make in (("file source", file_source), ("queue source", queue_source)):
+        for name, make in chosen:
             started = time.perf_counter()
-            results[name] = run(spark, work, name.replace(" ", "-"), make, args.rounds)
+            results[name] = run(spark, work, name.replace(" ", "-"), make, args.rounds, **options)
             print(f"{name}: {args.rounds} rounds in {time.perf_counter() - started:.1f} s, {len(results[name])} batches")
         print(f"load average after: {os.getloadavg()}")
         print("\nSpark's time per batch, median ms (triggerExecution: latestOffset / walCommit / addBatch), per window of rounds")
@@ -151,6 +230,10 @@ def main() -> None:
                     f"{med['triggerExecution']:.0f} ({med['latestOffset']:.0f} / {med['walCommit']:.0f} / {med['addBatch']:.0f})"
                 )
             print(f"| {start + 1}-{min(start + args.window, args.rounds)} | {' | '.join(cells)} |")
+        if CALLBACK_MS:
+            windows = [CALLBACK_MS[i : i + args.window] for i in range(0, len(CALLBACK_MS), args.window)]
+            print(f"\nqueue source callback, median ms per {args.window} batches (files found + consumed retired): ", end="")
+            print(" -> ".join(f"{statistics.median(w):.2f}" for w in windows if w))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

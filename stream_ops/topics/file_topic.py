@@ -343,10 +343,10 @@ class FileTopic:
 
         ``expected`` is what the commit recorded (:meth:`staged_sizes`): every queue named must
         end with a published file of exactly that size, moved now or by an earlier (or a
-        concurrent) publish of the same batch. A chained topic learns its task's last file per
-        queue from it. A moved file gets the current time as its
-        modification time, so a file stream whose ``maxFileAge`` is measured from the newest
-        file still reads a batch published late. Idempotent; safe to run from two processes.
+        concurrent) publish of the same batch; a chained topic learns its task's last file per
+        queue from it. A moved file gets the current time as its modification time, so a file
+        stream whose ``maxFileAge`` is measured from the newest file still reads a batch
+        published late. Idempotent; safe to run from two processes.
 
         Returns:
             How many files this call moved.
