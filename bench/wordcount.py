@@ -468,7 +468,7 @@ def report(
             steps = ", ".join(f"{step} {ms:.1f}" for step, ms in r.keyed_commit_steps_ms.items())
             print(f"{r.label}: keyed commit ms per batch by step: {steps}")
     print()
-    print("README (Markdown):")
+    print("docs/benchmarks.md (Markdown):")
     print(
         "| machine | input | plain Spark words/s | stream_ops words/s | stream_ops / plain | stage + commit ms/batch (source / keyed) |"
     )

@@ -1,6 +1,6 @@
 """``stream-ops doctor``: what protects a running cluster, checked against the live system.
 
-Each finding names one protection of the threat model in the README's security section:
+Each finding names one protection of the threat model (docs/operations.md, section 6 "Security"):
 ZooKeeper credentials and the cluster's ownership of its tree, authentication and TLS of the
 workers' state-query ports, and the files on the shared paths. The report only reads; it
 changes nothing.

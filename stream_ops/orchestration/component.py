@@ -221,7 +221,7 @@ _STARTER_TOPOLOGY = '''\
 A word count to start from (Trident's): JSON lines {{"sentence": "..."}} dropped into
 $STREAM_OPS_HOME/input/{name} (default var/stream_ops/..., under the working directory), split
 into words by Spark SQL, counted per word in opaque-transactional state, queryable as `words`.
-Rewrite it with the stream_ops DSL (see the stream_ops README, "Writing a topology").
+Rewrite it with the stream_ops DSL (see stream_ops' docs/guide.md, section 2).
 """
 
 import os

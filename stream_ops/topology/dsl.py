@@ -747,7 +747,7 @@ class Stream:
             lag: how far the watermark stays behind the largest event time seen (seconds).
             idle_timeout: seconds without records after which the watermark moves on with
                 processing time, closing the last windows without new data (default None:
-                it waits for data, as in Spark and Storm; see the README for the trade-off).
+                it waits for data, as in Spark and Storm; see docs/guide.md, "Windows", for the trade-off).
             late_stream: name of the stream (``topology.stream(name)``) that gets records
                 arriving after the watermark passed them; without one they go to the dead
                 letters with the reason ``late``.
@@ -1259,7 +1259,7 @@ class GroupedStream:
             aggregator: a combiner such as ``Count()`` or ``Sum("amount")``.
             out: the name of the aggregated field.
             state: ``OpaqueMapState``, ``TransactionalMapState`` or ``MapState`` (the kind of
-                exactly-once guarantee; see the README).
+                exactly-once guarantee; see docs/design.md, "Txid rules").
             name: the state's name (defaults to ``out``).
         """
         stream = self._stream
