@@ -37,7 +37,9 @@ def test_the_session_writes_checkpoints_through_the_nio_file_system(spark, tmp_p
     out.write(b"v1\n{}")
     out.close()
     assert target.read_bytes() == b"v1\n{}"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640, "rw-r-----: the cluster's umask (fs.permissions.umask-mode 027, spark/local_fs.py)"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640, (
+        "rw-r-----: the cluster's umask (fs.permissions.umask-mode 027, spark/local_fs.py)"
+    )
     assert sorted(p.name for p in target.parent.iterdir()) == ["7"], "the temp file was renamed, no .crc file"
 
 
