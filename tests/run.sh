@@ -3,8 +3,9 @@
 #
 # Installs what the checks and tests need and nothing else: the Debian packages of the browser
 # test (chromium), the query-port TLS tests (openssl, to make test certificates), the
-# cluster test (postgresql) and the Kafka jars (maven, to fetch them) when they are missing and
-# we may install them, then a virtual environment with stream_ops and its test extra, then the
+# cluster test (postgresql), the Kafka jars (maven, to fetch them) and the nemesis suite's
+# fsync shim (gcc, tests/e2e/nemesis_fsync_shim.c) when they are missing and we may install
+# them, then a virtual environment with stream_ops and its test extra, then the
 # Kafka broker and Spark connector jars (fetched once into ~/.cache/stream_ops/jars). Then runs
 # ruff (lint and format check), mypy and pytest.
 set -euo pipefail
@@ -15,9 +16,10 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing ${missing[*]} (Debian packages) for the browser, cluster and Kafka tests"
+    echo "installing ${missing[*]} (Debian packages) for the browser, cluster, Kafka and nemesis tests"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
     echo "note: ${missing[*]} missing and not installable here; the tests that need them will be skipped"
