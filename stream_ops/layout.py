@@ -39,6 +39,7 @@ class TopologyLayout:
             self.topics_dir / f"shuffle-{keyed_stage.index:03d}-{keyed_stage.name}",
             keyed_stage.queues,
             durable=self.cluster.fsync,
+            chained=True,  # each file names its task's previous one in the queue: a lost file is found
         )
 
     def shuffle_delivery_topic(self, from_stage: StageSpec, to_stage: StageSpec) -> DeliveryTopic:

@@ -4,7 +4,7 @@
 records are staged under (task, txid, epoch) in step 3 of the commit protocol, recorded in the
 ZooKeeper commit (step 5) and published after it (step 6), like a function sink's. The task then
 hands every published, undelivered batch, oldest first, to :meth:`KafkaSinkWriter.deliver`, and
-marks it delivered (``.delivered-t<task>``) once that returned. That path alone is at-least-once
+marks it delivered (``.delivered-t<task>-v<version>.json``) once that returned. That path alone is at-least-once
 per txid: a crash between the delivery and the marker delivers the batch again. The writer makes
 the second delivery a no-op:
 

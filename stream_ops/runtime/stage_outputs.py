@@ -274,9 +274,9 @@ class StageOutputs:
                 nothing.
         """
         for to_stage, shuffle_topic in self._kafka_shuffles.items():
-            self._deliver_shuffle(to_stage, shuffle_topic)
+            self._deliver_shuffle(to_stage, shuffle_topic, epoch)
         for topic, spec in self._functions.values():
-            self._deliver(topic, spec)
+            self._deliver(topic, spec, epoch)
         verified = verify_owner is None
         for name, topic in self._prints.items():
             verified = self._print(name, topic, committed_txid, epoch, verify_owner, verified=verified)
@@ -306,15 +306,15 @@ class StageOutputs:
             topic.mark_delivered(queue, task_id, txid, epoch=epoch)
         return verified
 
-    def _deliver(self, topic: DeliveryTopic, spec: SinkSpec) -> None:
+    def _deliver(self, topic: DeliveryTopic, spec: SinkSpec, epoch: int | None) -> None:
         queue, task_id = self.task.queue, self.task.task_id
         deliver = self._kafka_delivery(spec) if spec.format == "kafka" else self._function_delivery(spec)
         for txid, records in topic.undelivered(queue, task_id):
             deliver(txid, records)
-            topic.mark_delivered(queue, task_id, txid)
+            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
             logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)
 
-    def _deliver_shuffle(self, to_stage: int, topic: DeliveryTopic) -> None:
+    def _deliver_shuffle(self, to_stage: int, topic: DeliveryTopic, epoch: int | None) -> None:
         """Deliver this task's published, undelivered shuffle batches into ``to_stage``'s topic.
         The writer starts (fencing the task's earlier owners' producers) at the first pass."""
         writer = self._shuffle_writers.get(to_stage)
@@ -337,7 +337,7 @@ class StageOutputs:
         queue, task_id = self.task.queue, self.task.task_id
         for txid, records in topic.undelivered(queue, task_id):
             writer.deliver(txid, records)
-            topic.mark_delivered(queue, task_id, txid)
+            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
             logger.debug("shuffle into stage %d: txid %d of task %d delivered", to_stage, txid, task_id)
 
     def close(self) -> None:

@@ -834,7 +834,8 @@ class TaskRunner:
                 return  # Spark's file source: its log holds every file, so they stay
             read = read_before(checkpoint, txid)
             if read:
-                retire_read(self.layout.shuffle_topic(self.stage), self.task.queue, read)
+                epoch = self.ownership.epoch if self.ownership is not None else None
+                retire_read(self.layout.shuffle_topic(self.stage), self.task.queue, read, epoch=epoch)
         except Exception:  # on the I/O thread nobody awaits this: say what failed, and go on
             logger.exception("task %s/%d: consumed shuffle files not deleted", self.topology_id, self.task.task_id)
 

@@ -24,7 +24,8 @@ class StagedOutput(Protocol):
         """File key -> size in bytes of every staged file of (task, txid, epoch).
 
         The keys are the output's own (a queue number, a path relative to its root); the
-        commit records them and :meth:`publish_batch` gets them back.
+        commit records them and :meth:`publish_batch` gets them back. A chained shuffle also
+        records ``head:<queue>`` -> txid entries (no files), which ``publish_batch`` gets back.
         """
         ...
 
