@@ -18,7 +18,7 @@ from typing import Any
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import BatchInput, OwnerRecord, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
-from stream_ops.errors import CoordinationError, OwnershipLostError, TaskBusyError
+from stream_ops.errors import CoordinationError, OwnershipLostError, TaskBusyError, ZooKeeperUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,12 @@ def commit(
     try:
         store.commit_transaction(tx)
     except CoordinationError as e:
+        # Either way this owner stops: refused, it lost the task; with the connection lost, the
+        # outcome is unknown, and the next start (of whoever owns the task) reads what was committed.
+        outcome = "of unknown outcome" if isinstance(e, ZooKeeperUnavailableError) else "refused"
         raise OwnershipLostError(
-            f"task {ownership.topology_id}/{ownership.task_id}: commit of txid {txid} under epoch {ownership.epoch} refused: {e}"
+            f"task {ownership.topology_id}/{ownership.task_id}: commit of txid {txid} under epoch {ownership.epoch} "
+            f"{outcome}: {e}"
         ) from e
     ownership.committed = record
     ownership.tx_version += 1

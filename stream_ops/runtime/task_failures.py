@@ -11,6 +11,9 @@ does no I/O, every method takes ``now``):
 * **backing off**: after failure ``n`` the task is not started again before
   ``policy.backoff_s(n)`` (1 s, 2 s, 4 s, ... up to ``max_backoff_s``) has passed.
 * **quarantined**: after ``quarantine_after`` consecutive failures the worker stops trying.
+  Not for a machine out of a resource (:func:`is_resource_exhaustion`: a full disk, a disk
+  quota): that is the environment, not the task, so it backs off (at most
+  ``resource_backoff_s``) and starts again by itself once space returns, however long it took.
 * A task that ran ``healthy_after_s`` without failing goes back to **ok** (its count resets).
 * A new assignment of the task (its start time in ``/assignments/{id}`` changes, e.g. it moved
   away and back) resets it to **ok**, and so does an operator deleting ``/errors/{id}/{task}``
@@ -55,6 +58,7 @@ __all__ = [
     "TaskKey",
     "clear_task_errors",
     "describe_error",
+    "is_resource_exhaustion",
     "mark_task_recovered",
     "quarantine_cleared",
     "read_task_error",
@@ -90,10 +94,31 @@ class FailurePolicy(BaseModel):
         60.0, gt=0, description="A task running this long without failing has its failure count reset."
     )
     kept_errors: int = Field(10, ge=1, description="Most recent errors kept in /errors/{topology}/{task}.")
+    resource_backoff_s: float = Field(
+        5.0, gt=0, description="Longest wait between two tries of a task failing for a full disk (never quarantined)."
+    )
 
-    def backoff_s(self, failures: int) -> float:
-        """Wait after the ``failures``-th consecutive failure (1-based)."""
-        return min(self.max_backoff_s, self.initial_backoff_s * 2.0 ** max(failures - 1, 0))
+    def backoff_s(self, failures: int, *, resource: bool = False) -> float:
+        """Wait after the ``failures``-th consecutive failure (1-based); ``resource``: a full disk's."""
+        longest = min(self.max_backoff_s, self.resource_backoff_s) if resource else self.max_backoff_s
+        return min(longest, self.initial_backoff_s * 2.0 ** max(failures - 1, 0))
+
+
+#: What the operating system says when a machine is out of room (``strerror`` of ENOSPC, EDQUOT),
+#: found in a failure's reason, which for a query's failure is only text (it crossed Py4J).
+_RESOURCE_EXHAUSTION = ("No space left on device", "Disk quota exceeded")
+
+
+def is_resource_exhaustion(reason: str) -> bool:
+    """Whether a failure's ``reason`` says the machine ran out of disk space or quota.
+
+    Example:
+        >>> is_resource_exhaustion("TopicError: could not write x: [Errno 28] No space left on device")
+        True
+        >>> is_resource_exhaustion("ImportError: no module named 'mypkg'")
+        False
+    """
+    return any(text in reason for text in _RESOURCE_EXHAUSTION)
 
 
 @dataclass(frozen=True)
@@ -137,12 +162,18 @@ class FailureTracker:
         """Count a failure of ``key`` at ``now``; returns its new state."""
         self._running_since.pop(key, None)
         previous = self._failures.get(key)
-        failures = 1 if previous is None or previous.assigned_at != assigned_at else previous.failures + 1
-        quarantined = failures >= self.policy.quarantine_after
+        resource = is_resource_exhaustion(reason)
+        if previous is None or previous.assigned_at != assigned_at:
+            failures = 1
+        elif is_resource_exhaustion(previous.reason) and not resource:
+            failures = 1  # a full disk's failures do not count towards the quarantine of what fails after it
+        else:
+            failures = previous.failures + 1
+        quarantined = failures >= self.policy.quarantine_after and not resource
         failure = TaskFailure(
             failures=failures,
             reason=reason,
-            retry_at=float("inf") if quarantined else now + self.policy.backoff_s(failures),
+            retry_at=float("inf") if quarantined else now + self.policy.backoff_s(failures, resource=resource),
             quarantined=quarantined,
             assigned_at=assigned_at,
         )

@@ -66,6 +66,7 @@ from stream_ops.runtime.task_failures import (
     FailureTracker,
     TaskFailure,
     describe_error,
+    is_resource_exhaustion,
     mark_task_recovered,
     quarantine_cleared,
     record_task_failure,
@@ -466,7 +467,8 @@ class Worker:
 
     def _task_failed(self, key: tuple[str, int], assigned_at: float | None, reason: str) -> None:
         """Count a failure of ``key``: log it once, back off or quarantine, record it in ZooKeeper."""
-        failure = self._failures.failed(key, reason, now=time.monotonic(), assigned_at=assigned_at)
+        now = time.monotonic()
+        failure = self._failures.failed(key, reason, now=now, assigned_at=assigned_at)
         policy = self.settings.failures
         if failure.quarantined:
             wait_s = 0.0
@@ -481,13 +483,14 @@ class Worker:
                 key[1],
             )
         else:
-            wait_s = policy.backoff_s(failure.failures)
+            wait_s = failure.retry_at - now  # a full disk backs off less and is never quarantined
             logger.error(
-                "task %s/%d failed (%d of %d before quarantine): %s; next try in %g s",
+                "task %s/%d failed (%s): %s; next try in %g s",
                 key[0],
                 key[1],
-                failure.failures,
-                policy.quarantine_after,
+                "out of disk space: never quarantined, it starts again once there is room"
+                if is_resource_exhaustion(reason)
+                else f"{failure.failures} of {policy.quarantine_after} before quarantine",
                 reason,
                 wait_s,
             )

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from stream_ops.runtime.task_failures import FailurePolicy, FailureTracker, describe_error
+from stream_ops.runtime.task_failures import FailurePolicy, FailureTracker, describe_error, is_resource_exhaustion
 
 KEY = ("wordcount-db-3-1700000000", 4)
 OTHER = ("wordcount-1-1700000000", 0)
@@ -76,3 +76,34 @@ def test_retain_forgets_tasks_no_longer_assigned() -> None:
 def test_describe_error_is_one_bounded_line(error: BaseException, expected: str) -> None:
     assert describe_error(error) == expected
     assert len(describe_error(RuntimeError("x" * 5000))) == 1000
+
+
+FULL_DISK = "query failed: stream_ops.errors.TopicError: could not write x.jsonl: [Errno 28] No space left on device"
+
+
+def test_a_full_disk_backs_off_briefly_and_is_never_quarantined() -> None:
+    tracker = FailureTracker(FailurePolicy(quarantine_after=2, max_backoff_s=60.0, resource_backoff_s=5.0))
+    waits = []
+    for attempt in range(10):
+        failure = tracker.failed(KEY, FULL_DISK, now=attempt * 10.0, assigned_at=None)
+        waits.append(failure.retry_at - attempt * 10.0)
+        assert not failure.quarantined
+    assert waits[:4] == [1.0, 2.0, 4.0, 5.0] and max(waits) == 5.0
+    assert tracker.may_start(KEY, now=95.0, assigned_at=None)  # space came back: it starts again by itself
+    # Any other failure counts towards the quarantine, from one.
+    assert tracker.failed(KEY, "ImportError: no module named 'mypkg'", now=100.0, assigned_at=None).failures == 1
+    assert tracker.failed(KEY, "ImportError: no module named 'mypkg'", now=110.0, assigned_at=None).quarantined
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        (FULL_DISK, True),
+        ("StateStoreBehindError: IO error: No space left on device: While appending to file", True),
+        ("OSError: [Errno 122] Disk quota exceeded", True),
+        ("OperationalError: disk I/O error", False),
+        ("ImportError: no module named 'mypkg'", False),
+    ],
+)
+def test_resource_exhaustion_is_told_by_the_reason(reason: str, expected: bool) -> None:
+    assert is_resource_exhaustion(reason) is expected
