@@ -46,6 +46,7 @@ from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
+from stream_ops.topology.sink_paths import sink_owner
 
 if TYPE_CHECKING:
     from stream_ops.kafka.shuffle_options import KafkaShuffle
@@ -98,7 +99,7 @@ class StageOutputs:
                 self._kafka_shuffles[shuffle.to_stage] = layout.shuffle_delivery_topic(stage, to_stage)
         for output in stage.outputs:
             if isinstance(output, SinkSpec) and output.format == "parquet":
-                from stream_ops.sinks.parquet_sink import ParquetSink, sink_owner  # pyarrow, only for Parquet sinks
+                from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
 
                 assert output.path is not None
                 self._sinks[output.name] = ParquetSink(
@@ -110,7 +111,12 @@ class StageOutputs:
                 )
             elif isinstance(output, SinkSpec) and output.format == "topic":
                 assert output.path is not None and output.queues is not None
-                self._sinks[output.name] = FileTopic(output.path, output.queues, durable=layout.cluster.fsync)
+                self._sinks[output.name] = FileTopic(
+                    output.path,
+                    output.queues,
+                    durable=layout.cluster.fsync,
+                    owner=sink_owner(layout.topology_id, output.name),
+                )
             elif isinstance(output, SinkSpec) and output.format in ("function", "kafka"):
                 self._functions[output.name] = (layout.sink_delivery_topic(stage, output.name), output)
             elif isinstance(output, SinkSpec) and output.format == "print":

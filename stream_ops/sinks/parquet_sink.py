@@ -82,7 +82,8 @@ class ParquetSink:
         partition_by: Fields whose values become ``col=value`` directories.
         durable: fsync files and directories (turn off only for throwaway data).
         owner: Prefix of every file name: the runtime gives ``<topology id>.<sink name>``
-            (:func:`sink_owner`); None writes bare ``t-x-e`` names (one writer only).
+            (:func:`~stream_ops.topology.sink_paths.sink_owner`); None writes bare ``t-x-e``
+            names (one writer only).
     """
 
     def __init__(
@@ -225,16 +226,6 @@ class ParquetSink:
             path.unlink(missing_ok=True)
             removed += 1
         return removed
-
-
-def sink_owner(topology_id: str, sink_name: str) -> str:
-    """The file-name prefix of one sink of one submission: ``<topology id>.<sink name>``.
-
-    Example:
-        >>> batch_file_name(3, 12, 1, sink_owner("wordcount-4-1700000000", "out"))
-        'wordcount-4-1700000000.out.t00003-x000000000012-e000001.parquet'
-    """
-    return f"{topology_id}.{sink_name}"
 
 
 def _cell(value: Any, typ: str) -> Any:

@@ -248,6 +248,11 @@ class FileTopic:
     chained: bool = False
     """A shuffle: each JSON-lines file names its task's previous file in the queue, and commits
     record the last file per queue (see the module docstring). Never for a topic users read."""
+    owner: str | None = None
+    """Prefix of the batch files this writer stages and publishes (``<owner>.t-x-e.jsonl``): a
+    topology's ``to_topic`` sink gives ``<topology id>.<sink name>``, so a resubmission, whose
+    txids start again at 0, or another topology never writes a name already published. None for
+    the topics stream_ops owns (shuffles, state, dead letters), named by (task, txid, epoch)."""
     _chains: QueueChains = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -259,6 +264,14 @@ class FileTopic:
     @property
     def root(self) -> Path:
         return Path(self.path)
+
+    @property
+    def _prefix(self) -> str:
+        return f"{self.owner}." if self.owner else ""
+
+    def _batch_name(self, task_id: int, txid: int, epoch: int) -> str:
+        """The name of this writer's file of one batch: :func:`batch_file_name`, after its :attr:`owner`."""
+        return self._prefix + batch_file_name(task_id, txid, epoch)
 
     @property
     def output_id(self) -> str:
@@ -318,7 +331,7 @@ class FileTopic:
 
         The file is durable when this returns (unless the topic is not ``durable``).
         """
-        target = self.pending_path(queue) / batch_file_name(task_id, txid, epoch)
+        target = self.pending_path(queue) / self._batch_name(task_id, txid, epoch)
         if self.chained:
             records = with_previous_txid(records, self._chains.previous(task_id, txid, queue))
         write_json_lines_atomically(target, records, durable=self.durable)
@@ -327,7 +340,7 @@ class FileTopic:
     def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
         """Queue number (as text) -> size in bytes of each staged file of (task, txid, epoch):
         what a commit records; a chained topic adds its ``head:<queue>`` entries."""
-        name = batch_file_name(task_id, txid, epoch)
+        name = self._batch_name(task_id, txid, epoch)
         sizes: dict[str, int] = {}
         for queue in range(self.queues):
             try:
@@ -356,7 +369,7 @@ class FileTopic:
                 or has another size: the batch's output was lost (e.g. an OS crash on a mount
                 that ignored fsync) and must not be silently skipped.
         """
-        name = batch_file_name(task_id, txid, epoch)
+        name = self._batch_name(task_id, txid, epoch)
         moved = 0
         touched: list[Path] = []
         for queue, size in sorted(queue_sizes(expected).items()):
@@ -387,7 +400,8 @@ class FileTopic:
         removed = 0
         for queue in range(self.queues):
             for directory in (self.pending_path(queue), self.queue_path(queue)):
-                removed += _discard(directory, task_id, below_epoch, keep, staged=directory != self.queue_path(queue))
+                staged = directory != self.queue_path(queue)
+                removed += _discard(directory, task_id, below_epoch, keep, staged=staged, prefix=self._prefix)
         return removed
 
     # --- consumed batches: deleted by the queue's one reader once no replay needs them ------
@@ -480,13 +494,17 @@ class FileTopic:
                         yield file, line_no, record
 
 
-def _discard(directory: Path, task_id: int, below_epoch: int, keep: tuple[int, int] | None, *, staged: bool) -> int:
+def _discard(
+    directory: Path, task_id: int, below_epoch: int, keep: tuple[int, int] | None, *, staged: bool, prefix: str = ""
+) -> int:
     """Remove from ``directory`` the temp files (and, when ``staged``, the batch files) of
-    ``task_id`` with an epoch below ``below_epoch``, except ``keep``."""
+    ``task_id`` with an epoch below ``below_epoch``, except ``keep``; only files named with
+    ``prefix`` (a writer's own)."""
     removed = 0
     for path in _entries(directory):
         temp = _TEMP_FILE.match(path.name)
-        found = parse_batch_file_name(temp["name"] if temp else path.name)
+        name = temp["name"] if temp else path.name
+        found = parse_batch_file_name(name.removeprefix(prefix)) if name.startswith(prefix) else None
         if found is None or found.task_id != task_id or found.epoch >= below_epoch:
             continue
         if temp is None and (not staged or (found.txid, found.epoch) == keep):

@@ -1082,8 +1082,9 @@ class Stream:
         """Write the stream into ``topic`` (JSON lines) for another topology to read as a source.
 
         A batch's records are spread over the topic's queues by a hash of each record and
-        published after the batch commits. One topology should write a topic: the files are
-        named by task and txid, which another topology's tasks would repeat.
+        published after the batch commits, as files named by the submission, the sink, and
+        (task, txid, epoch), so a resubmission never reuses a published name. No other sink of
+        this topology, or of a running one, may write the same directory (refused, naming both).
         """
         what = self._what("to_topic")
         if not isinstance(topic, FileTopic):

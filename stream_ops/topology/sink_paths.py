@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stream_ops.topology.plan import Plan
 
-__all__ = ["FILE_SINK_FORMATS", "clashes", "sink_directory", "sink_directories"]
+__all__ = ["FILE_SINK_FORMATS", "clashes", "sink_directories", "sink_directory", "sink_owner"]
 
 #: Sink formats that write files under a directory of their own.
 FILE_SINK_FORMATS = frozenset({"parquet", "topic"})
@@ -33,6 +33,20 @@ FILE_SINK_FORMATS = frozenset({"parquet", "topic"})
 def sink_directory(path: str | os.PathLike[str]) -> Path:
     """The directory a file sink at ``path`` writes, absolute, symlinks resolved as far as they exist."""
     return Path(path).expanduser().resolve(strict=False)
+
+
+def sink_owner(topology_id: str, sink_name: str) -> str:
+    """The prefix of a file sink's file names for one submission: ``<topology id>.<sink name>``.
+
+    A resubmitted topology's txids start again at 0: without the prefix its first batch would
+    have the name of the previous submission's, already published (and a file of the same size
+    would be taken for it).
+
+    Example:
+        >>> sink_owner("wordcount-4-1700000000", "out")
+        'wordcount-4-1700000000.out'
+    """
+    return f"{topology_id}.{sink_name}"
 
 
 def clashes(a: Path, b: Path) -> bool:
