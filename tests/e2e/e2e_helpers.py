@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +40,19 @@ def wait_for(condition: Callable[[], T], timeout_s: float, what: str, poll_s: fl
             return found
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    """POST a GraphQL ``query`` to the Dagster webserver at ``url``; its ``data`` (no ``errors`` allowed)."""
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = json.loads(response.read())
+    assert "errors" not in body, body
+    return body["data"]
 
 
 def read_parquet(path: Path, columns: str) -> list[tuple]:

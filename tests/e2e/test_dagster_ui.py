@@ -35,13 +35,13 @@ import select
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import graphql
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -230,18 +230,6 @@ def click_and_capture(url: str, profile: Path, button: str, wanted: tuple[str, .
         )
     finally:
         browser.close()
-
-
-def graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{url}/graphql",
-        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        body = json.loads(response.read())
-    assert "errors" not in body, body
-    return body["data"]
 
 
 RUNS_QUERY = """

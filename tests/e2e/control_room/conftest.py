@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,11 @@ from stream_ops.local_stack import WorkerProcess
 from stream_ops.nimbus.assignment import live_workers
 from stream_ops.ports import free_port
 from stream_ops.runtime.processes import spawn, stop_process, worker_command
+
+# The scenarios share tests/e2e's helpers (e2e_helpers), also when this folder runs alone.
+E2E_DIR = str(Path(__file__).resolve().parents[1])
+if E2E_DIR not in sys.path:
+    sys.path.insert(0, E2E_DIR)
 
 #: Secret-looking variables a worker must never show to topology code (values are unique per run).
 PLANTED_SECRETS = ("DAGSTER_PG_PASSWORD", "STREAM_OPS_ZK_AUTH", "STREAM_OPS_QUERY_TOKEN")

@@ -15,7 +15,6 @@ any client that reaches the port could:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import SecuredCluster
+from e2e_helpers import graphql
 
 from stream_ops.ports import free_port
 from stream_ops.runtime.processes import stop_process
@@ -86,18 +86,6 @@ class RecordingProxy:
 
     def close(self) -> None:
         self._listener.close()
-
-
-def graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{url}/graphql",
-        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        body = json.loads(response.read())
-    assert "errors" not in body, body
-    return body["data"]
 
 
 def launch(url: str, job: str, run_config: dict[str, Any]) -> dict[str, Any]:
