@@ -8,16 +8,11 @@ since a file name is per (task, txid, epoch). Partial aggregates go to a keyed s
 files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`) when its plan says so
 (``StageSpec.shuffle_format``), else as JSON lines like whole records.
 
-Three sinks act after the publish: a function sink calls the user's function with each
-published batch and deletes it once the function returned (so a crash in between calls it
-again with the same txid and records); a Kafka sink delivers each published batch the same
-way, in one Kafka transaction whose progress record makes a second delivery of a txid a no-op
-(:mod:`stream_ops.kafka.sink`); and ``print`` logs each published batch's records, also through
-a :class:`~stream_ops.topics.delivery_topic.DeliveryTopic`, so a batch committed by an owner that
-died before logging it is logged by the next owner, once. Only the owner logs: it logs no batch
-above the txid it committed (a newer owner's) and checks it still owns the task before it logs.
-A crash after the lines were logged and before the batch was marked delivered logs them again
-(the window of one marker write): to the log, ``print`` is at least once per txid.
+Sinks are written by their kinds (:mod:`stream_ops.sinks`): per sink, the task's
+:class:`~stream_ops.sinks.SinkWriter` stages the batch's records and, after the publish,
+delivers what the published batches owe (a function sink calls the user's function, a Kafka
+sink writes one transaction per batch, ``print`` logs the lines, only as the verified owner and
+after the fenced deliveries).
 
 With the shuffle kept in Kafka (the topology's conf, :class:`~stream_ops.kafka.shuffle_options.KafkaShuffle`)
 a shuffle is delivered like a Kafka sink: the batch's rows for every queue of the downstream stage
@@ -38,23 +33,19 @@ from stream_ops.layout import TopologyLayout
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.windows import event_time_of
 from stream_ops.runtime.stage_processors import progress_row
-from stream_ops.sinks import ParquetSink
+from stream_ops.sinks import AfterPublish, SinkContext, SinkWriter
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.shuffle_files import PartialsShuffle
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
-from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
-from stream_ops.topology.sink_paths import sink_owner
 
 if TYPE_CHECKING:
     from stream_ops.kafka.shuffle_options import KafkaShuffle
     from stream_ops.kafka.shuffle_writer import ShuffleWriter
-    from stream_ops.kafka.sink import KafkaSinkWriter
 
 logger = logging.getLogger(__name__)
-print_logger = logging.getLogger("stream_ops.print")
 
 Record = dict[str, Any]
 Partial = tuple[str, Any]
@@ -78,12 +69,8 @@ class StageOutputs:
         plans stored before Parquet shuffles)."""
         self._partial_shuffles: dict[int, PartialsShuffle] = {}
         """Downstream stage index -> its Parquet partials files (``shuffle_format`` parquet)."""
-        self._sinks: dict[str, StagedOutput] = {}
-        self._functions: dict[str, tuple[DeliveryTopic, SinkSpec]] = {}
-        """Sinks whose published batches are delivered after the publish: functions and Kafka."""
-        self._prints: dict[str, DeliveryTopic] = {}
-        """``print`` sinks: each batch's lines (records as JSON text), logged after the publish."""
-        self._kafka_writers: dict[str, KafkaSinkWriter] = {}
+        self._sinks: dict[str, SinkWriter] = {}
+        """Sink name -> this task's writer of it (a sink tapped twice in the stage is one writer)."""
         self.kafka_shuffle = kafka_shuffle
         self._kafka_shuffles: dict[int, DeliveryTopic] = {}
         """Downstream stage index -> the staged batches of the shuffle into it (Kafka shuffle only)."""
@@ -97,30 +84,10 @@ class StageOutputs:
                 self._shuffles[shuffle.to_stage] = layout.shuffle_topic(to_stage)
             else:
                 self._kafka_shuffles[shuffle.to_stage] = layout.shuffle_delivery_topic(stage, to_stage)
-        for output in stage.outputs:
-            if isinstance(output, SinkSpec) and output.format == "parquet":
-                from stream_ops.sinks import ParquetSink  # pyarrow writer, only for stages with a Parquet sink
-
-                assert output.path is not None
-                self._sinks[output.name] = ParquetSink(
-                    output.path,
-                    output.fields,
-                    partition_by=output.partition_by,
-                    durable=layout.cluster.fsync,
-                    owner=sink_owner(layout.topology_id, output.name),
-                )
-            elif isinstance(output, SinkSpec) and output.format == "topic":
-                assert output.path is not None and output.queues is not None
-                self._sinks[output.name] = FileTopic(
-                    output.path,
-                    output.queues,
-                    durable=layout.cluster.fsync,
-                    owner=sink_owner(layout.topology_id, output.name),
-                )
-            elif isinstance(output, SinkSpec) and output.format in ("function", "kafka"):
-                self._functions[output.name] = (layout.sink_delivery_topic(stage, output.name), output)
-            elif isinstance(output, SinkSpec) and output.format == "print":
-                self._prints[output.name] = layout.sink_delivery_topic(stage, output.name)
+        context = SinkContext(layout=layout, stage=stage, task=task)
+        for sink in stage.outputs_of(SinkSpec):
+            if sink.name not in self._sinks:
+                self._sinks[sink.name] = sink.sink_kind.writer(sink, context)
 
     def staged_outputs(self) -> list[StagedOutput]:
         """Every output this task stages files in (the dead-letter topic included)."""
@@ -128,9 +95,8 @@ class StageOutputs:
         outputs += self._shuffles.values()
         outputs += self._partial_shuffles.values()
         outputs += self._kafka_shuffles.values()
-        outputs += self._sinks.values()
-        outputs += [topic for topic, _ in self._functions.values()]
-        outputs += self._prints.values()
+        for writer in self._sinks.values():
+            outputs += writer.staged_outputs()
         return outputs
 
     # --- step 3 --------------------------------------------------------------------------------
@@ -227,21 +193,7 @@ class StageOutputs:
     def _stage_sink(self, name: str, txid: int, epoch: int, batch: list[Record]) -> int:
         if not batch:
             return 0
-        task_id = self.task.task_id
-        sink = self._sinks.get(name)
-        if isinstance(sink, ParquetSink):
-            sink.stage_batch(task_id, txid, epoch, batch)
-        elif isinstance(sink, FileTopic):
-            by_queue: dict[int, list[Record]] = defaultdict(list)
-            for record in batch:
-                by_queue[partition_for([json.dumps(record, sort_keys=True, default=str)], sink.queues)].append(record)
-            for queue, lines in sorted(by_queue.items()):
-                sink.stage_batch(queue, task_id, txid, epoch, lines)
-        elif name in self._functions:
-            self._functions[name][0].stage_batch(self.task.queue, task_id, txid, epoch, batch)
-        else:  # print: the lines as they are logged (any record prints, JSON or not), logged once committed
-            texts = [json.dumps(record, default=str) for record in batch]
-            self._prints[name].stage_batch(self.task.queue, task_id, txid, epoch, texts)
+        self._sinks[name].stage_batch(txid, epoch, batch)
         return len(batch)
 
     def _partials_of(self, index: int, records: list[Record], dead: list[Record]) -> list[Partial]:
@@ -281,44 +233,10 @@ class StageOutputs:
         """
         for to_stage, shuffle_topic in self._kafka_shuffles.items():
             self._deliver_shuffle(to_stage, shuffle_topic, epoch)
-        for topic, spec in self._functions.values():
-            self._deliver(topic, spec, epoch)
-        verified = verify_owner is None
-        for name, topic in self._prints.items():
-            verified = self._print(name, topic, committed_txid, epoch, verify_owner, verified=verified)
-
-    def _print(
-        self,
-        name: str,
-        topic: DeliveryTopic,
-        committed_txid: int,
-        epoch: int | None,
-        verify_owner: Callable[[], object] | None,
-        *,
-        verified: bool,
-    ) -> bool:
-        """Log the lines of the ``print`` sink ``name``'s published batches up to ``committed_txid``
-        not logged yet, each marked delivered once logged; returns whether the owner was verified."""
-        queue, task_id = self.task.queue, self.task.task_id
-        for txid, lines in topic.undelivered(queue, task_id):
-            if txid > committed_txid:
-                break
-            if not verified:
-                assert verify_owner is not None
-                verify_owner()
-                verified = True
-            for line in lines:
-                print_logger.info("%s task %d txid %d: %s", name, task_id, txid, line)
-            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
-        return verified
-
-    def _deliver(self, topic: DeliveryTopic, spec: SinkSpec, epoch: int | None) -> None:
-        queue, task_id = self.task.queue, self.task.task_id
-        deliver = self._kafka_delivery(spec) if spec.format == "kafka" else self._function_delivery(spec)
-        for txid, records in topic.undelivered(queue, task_id):
-            deliver(txid, records)
-            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
-            logger.debug("sink %s: txid %d of task %d delivered", spec.name, txid, task_id)
+        publish = AfterPublish(committed_txid=committed_txid, epoch=epoch, verify_owner=_once(verify_owner))
+        # Fenced deliveries (functions, Kafka) first, then what no marker fences (the log).
+        for writer in sorted(self._sinks.values(), key=lambda w: w.delivers_unfenced):
+            writer.after_publish(publish)
 
     def _deliver_shuffle(self, to_stage: int, topic: DeliveryTopic, epoch: int | None) -> None:
         """Deliver this task's published, undelivered shuffle batches into ``to_stage``'s topic.
@@ -349,33 +267,21 @@ class StageOutputs:
     def close(self) -> None:
         """Close the Kafka producers of this task's shuffles and sinks (none is mid-transaction
         between batches)."""
-        writers: list[Any] = [*self._shuffle_writers.values(), *self._kafka_writers.values()]
-        for writer in writers:
+        for writer in self._shuffle_writers.values():
             writer.close()
+        for sink in self._sinks.values():
+            sink.close()
 
-    def _function_delivery(self, spec: SinkSpec) -> Callable[[int, list[Record]], object]:
-        assert spec.function is not None
-        fn: Callable[..., Any] = resolve_function(spec.function, scope=spec.code)
-        queue = self.task.queue
 
-        def deliver(txid: int, records: list[Record]) -> None:
-            if spec.arity == 3:
-                fn(txid, records, queue)
-            else:
-                fn(txid, records)
+def _once(verify_owner: Callable[[], object] | None) -> Callable[[], None]:
+    """``verify_owner`` called at most once (None: nothing to verify)."""
+    verified = verify_owner is None
 
-        return deliver
+    def verify() -> None:
+        nonlocal verified
+        if not verified:
+            assert verify_owner is not None
+            verify_owner()
+            verified = True
 
-    def _kafka_delivery(self, spec: SinkSpec) -> Callable[[int, list[Record]], object]:
-        """The task's writer of a Kafka sink, started (so a new owner fences the old one's
-        producer) at its first delivery pass, even with nothing to deliver."""
-        writer = self._kafka_writers.get(spec.name)
-        if writer is None:
-            from stream_ops.kafka.sink import KafkaSinkWriter  # confluent-kafka, only for tasks with a Kafka sink
-
-            assert spec.kafka is not None
-            writer = KafkaSinkWriter(spec.kafka, topology_id=self.layout.topology_id, sink=spec.name, task_id=self.task.task_id)
-            self._kafka_writers[spec.name] = writer
-        if writer.delivered_txid is None:
-            writer.start()
-        return writer.deliver
+    return verify

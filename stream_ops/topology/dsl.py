@@ -29,6 +29,7 @@ from stream_ops.errors import TopologyDefinitionError
 from stream_ops.kafka.sink_options import DEFAULT_ID_PREFIX, DEFAULT_PROGRESS_TOPIC, kafka_sink_spec
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
 from stream_ops.operators.windows import WindowDef
+from stream_ops.sinks.base import sink_kind
 from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topology.definition_checks import check_name as _check_name
@@ -37,7 +38,7 @@ from stream_ops.topology.definition_checks import state_type as _state_type
 from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
 from stream_ops.topology.queue_counts import LaterCount, QueueCount, largest
-from stream_ops.topology.sink_paths import FILE_SINK_FORMATS, clashes, sink_directory
+from stream_ops.topology.sink_paths import clashes, sink_directory
 
 if TYPE_CHECKING:
     from stream_ops.topology.windowed import WindowedStream, WindowNode
@@ -1106,7 +1107,7 @@ class Stream:
         ref = function_ref(fn, what=what)
         arity = _positional_arity(fn, what)
         queues = largest(tap.segment.queues for tap in self._taps)
-        # A count learned when the plan is built is checked then (plan.py:check_function_sinks).
+        # A count learned when the plan is built is checked then (plan.py:_check_sink_tasks).
         if arity == 2 and (len(self._taps) > 1 or (isinstance(queues, int) and queues > 1)):
             raise TopologyDefinitionError(
                 f"{what}: {ref} takes (txid, records), but this stream is written by several tasks whose txids repeat; "
@@ -1173,9 +1174,42 @@ class Stream:
         )
         self._add_sink(what, name, {"format": "kafka", "kafka": spec.model_dump()})
 
+    def to_sink(
+        self,
+        kind: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Write the stream into a sink of a registered kind (:func:`stream_ops.sinks.register_sink_kind`).
+
+        The built-in kinds have their own methods (``to_parquet``, ``to_topic``, ``sink``,
+        ``print``, ``to_kafka``); this one is for kinds registered by a package or a test. The
+        kind checks the spec when the plan is built.
+
+        Args:
+            kind: the kind's name (the spec's ``format``).
+            path: the directory a kind that writes files under one of its own uses (no other
+                sink may share it).
+            options: the kind's settings (JSON values only; they go into the plan).
+            name: the sink's name (default ``<stage>-<kind>``).
+
+        Raises:
+            TopologyDefinitionError: no kind of that name is registered, or it needs a path.
+        """
+        what = self._what("to_sink")
+        if sink_kind(kind).writes_directory and path is None:
+            raise TopologyDefinitionError(f"{what}: a {kind} sink writes a directory of its own; give path=")
+        spec: dict[str, Any] = {"format": kind, "options": dict(options or {})}
+        if path is not None:
+            spec["path"] = os.fspath(path)
+        self._add_sink(what, name, spec)
+
     def _add_sink(self, what: str, name: str | None, spec: dict[str, Any]) -> None:
         sink_name = _check_name("sink", name or f"{self._segment.name}-{spec['format']}")
-        self._topology._add_sink(sink_name, what, spec["path"] if spec["format"] in FILE_SINK_FORMATS else None)
+        writes_directory = sink_kind(spec["format"]).writes_directory
+        self._topology._add_sink(sink_name, what, spec["path"] if writes_directory else None)
         self._connect({"kind": "sink", "name": sink_name, "fields": dict(self._fields), **spec}, what)
 
 

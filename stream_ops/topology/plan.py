@@ -17,10 +17,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.kafka.sink_options import KafkaSinkSpec
+from stream_ops.sinks.base import SinkKind, sink_kind
 from stream_ops.sources import SourceSpec, source_kind
 from stream_ops.topology.code_scope import CodeScope
 from stream_ops.topology.dsl import Segment, Topology
@@ -107,9 +117,6 @@ class PersistSpec(_Frozen):
     """Where the emitted records go (the stage of the state's ``new_values()``), if used."""
 
 
-SinkFormat = Literal["parquet", "topic", "function", "print", "kafka"]
-
-
 class SinkSpec(_Frozen):
     """Where a stream's records leave the topology, exactly once per txid.
 
@@ -119,12 +126,14 @@ class SinkSpec(_Frozen):
     ``arity`` 2 for ``fn(txid, records)`` or 3 for ``fn(txid, records, partition)``);
     ``print``: records to the worker log after each commit; ``kafka``: each committed batch in
     one Kafka transaction (``kafka`` holds the options, see :mod:`stream_ops.kafka.sink`).
+    ``format`` is a registered sink kind (:func:`stream_ops.sinks.sink_kind`), which checks the
+    spec; a kind's own settings beyond these fields go in ``options`` (JSON values only).
     """
 
     kind: Literal["sink"] = "sink"
     tap: int | None = None
     name: str
-    format: SinkFormat
+    format: str
     fields: dict[str, str]
     path: str | None = None
     partition_by: tuple[str, ...] = ()
@@ -132,8 +141,33 @@ class SinkSpec(_Frozen):
     function: str | None = None
     arity: int = 2
     kafka: KafkaSinkSpec | None = None
+    options: dict[str, JsonValue] = {}
     code: CodeScope | None = Field(None, exclude=True)
     """The verified archive ``function`` resolves in (set by a worker, never in plan.json)."""
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        sink_kind(name)
+        return name
+
+    @model_validator(mode="after")
+    def _checked_by_kind(self) -> SinkSpec:
+        self.sink_kind.check_spec(self)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Plans of the built-in sinks keep the JSON they had before ``options`` existed.
+        data: dict[str, Any] = handler(self)
+        if not self.options:
+            data.pop("options", None)
+        return data
+
+    @property
+    def sink_kind(self) -> SinkKind:
+        """The registered kind of this sink (its ``format``)."""
+        return sink_kind(self.format)
 
 
 OutputSpec = Annotated[ShuffleSpec | RecordsSpec | PersistSpec | SinkSpec, Field(discriminator="kind")]
@@ -591,7 +625,7 @@ def build_plan(topology: Topology) -> Plan:
         )
     learned = _Learned(topology)
     stages = tuple(_stage(segment, topology, learned) for segment in segments)
-    _check_function_sinks(topology, stages)
+    _check_sink_tasks(topology, stages)
     tasks: list[TaskSpec] = []
     for stage in stages:
         for queue in range(stage.queues):
@@ -603,15 +637,16 @@ def build_plan(topology: Topology) -> Plan:
     return Plan(topology=topology.name, stages=stages, tasks=tuple(tasks), queries=queries, states=states)
 
 
-def _check_function_sinks(topology: Topology, stages: tuple[StageSpec, ...]) -> None:
-    """Refuse a ``fn(txid, records)`` sink on a stage of several tasks, whose txids repeat (the
-    DSL refuses it when defined; this is for counts learned when the plan is built)."""
+def _check_sink_tasks(topology: Topology, stages: tuple[StageSpec, ...]) -> None:
+    """Let each sink's kind refuse the number of tasks writing it, e.g. a ``fn(txid, records)``
+    sink on a stage of several tasks, whose txids repeat (the DSL refuses it when defined; this
+    is for counts learned when the plan is built)."""
     for stage in stages:
         for output in stage.outputs:
-            if isinstance(output, SinkSpec) and output.format == "function" and output.arity == 2 and stage.queues > 1:
-                segment = topology.segments[stage.index]
-                raise TopologyDefinitionError(
-                    f"topology {topology.name!r}: sink {output.name!r}: {output.function} takes (txid, records), but stage "
-                    f"{stage.name!r} runs {stage.queues} tasks ({segment.queues}) whose txids repeat; take a third "
-                    "parameter, partition, and write idempotently by (partition, txid)"
+            if isinstance(output, SinkSpec):
+                output.sink_kind.check_tasks(
+                    output,
+                    stage.queues,
+                    what=f"topology {topology.name!r}: sink {output.name!r}",
+                    writers=f"stage {stage.name!r} runs {stage.queues} tasks ({topology.segments[stage.index].queues})",
                 )

@@ -1,7 +1,8 @@
 """Which directory each file sink writes, and whether two sinks would write the same files.
 
 A ``to_parquet`` sink owns its directory (its batch files, ``_staging/`` and ``_committed/``)
-and a ``to_topic`` sink its topic's queue directories. Two sinks on one directory, or on
+and a ``to_topic`` sink its topic's queue directories: every sink whose kind
+``writes_directory`` (:class:`stream_ops.sinks.SinkKind`). Two sinks on one directory, or on
 directories one inside the other, would read or overwrite each other's files (a reader of a
 Parquet sink reads every ``*.parquet`` below its root). So a topology refuses a second sink on
 a directory another of its sinks uses (when the sink is defined) and a submit refuses one a
@@ -24,10 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stream_ops.topology.plan import Plan
 
-__all__ = ["FILE_SINK_FORMATS", "clashes", "sink_directories", "sink_directory", "sink_owner"]
-
-#: Sink formats that write files under a directory of their own.
-FILE_SINK_FORMATS = frozenset({"parquet", "topic"})
+__all__ = ["clashes", "sink_directories", "sink_directory", "sink_owner"]
 
 
 def sink_directory(path: str | os.PathLike[str]) -> Path:
@@ -60,7 +58,7 @@ def sink_directories(plan: Plan) -> Iterator[tuple[str, Path]]:
     seen: set[str] = set()
     for stage in plan.stages:
         for output in stage.outputs:
-            if output.kind != "sink" or output.format not in FILE_SINK_FORMATS or output.path is None:
+            if output.kind != "sink" or not output.sink_kind.writes_directory or output.path is None:
                 continue
             if output.name in seen:
                 continue
