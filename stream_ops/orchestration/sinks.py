@@ -1,8 +1,10 @@
 """Dagster assets of a topology's sinks, and the materializations the heartbeat sensor records.
 
-Every sink of a plan (``to_parquet``, ``to_topic``, ``to_kafka``, ``sink``, ``print``) is an external asset
-(:class:`dagster.AssetSpec`) downstream of the stream assets of the stages that write it, so
-the lineage graph runs from sources to sinks. A Parquet sink is *materialized* by the
+Every sink of a plan (``to_parquet``, ``to_topic``, ``to_kafka``, ``sink``, ``print``, any
+registered kind) is an external asset (:class:`dagster.AssetSpec`) downstream of the stream
+assets of the stages that write it, so the lineage graph runs from sources to sinks. Its kinds,
+description and metadata come from its sink kind (:meth:`stream_ops.sinks.SinkKind.asset`);
+its key and group from the translator. A Parquet sink is *materialized* by the
 heartbeat sensor whenever a task committed new files: the metadata gives the committed rows
 and files, the last txid per task and a preview of the newest file, read from the sink's
 ``_committed`` markers (only committed files count). A Kafka sink's asset (kind ``kafka``) names
@@ -14,7 +16,7 @@ other Dagster modules (Dagster reads annotations of decorated functions at defin
 """
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,28 @@ from stream_ops.kafka.sink_options import KafkaSinkSpec
 from stream_ops.orchestration.markdown import cell
 from stream_ops.orchestration.markdown import table as markdown_table
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.sinks import committed_files, committed_markers
+from stream_ops.sinks import AssetMetadata, committed_files, committed_markers
+from stream_ops.sinks.kafka import kafka_asset_metadata
 from stream_ops.topology.plan import Plan, SinkSpec
 
-__all__ = ["ParquetSinkWatch", "kafka_sink_metadata", "observe_parquet_sinks", "parquet_sink_metadata", "sink_asset_specs"]
+__all__ = [
+    "ParquetSinkWatch",
+    "dagster_metadata",
+    "kafka_sink_metadata",
+    "observe_parquet_sinks",
+    "parquet_sink_metadata",
+    "sink_asset_specs",
+]
 
 logger = logging.getLogger(__name__)
 
-_KINDS = {"parquet": {"parquet"}, "topic": {"file"}, "function": {"python"}, "print": {"python"}, "kafka": {"kafka"}}
 _PREVIEW_ROWS = 5
+_METADATA_VALUES: dict[str, Callable[[Any], dg.MetadataValue]] = {
+    "text": dg.MetadataValue.text,
+    "path": dg.MetadataValue.path,
+    "int": dg.MetadataValue.int,
+    "json": dg.MetadataValue.json,
+}
 
 
 @dataclass(frozen=True)
@@ -57,33 +72,35 @@ def sink_asset_specs(plan: Plan, translator: StreamOpsTranslator) -> tuple[list[
     watches: list[ParquetSinkWatch] = []
     for name, sink in sinks.items():
         key = translator.sink_asset_key(plan.topology, name)
-        where = f" at `{sink.path}`" if sink.path else ""
-        if sink.kafka is not None:
-            where = f" into Kafka topic `{sink.kafka.topic}` on `{sink.kafka.bootstrap}`"
+        asset = sink.sink_kind.asset(sink)
         specs.append(
             dg.AssetSpec(
                 key=key,
                 deps=[translator.stream_asset_key(plan.topology, stage) for stage in dict.fromkeys(writers[name])],
                 description=(
-                    f"The {sink.format} sink `{name}` of topology `{plan.topology}`{where}, written by stage(s) "
+                    f"The {sink.format} sink `{name}` of topology `{plan.topology}`{asset.where}, written by stage(s) "
                     f"{', '.join(dict.fromkeys(writers[name]))} exactly once per committed batch."
                 ),
                 group_name=translator.group_name(plan.topology),
-                kinds=_KINDS.get(sink.format, set()),
+                kinds=set(asset.kinds),
                 metadata={
                     "stream_ops/topology": dg.MetadataValue.text(plan.topology),
                     "stream_ops/sink_format": dg.MetadataValue.text(sink.format),
-                    **({"stream_ops/path": dg.MetadataValue.path(sink.path)} if sink.path else {}),
-                    **(kafka_sink_metadata(sink.kafka) if sink.kafka is not None else {}),
+                    **dagster_metadata(asset.metadata),
                     "stream_ops/schema": dg.MetadataValue.table_schema(
                         dg.TableSchema(columns=[dg.TableColumn(name=f, type=t) for f, t in sink.fields.items()])
                     ),
                 },
             )
         )
-        if sink.format == "parquet" and sink.path is not None:
-            watches.append(ParquetSinkWatch(asset_key=key, path=sink.path))
+        if asset.committed_files_at is not None:
+            watches.append(ParquetSinkWatch(asset_key=key, path=asset.committed_files_at))
     return specs, watches
+
+
+def dagster_metadata(entries: Mapping[str, AssetMetadata]) -> dict[str, dg.MetadataValue]:
+    """A sink kind's plain metadata (:class:`~stream_ops.sinks.AssetMetadata`) as Dagster's."""
+    return {key: _METADATA_VALUES[entry.type](entry.value) for key, entry in entries.items()}
 
 
 def kafka_sink_metadata(spec: KafkaSinkSpec) -> dict[str, Any]:
@@ -95,18 +112,7 @@ def kafka_sink_metadata(spec: KafkaSinkSpec) -> dict[str, Any]:
         >>> meta["stream_ops/kafka_topic"].value, meta["stream_ops/kafka_client_settings"].value
         ('out', ['sasl.password'])
     """
-    metadata: dict[str, Any] = {
-        "stream_ops/kafka_topic": dg.MetadataValue.text(spec.topic),
-        "stream_ops/kafka_bootstrap": dg.MetadataValue.text(spec.bootstrap),
-        "stream_ops/kafka_progress_topic": dg.MetadataValue.text(spec.progress_topic),
-        "stream_ops/kafka_transactional_id_prefix": dg.MetadataValue.text(spec.transactional_id_prefix),
-        "stream_ops/kafka_key_field": dg.MetadataValue.text(spec.key or "(none)"),
-        "stream_ops/kafka_value_field": dg.MetadataValue.text(spec.value or "(the record as JSON)"),
-        "stream_ops/kafka_client_settings": dg.MetadataValue.json(sorted(spec.config)),
-    }
-    if spec.partitions is not None:
-        metadata["stream_ops/kafka_partitions"] = dg.MetadataValue.int(spec.partitions)
-    return metadata
+    return dagster_metadata(kafka_asset_metadata(spec))
 
 
 def parquet_sink_metadata(path: str | Path) -> dict[str, Any] | None:

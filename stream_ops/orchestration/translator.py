@@ -66,7 +66,7 @@ def stage_summary(stage: StageSpec) -> str:
         elif isinstance(output, PersistSpec):
             parts.append(f"persists into `{output.name}`")
         else:
-            parts.append(f"writes the {output.format} sink `{output.name}`")
+            parts.append(output.sink_kind.summary(output))
     return ", ".join(parts)
 
 
