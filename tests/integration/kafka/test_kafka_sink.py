@@ -158,10 +158,10 @@ def test_a_crash_after_the_kafka_commit_before_the_delivered_marker_is_not_deliv
     a.process_batch(_batch(spark, BATCHES[0]), 0)
     real_mark = DeliveryTopic.mark_delivered
 
-    def crash_before_marker(topic: DeliveryTopic, queue: int, task_id: int, txid: int) -> None:
+    def crash_before_marker(topic: DeliveryTopic, queue: int, task_id: int, txid: int, *, epoch: int | None = None) -> bool:
         if txid == 1:
             raise SimulatedCrashError("after the Kafka commit, before the marker")
-        real_mark(topic, queue, task_id, txid)
+        return real_mark(topic, queue, task_id, txid, epoch=epoch)
 
     monkeypatch.setattr(DeliveryTopic, "mark_delivered", crash_before_marker)
     with pytest.raises(SimulatedCrashError):
