@@ -32,6 +32,7 @@ import dagster as dg
 from stream_ops.nimbus.status import TaskStatus
 from stream_ops.orchestration.checks import CheckOutcome
 from stream_ops.orchestration.translator import StreamOpsTranslator
+from stream_ops.sources import source_kind
 from stream_ops.topology.plan import Plan
 
 __all__ = [
@@ -53,8 +54,6 @@ __all__ = [
 CONSUMER_LAG = "consumer_lag"
 #: Records a topology may be behind on a topic (all partitions) before the check fails.
 DEFAULT_CONSUMER_LAG_THRESHOLD = 10_000
-
-_KAFKA_KIND = "kafka_topic"
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,9 @@ class KafkaSourceWatch:
 def kafka_source_watches(
     plan: Plan, translator: StreamOpsTranslator, *, threshold: int = DEFAULT_CONSUMER_LAG_THRESHOLD
 ) -> list[KafkaSourceWatch]:
-    """One watch per Kafka source stage of ``plan`` that has a source asset, in stage order.
+    """One watch per source stage of ``plan`` whose kind has a
+    :meth:`~stream_ops.sources.SourceKind.lag_watch` (a Kafka topic) and that has a source asset,
+    in stage order.
 
     Raises:
         ValueError: ``threshold`` is below 1.
@@ -99,24 +100,22 @@ def kafka_source_watches(
     watches: list[KafkaSourceWatch] = []
     for stage in plan.stages:
         source = stage.source
-        if source is None or source.kind != _KAFKA_KIND:
+        if source is None:
             continue
-        key = translator.source_asset_key(plan.topology, source)
-        if key is None:
+        watch = source_kind(source.kind).lag_watch(source)
+        key = translator.source_asset_key(plan.topology, source) if watch is not None else None
+        if watch is None or key is None:
             continue
-        config = source.options.get("client_config")
-        if not isinstance(config, Mapping):
-            config = {}
         watches.append(
             KafkaSourceWatch(
                 asset_key=key,
                 topology_name=plan.topology,
                 stage_name=stage.name,
-                bootstrap=str(source.options.get("bootstrap")),
-                topic=str(source.options.get("topic")),
+                bootstrap=watch.bootstrap,
+                topic=watch.topic,
                 partitions=source.known_queues(),
-                client_config=tuple(sorted((str(k), str(v)) for k, v in config.items())),
-                from_earliest=source.options.get("starting_offsets", "earliest") == "earliest",
+                client_config=watch.client_config,
+                from_earliest=watch.from_earliest,
                 threshold=threshold,
             )
         )

@@ -1,7 +1,9 @@
 """Source assets: what a topology reads, upstream of its source stages in the asset graph.
 
 Each source stage reads a Kafka topic, a FileTopic or a directory of landed files. Each of
-those is an external asset (:class:`dagster.AssetSpec`, nothing materializes it), keyed by the
+those is an external asset (:class:`dagster.AssetSpec`, nothing materializes it) whose kinds,
+description and metadata come from its source kind (:meth:`stream_ops.sources.SourceKind.asset`,
+plain data), keyed by the
 translator (:meth:`~stream_ops.orchestration.translator.StreamOpsTranslator.source_asset_key`:
 ``stream_ops/kafka/<topic>``, ``stream_ops/topic/<parent>/<directory>``,
 ``stream_ops/files/<parent>/<directory>``),
@@ -23,68 +25,42 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import dagster as dg
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.orchestration.sinks import dagster_metadata
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.sources import SourceSpec
+from stream_ops.sources import SourceAsset, SourceSpec, source_kind
 from stream_ops.topology.plan import Plan
 
 __all__ = ["merge_source_specs", "source_asset_specs", "source_identity"]
 
-#: Source kind -> the asset kinds (icons in the UI) of its asset.
-_KINDS: Mapping[str, set[str]] = {
-    "kafka_topic": {"kafka"},
-    "file_topic": {"files"},
-    "parquet_files": {"parquet"},
-    "csv_files": {"csv"},
-    "json_files": {"json"},
-}
-
 
 def source_identity(source: SourceSpec) -> dict[str, Any]:
-    """What identifies the input a source reads (the same for every topology reading it).
+    """What identifies the input a source reads (the same for every topology reading it), from
+    its kind (:meth:`~stream_ops.sources.SourceKind.identity`).
 
     Kafka: the bootstrap servers and the topic; file sources: the kind and the path.
     """
-    if source.kind == "kafka_topic":
-        return {"kind": source.kind, "bootstrap": source.options.get("bootstrap"), "topic": source.options.get("topic")}
-    return {"kind": source.kind, "path": source.path}
+    return source_kind(source.kind).identity(source)
 
 
-def _description(source: SourceSpec) -> str:
-    if source.kind == "kafka_topic":
-        return (
-            f"Kafka topic `{source.options.get('topic')}` on `{source.options.get('bootstrap')}` ({source.queues} "
-            "partitions), read by the stream_ops topologies downstream (one task per partition)."
-        )
-    if source.kind == "file_topic":
-        return (
-            f"FileTopic `{source.path}` ({source.queues} queues): JSON-lines files the stream_ops topologies "
-            "downstream read, one task per queue."
-        )
-    return f"Directory `{source.path}` of landed {source.kind.removesuffix('_files')} files read by the stream_ops topologies downstream."
-
-
-def _source_spec(key: dg.AssetKey, source: SourceSpec, translator: StreamOpsTranslator) -> dg.AssetSpec:
-    identity = source_identity(source)
+def _source_spec(key: dg.AssetKey, source: SourceSpec, asset: SourceAsset, translator: StreamOpsTranslator) -> dg.AssetSpec:
     metadata: dict[str, Any] = {
         "stream_ops/source_kind": dg.MetadataValue.text(source.kind),
         "stream_ops/queues": dg.MetadataValue.int(source.known_queues()),
     }
     if source.path is not None:
         metadata["stream_ops/path"] = dg.MetadataValue.path(source.path)
-    if source.kind == "kafka_topic":
-        metadata["stream_ops/kafka_topic"] = dg.MetadataValue.text(str(identity["topic"]))
-        metadata["stream_ops/kafka_bootstrap"] = dg.MetadataValue.text(str(identity["bootstrap"]))
+    metadata.update(dagster_metadata(asset.metadata))
     return dg.AssetSpec(
         key=key,
-        description=_description(source),
+        description=asset.description,
         group_name=translator.source_group_name(),
-        kinds=_KINDS.get(source.kind, set()),
+        kinds=set(asset.kinds),
         metadata=metadata,
     )
 
@@ -106,8 +82,9 @@ def source_asset_specs(plan: Plan, translator: StreamOpsTranslator | None = None
         if stage.source is None:
             continue
         key = translator.source_asset_key(plan.topology, stage.source)
-        if key is not None:
-            found[stage.index] = _source_spec(key, stage.source, translator)
+        asset = source_kind(stage.source.kind).asset(stage.source)
+        if key is not None and asset is not None:
+            found[stage.index] = _source_spec(key, stage.source, asset, translator)
     merge_source_specs(found.values())  # refuses clashing inputs within one topology
     return found
 

@@ -17,12 +17,11 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
 
 import dagster as dg
 
-from stream_ops.sources import SourceSpec
+from stream_ops.sources import SourceSpec, source_kind
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, StageSpec
 
 __all__ = ["StreamOpsTranslator", "python_identifier", "source_key", "stage_summary"]
@@ -36,23 +35,16 @@ def python_identifier(text: str) -> str:
 
 
 def source_key(prefix: tuple[str, ...] | list[str], source: SourceSpec) -> dg.AssetKey | None:
-    """The default key of a source's asset under ``prefix`` (see :class:`StreamOpsTranslator`).
+    """The default key of a source's asset under ``prefix`` (see :class:`StreamOpsTranslator`):
+    the key parts of its kind's :meth:`~stream_ops.sources.SourceKind.asset`, None without one.
 
     Example:
         >>> from stream_ops.sources import SourceSpec
         >>> source_key(("stream_ops",), SourceSpec(kind="file_topic", path="/data/sentences", fields={"s": "string"}))
         AssetKey(['stream_ops', 'topic', 'data', 'sentences'])
     """
-    if source.kind == "kafka_topic":
-        topic = source.options.get("topic")
-        return dg.AssetKey([*prefix, "kafka", str(topic)]) if topic else None
-    if source.path is None:
-        return None  # generated records (a rate source): nothing upstream
-    # The directory and its parent: recognisable, and two inputs named alike in different
-    # places (input/sentences, wordcount-db/sentences) keep apart.
-    parts = [p for p in os.path.normpath(source.path).split(os.sep) if p][-2:] or [source.path]
-    group = "topic" if source.kind == "file_topic" else "files"
-    return dg.AssetKey([*prefix, group, *parts])
+    asset = source_kind(source.kind).asset(source)
+    return dg.AssetKey([*prefix, *asset.key_parts]) if asset is not None else None
 
 
 def stage_summary(stage: StageSpec) -> str:
@@ -83,7 +75,8 @@ class StreamOpsTranslator:
     * source of a source stage (an external asset, shared by every topology reading it):
       ``stream_ops/kafka/<topic>`` for a Kafka topic, ``stream_ops/topic/<parent>/<directory>``
       for a FileTopic (its directory and the one above), ``stream_ops/files/<parent>/<directory>``
-      for landed Parquet/CSV/JSON files; a generated source (``RateSource``) has none
+      for landed Parquet/CSV/JSON files (the key parts of :meth:`stream_ops.sources.SourceKind.asset`);
+      a generated source (``RateSource``) has none
     * group: the topology name with ``-`` replaced by ``_``; sources: ``stream_ops_sources``
 
     Subclasses must keep keys unique per (topology, stage) and stable across deployments,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.registry import Registry
 
@@ -25,19 +26,6 @@ if TYPE_CHECKING:
     from stream_ops.topology.plan import SinkSpec, StageSpec, TaskSpec
 
 Record = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class AssetMetadata:
-    """One metadata entry of a sink's Dagster asset, as plain data.
-
-    Attributes:
-        type: how Dagster shows it (``dagster.MetadataValue.text``, ``path``, ``int``, ``json``).
-        value: the value.
-    """
-
-    type: Literal["text", "path", "int", "json"]
-    value: Any
 
 
 @dataclass(frozen=True)

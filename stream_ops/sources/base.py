@@ -2,22 +2,26 @@
 
 A :class:`SourceSpec` is plain data in the plan; the :class:`SourceKind` registered under its
 ``kind`` turns it into the streaming DataFrame one task reads, names the directory that query
-lists (if any) and measures the input it has not read yet. Adding a source is one module with a
-kind (and, for users, a definition object with ``to_source_spec``) plus its registration in
-:mod:`stream_ops.sources`.
+lists (if any), measures the input it has not read yet and describes that input to Dagster as
+plain data (:class:`SourceAsset`, :class:`PartitionLagWatch`; only :mod:`stream_ops.orchestration`
+imports dagster). Adding a source is one module with a kind (and, for users, a definition object
+with ``to_source_spec``) plus its registration in :mod:`stream_ops.sources`; its asset, lineage
+and consumer lag then follow from the kind.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import SourceError, TopologyDefinitionError
 from stream_ops.registry import Registry
 
@@ -144,17 +148,75 @@ class SourceLag:
     files: int | None
 
 
+@dataclass(frozen=True)
+class SourceAsset:
+    """How a source describes the input it reads to Dagster: the external asset every topology
+    reading that input shares (the translator adds its key prefix and group).
+
+    Attributes:
+        key_parts: the asset key after the translator's prefix; it names the input (a topic, a
+            directory), never the topology.
+        kinds: the asset's kinds (icons in the UI).
+        description: what the input is and who reads it.
+        metadata: kind-specific entries, after ``stream_ops/source_kind``, ``stream_ops/queues``
+            and ``stream_ops/path``.
+    """
+
+    key_parts: tuple[str, ...]
+    kinds: frozenset[str]
+    description: str
+    metadata: Mapping[str, AssetMetadata] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionLagWatch:
+    """What the ``consumer_lag`` check reads for a source whose task ``p`` reads partition ``p``
+    of a Kafka-protocol topic: the partitions' end offsets on the brokers, less the end offsets
+    each task committed (:mod:`stream_ops.orchestration.consumer_lag`).
+
+    Attributes:
+        bootstrap: the brokers.
+        topic: the topic.
+        client_config: librdkafka settings for reading offsets, ``env:NAME`` values unresolved.
+        from_earliest: whether a task starts at ``earliest`` (so a partition without a commit
+            lags by all its retained records).
+    """
+
+    bootstrap: str
+    topic: str
+    client_config: tuple[tuple[str, str], ...] = ()
+    from_earliest: bool = True
+
+
+def directory_key_parts(path: str) -> list[str]:
+    """The last two parts of a directory's path (the directory and its parent): recognisable,
+    and two inputs named alike in different places (``input/sentences``,
+    ``wordcount-db/sentences``) keep apart.
+
+    Example:
+        >>> directory_key_parts("/data/in/sentences/")
+        ['in', 'sentences']
+    """
+    return [p for p in os.path.normpath(path).split(os.sep) if p][-2:] or [path]
+
+
 class SourceKind(ABC):
-    """One kind of source: how a task reads it and how far behind it is.
+    """One kind of source: how a task reads it, how far behind it is and how Dagster shows it.
 
     Attributes:
         name: the ``kind`` in :class:`SourceSpec`.
         supports_corrupt_column: whether :meth:`read_stream` adds :data:`CORRUPT_COLUMN`
             (lines that do not parse land there instead of failing the task).
+        asset_kinds: the kinds of its Dagster asset.
+        arrow_readable: whether a batch's input is JSON-lines files that Spark's PERMISSIVE
+            JSON reader reads against the source's fields, so the Arrow fast path
+            (:mod:`stream_ops.spark.arrow_source_batches`) may parse them on the driver.
     """
 
     name: str
     supports_corrupt_column: bool = False
+    asset_kinds: frozenset[str] = frozenset()
+    arrow_readable: bool = False
 
     @abstractmethod
     def read_stream(
@@ -202,6 +264,32 @@ class SourceKind(ABC):
         if spec.queues is None:
             raise SourceError(f"{what}: a {self.name} source must give its number of queues")
         return spec
+
+    def identity(self, spec: SourceSpec) -> dict[str, Any]:
+        """What identifies the input ``spec`` reads, the same for every topology reading it.
+
+        The default: the kind and the path.
+        """
+        return {"kind": spec.kind, "path": spec.path}
+
+    def asset(self, spec: SourceSpec) -> SourceAsset | None:
+        """The Dagster asset of the input ``spec`` reads, None when it has none (generated rows).
+
+        The default: a source with a path is the directory ``files/<parent>/<directory>``
+        (:func:`directory_key_parts`), one without a path has no asset.
+        """
+        if spec.path is None:
+            return None
+        return SourceAsset(
+            key_parts=("files", *directory_key_parts(spec.path)),
+            kinds=self.asset_kinds,
+            description=f"Directory `{spec.path}` of the {self.name} source read by the stream_ops topologies downstream.",
+        )
+
+    def lag_watch(self, spec: SourceSpec) -> PartitionLagWatch | None:
+        """What the ``consumer_lag`` check reads for ``spec``; None (the default): no check, the
+        stream asset's lag (:meth:`lag`) is all there is."""
+        return None
 
     def columns(self, spec: SourceSpec) -> dict[str, str]:
         """Column -> Spark type of :meth:`read_stream`'s DataFrame."""

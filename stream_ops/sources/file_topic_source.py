@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
+    SourceAsset,
     SourceKind,
     SourceLag,
     SourceSpec,
     count_lines,
+    directory_key_parts,
     files_newer_than,
     schema_ddl,
 )
@@ -38,6 +40,8 @@ class FileTopicKind(SourceKind):
 
     name = KIND
     supports_corrupt_column = True
+    asset_kinds = frozenset({"files"})
+    arrow_readable = True
 
     def read_stream(
         self,
@@ -75,3 +79,15 @@ class FileTopicKind(SourceKind):
 
     def describe(self, spec: SourceSpec) -> str:
         return f"reads JSON lines from the FileTopic `{spec.path}` ({spec.queues} queues)"
+
+    def asset(self, spec: SourceSpec) -> SourceAsset:
+        """``topic/<parent>/<directory>``: the topic's directory and the one above."""
+        self.spec_path(spec)  # a SourceError without a path
+        return SourceAsset(
+            key_parts=("topic", *directory_key_parts(str(spec.path))),
+            kinds=self.asset_kinds,
+            description=(
+                f"FileTopic `{spec.path}` ({spec.queues} queues): JSON-lines files the stream_ops topologies "
+                "downstream read, one task per queue."
+            ),
+        )

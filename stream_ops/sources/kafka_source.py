@@ -54,11 +54,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import KafkaServerError, SourceError, TopologyDefinitionError
 from stream_ops.kafka.client import OffsetReader, partition_count, resolve_env_settings
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
+    PartitionLagWatch,
     SchemaArg,
+    SourceAsset,
     SourceKind,
     SourceLag,
     SourceSpec,
@@ -226,6 +229,7 @@ class KafkaKind(SourceKind):
 
     name = KIND
     supports_corrupt_column = True
+    asset_kinds = frozenset({"kafka"})
 
     def __init__(self) -> None:
         self._offsets = OffsetReader()
@@ -424,3 +428,38 @@ class KafkaKind(SourceKind):
         what = "JSON" if options.get("format", "json") == "json" else "raw"
         partitions = "partitions read at submit" if spec.queues is None else f"{spec.queues} partitions"
         return f"reads {what} records of the Kafka topic `{options.get('topic')}` at {options.get('bootstrap')} ({partitions})"
+
+    def identity(self, spec: SourceSpec) -> dict[str, Any]:
+        """The bootstrap servers and the topic."""
+        return {"kind": spec.kind, "bootstrap": spec.options.get("bootstrap"), "topic": spec.options.get("topic")}
+
+    def asset(self, spec: SourceSpec) -> SourceAsset | None:
+        """``kafka/<topic>`` (None without a topic), with the topic and the brokers as metadata."""
+        topic = spec.options.get("topic")
+        if not topic:
+            return None
+        bootstrap = spec.options.get("bootstrap")
+        return SourceAsset(
+            key_parts=("kafka", str(topic)),
+            kinds=self.asset_kinds,
+            description=(
+                f"Kafka topic `{topic}` on `{bootstrap}` ({spec.queues} partitions), read by the stream_ops "
+                "topologies downstream (one task per partition)."
+            ),
+            metadata={
+                "stream_ops/kafka_topic": AssetMetadata("text", str(topic)),
+                "stream_ops/kafka_bootstrap": AssetMetadata("text", str(bootstrap)),
+            },
+        )
+
+    def lag_watch(self, spec: SourceSpec) -> PartitionLagWatch:
+        """The topic's partitions: end offsets on the brokers less each task's committed ones."""
+        config = spec.options.get("client_config")
+        if not isinstance(config, Mapping):
+            config = {}
+        return PartitionLagWatch(
+            bootstrap=str(spec.options.get("bootstrap")),
+            topic=str(spec.options.get("topic")),
+            client_config=tuple(sorted((str(k), str(v)) for k, v in config.items())),
+            from_earliest=spec.options.get("starting_offsets", "earliest") == "earliest",
+        )

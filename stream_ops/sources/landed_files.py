@@ -36,10 +36,12 @@ from stream_ops.errors import TopologyDefinitionError
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
     SchemaArg,
+    SourceAsset,
     SourceKind,
     SourceLag,
     SourceSpec,
     count_lines,
+    directory_key_parts,
     files_newer_than,
     is_nested_type,
     schema_ddl,
@@ -274,6 +276,7 @@ class LandedFilesKind(SourceKind):
         self.format = fmt
         self.name = kind_name(fmt)
         self.supports_corrupt_column = fmt in ("csv", "json")
+        self.asset_kinds = frozenset({fmt})
 
     def read_stream(
         self,
@@ -333,6 +336,15 @@ class LandedFilesKind(SourceKind):
             files += 1
             records = None if records is None or count is None else records + count
         return SourceLag(records=records, files=files)
+
+    def asset(self, spec: SourceSpec) -> SourceAsset:
+        """``files/<parent>/<directory>``: the directory the files land in and the one above."""
+        self.spec_path(spec)  # a SourceError without a path
+        return SourceAsset(
+            key_parts=("files", *directory_key_parts(str(spec.path))),
+            kinds=self.asset_kinds,
+            description=f"Directory `{spec.path}` of landed {self.format} files read by the stream_ops topologies downstream.",
+        )
 
     def describe(self, spec: SourceSpec) -> str:
         what = {"parquet": "Parquet", "csv": "CSV", "json": "JSON-lines"}[self.format]

@@ -29,8 +29,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.operators.record_pipeline import SQL_OPERATIONS, needs_driver
+from stream_ops.sources import source_kind
 from stream_ops.sources.arrow_json import native_fields, read_json_lines
-from stream_ops.sources.file_topic_source import KIND as FILE_TOPIC_KIND
 from stream_ops.spark.driver_batches import bytes_setting, driver_batch_bytes, noted_input
 from stream_ops.spark.row_processes import row_processes
 from stream_ops.spark.settings import whole_number_setting
@@ -85,12 +85,13 @@ class ArrowInput:
 
 def arrow_input(df: DataFrame, stage: StageSpec) -> ArrowInput | None:
     """The source batch ``df`` of ``stage`` read in Arrow, after the stage's SQL operations, or
-    None when Spark computes it (not a FileTopic batch with noted files, too large, larger than
+    None when Spark computes it (not a batch with noted files of an ``arrow_readable`` source
+    kind, :attr:`~stream_ops.sources.SourceKind.arrow_readable`: a FileTopic's; too large, larger than
     the driver-batch limit with per-record Python operations and no local processes for them,
     a field type, expression or line the Arrow path does not reproduce exactly)."""
     noted = noted_input(df)
     source = stage.source
-    if noted is None or source is None or source.kind != FILE_TOPIC_KIND:
+    if noted is None or source is None or not source_kind(source.kind).arrow_readable:
         return None
     spark = df.sparkSession
     if noted.bytes > arrow_batch_bytes(spark) or not native_fields(source.fields):
@@ -134,7 +135,12 @@ def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:
     per-record operations in, if it has any: they boot (~1 s) while its query starts rather
     than in its first large batch."""
     source = stage.source
-    if source is None or source.kind != FILE_TOPIC_KIND or not _runs_per_record(stage) or not native_fields(source.fields):
+    if (
+        source is None
+        or not source_kind(source.kind).arrow_readable
+        or not _runs_per_record(stage)
+        or not native_fields(source.fields)
+    ):
         return
     if arrow_batch_bytes(spark) and driver_batch_bytes(spark) < arrow_batch_bytes(spark):
         processes = row_processes_setting(spark)
