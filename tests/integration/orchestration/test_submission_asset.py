@@ -67,7 +67,7 @@ def test_materialize_twice_does_not_submit_twice(wordcount: Topology, resources:
     assert second["plan_matches_definition"] is True
     assert zk_store.children(ZkPaths.STORMS) == [first["topology_id"]]
     # No workers registered: the tasks wait unassigned.
-    assert "_unassigned_" in second["assignment"]
+    assert "(unassigned)" in second["assignment"]
 
 
 def test_running_submission_with_another_plan_is_reported_not_replaced(
