@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 import dagster as dg
 
 from stream_ops.errors import TopologyNotFoundError
+from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import find_topology_id
 from stream_ops.orchestration.consumer_lag import (
@@ -29,7 +30,7 @@ from stream_ops.orchestration.consumer_lag import (
     consumer_lag_events,
     evaluate_consumer_lag,
 )
-from stream_ops.orchestration.kafka_offsets import EndOffsets, TickOffsets, read_topology_lags
+from stream_ops.orchestration.kafka_offsets import TickOffsets, read_topology_lags
 from stream_ops.orchestration.resources import ZooKeeperResource
 
 __all__ = ["CONSUMER_LAG_CHECKS_NAME", "build_consumer_lag_checks"]

@@ -17,7 +17,7 @@ read per znode; ~0.1 s per tick at 1,000 tasks, ~1 s at 10,000, ``bench/sensor.p
 * for each Kafka topic an observed topology reads, one merged observation of its source asset
   with the consumer lag per partition and its ``consumer_lag`` check evaluation
   (:mod:`stream_ops.orchestration.consumer_lag`). The end offsets come from the brokers through
-  the sensor's :class:`~stream_ops.orchestration.kafka_offsets.EndOffsets` (one client per
+  the sensor's :class:`~stream_ops.kafka.offsets.EndOffsets` (one client per
   bootstrap, kept across ticks, each read bounded by ``kafka_timeout_s``); a broker that does
   not answer is reported in the observation and the check, never fails the tick. A code
   location without Kafka sources does none of this.
@@ -75,6 +75,7 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore, decode_json
 from stream_ops.errors import ConfigError, CoordinationError, StreamOpsError, TopologyNotFoundError
+from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.nimbus.assignment import live_slot_registrations, live_workers
 from stream_ops.nimbus.monitor import HeartbeatTracker, SlotTracker
 from stream_ops.nimbus.status import TopologyReads, TopologyStatus, describe_topology, read_topologies
@@ -83,7 +84,7 @@ from stream_ops.orchestration.checks import evaluate_topology_checks
 from stream_ops.orchestration.consumer_lag import KafkaSourceWatch, TopologyLag, consumer_lag_events
 from stream_ops.orchestration.cursor import HeartbeatCursor, TopologyCursor
 from stream_ops.orchestration.health import absent_health_events, health_events
-from stream_ops.orchestration.kafka_offsets import EndOffsets, TickOffsets, read_topology_lags
+from stream_ops.orchestration.kafka_offsets import TickOffsets, read_topology_lags
 from stream_ops.orchestration.observations import observe_absent_topology, observe_topology
 from stream_ops.orchestration.resources import ZooKeeperResource
 from stream_ops.orchestration.run_config import ROLE_TAG, TOPOLOGY_TAG, rebalance_run_config

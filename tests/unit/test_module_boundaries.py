@@ -1,4 +1,6 @@
-"""The package's import structure: no import circles, kazoo only inside ``coordination``.
+"""The package's import structure: no import circles; each third-party client library only in its
+home (kazoo in ``coordination``, dagster in ``orchestration`` and ``definitions/``, confluent_kafka in
+``kafka`` and the Kafka state topic, rocksdict in the RocksDB store).
 
 Read from the source with ``ast`` (nothing is imported). Imports under ``if TYPE_CHECKING:``
 are left out: they never run.
@@ -68,12 +70,35 @@ def test_no_module_imports_itself_through_others() -> None:
         pytest.fail(f"import circle: {' -> '.join(e.args[1])}")
 
 
-@pytest.mark.parametrize("library", ["kazoo"])
-def test_only_the_coordination_package_imports_kazoo(library: str) -> None:
+#: Third-party library -> the only places that may import it (module or package prefixes).
+LIBRARY_HOMES: dict[str, tuple[str, ...]] = {
+    "kazoo": ("stream_ops.coordination",),
+    "dagster": ("stream_ops.orchestration",),
+    "dagster_pyspark": ("stream_ops.orchestration",),
+    "confluent_kafka": ("stream_ops.kafka", "stream_ops.state.kafka_state_partition"),
+    "rocksdict": ("stream_ops.state.rocksdb_backing",),
+}
+
+
+def _in(name: str, homes: tuple[str, ...]) -> bool:
+    return any(name == home or name.startswith(f"{home}.") for home in homes)
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARY_HOMES))
+def test_each_library_is_imported_only_by_its_home(library: str) -> None:
     _, imports = _import_graph()
+    homes = LIBRARY_HOMES[library]
     outside = sorted(
         name
         for name, found in imports.items()
-        if not name.startswith("stream_ops.coordination") and any(i == library or i.startswith(f"{library}.") for i in found)
+        if not _in(name, homes) and any(i == library or i.startswith(f"{library}.") for i in found)
     )
-    assert outside == [], f"{library} imported outside stream_ops.coordination by {outside}"
+    assert outside == [], f"{library} imported outside {homes} by {outside}"
+
+
+def test_the_code_location_imports_no_client_library_directly() -> None:
+    """``definitions/`` is wiring: it may import dagster and stream_ops, never kazoo, Kafka or RocksDB."""
+    root = PACKAGE.parent / "definitions"
+    for path in root.rglob("*.py"):
+        imports = _runtime_imports(ast.parse(path.read_text(encoding="utf-8")))
+        assert not any(i == "kazoo" or i.startswith(("kazoo.", "confluent_kafka", "rocksdict")) for i in imports), path

@@ -25,12 +25,12 @@ from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.kafka.embedded import EmbeddedKafka
+from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus import submit
 from stream_ops.orchestration import StreamClusterResource, StreamOpsTranslator, ZooKeeperResource, build_definitions
 from stream_ops.orchestration.consumer_lag import CONSUMER_LAG, kafka_source_watches
 from stream_ops.orchestration.cursor import HeartbeatCursor
-from stream_ops.orchestration.kafka_offsets import EndOffsets
 from stream_ops.orchestration.run_config import compact_run_config
 from stream_ops.orchestration.sensors import HeartbeatTick, observe_tick
 from stream_ops.sources import KafkaTopic

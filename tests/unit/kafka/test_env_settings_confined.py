@@ -11,7 +11,7 @@ import pytest
 
 from stream_ops.errors import ConfigError, KafkaServerError, TopologyEnvironmentError
 from stream_ops.kafka.client import resolve_env_settings
-from stream_ops.orchestration.kafka_offsets import EndOffsets
+from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.state.kafka_state_partition import resolved_client_config
 
 

@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from stream_ops import Count, OpaqueMapState, Topology
+from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.nimbus.status import TaskStatus
 from stream_ops.orchestration import StreamOpsTranslator
 from stream_ops.orchestration.consumer_lag import (
@@ -23,7 +24,7 @@ from stream_ops.orchestration.consumer_lag import (
     kafka_source_watches,
     partition_lags,
 )
-from stream_ops.orchestration.kafka_offsets import EndOffsets, TickOffsets
+from stream_ops.orchestration.kafka_offsets import TickOffsets
 from stream_ops.orchestration.sinks import sink_asset_specs
 from stream_ops.sources import KafkaTopic
 from stream_ops.topology.plan import build_plan
