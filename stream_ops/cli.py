@@ -1071,13 +1071,11 @@ def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list
     source = topology.chains[0].source
     if source is None:  # chains lists source segments only
         raise TopologyDefinitionError(f"topology {topology.name!r}: its first chain has no source to feed")
-    if source.topic is not None:
-        return topology, source.topic, sentences
-    if source.spec.kind == "kafka_topic":
-        from stream_ops.sources import KafkaTopic
+    from stream_ops.sources import KafkaTopic
+    from stream_ops.topics.file_topic import FileTopic
 
-        options = source.spec.options
-        return topology, KafkaTopic(str(options["bootstrap"]), str(options["topic"]), partitions=source.spec.queues), sentences
+    if isinstance(source.definition, FileTopic | KafkaTopic):  # what the demo knows how to feed
+        return topology, source.definition, sentences
     raise TopologyDefinitionError(
         f"topology {topology.name!r}: the demo feeds a FileTopic or a Kafka topic, not a {source.spec.kind} source"
     )

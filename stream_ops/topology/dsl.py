@@ -101,11 +101,13 @@ def state_kind_of(state: Any) -> str:
 
 @dataclass(frozen=True)
 class SourceNode:
-    """A source: its plan form, and the FileTopic when it is one (producers write into it)."""
+    """A source: its plan form, the FileTopic when it is one (producers write into it), and the
+    definition object it was made from (a ``FileTopic``, ``KafkaTopic``, ...; never in the plan)."""
 
     name: str
     spec: SourceSpec
     topic: FileTopic | None = None
+    definition: Any = field(default=None, compare=False, repr=False)
 
     @property
     def schema(self) -> dict[str, str]:
@@ -266,7 +268,7 @@ class Topology:
         except TopologyDefinitionError as e:
             raise TopologyDefinitionError(f"source {name!r}: {e}") from None
         types = dict(spec.fields)
-        node = SourceNode(name, spec, source if isinstance(source, FileTopic) else None)
+        node = SourceNode(name, spec, source if isinstance(source, FileTopic) else None, definition=source)
         queues = spec.queues if spec.queues is not None else LaterCount.of_source(name)
         segment = self._segment(name=name, kind="source", queues=queues, fields=dict(types), source=node)
         stream = Stream(self, segment, types)
