@@ -163,7 +163,9 @@ class ForwardMarker:
     ``<stem>-v<version>.json``, exclusively (:func:`create_exclusively`): a writer reads the
     newest version, merges its txids in (per key the maximum) and creates the next version, or,
     when another writer created it first, reads again. Each version is therefore built on the
-    one before it, so the newest holds every recorded txid and a value can only grow. A writer
+    one before it, so the newest holds every recorded txid and a value can only grow (a writer
+    that was slow enough to create a number faster writers had passed and collected sees its
+    version is not the newest and merges again). A writer
     that gives its owner ``epoch`` is refused (:meth:`advance` returns None, writing nothing)
     once a higher epoch has written. Older versions are deleted after each write; readers
     that meet a deleted one read again. ``legacy``, the single file used before versions, is
@@ -246,8 +248,11 @@ class ForwardMarker:
                     "links on the shared path (NFS, ext4, xfs have them)"
                 ) from e
             if created:
+                # Not done yet: a slow writer can create a version number that faster writers
+                # already passed and collected (they delete all but the newest two), and that
+                # version is never read. The next pass re-reads the newest and returns once it
+                # holds these txids (the usual case), or merges them in again.
                 self._collect(version)
-                return MarkerState(merged, written_epoch, version)
         raise TopicError(f"{self.directory}: other writers kept taking the next version of {self.stem}; try again")
 
     def _path(self, version: int) -> Path:

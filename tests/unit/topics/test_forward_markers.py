@@ -175,6 +175,26 @@ def test_racing_reader_processes_lose_no_update(tmp_path):
     assert topic.consumed_txids(0) == {1: rounds - 1, 2: rounds - 1}
 
 
+def test_a_writer_slow_enough_to_create_a_collected_version_merges_again(tmp_path, monkeypatch):
+    """A writer read version 1; faster writers then created 2 to 4 and collected 2: the slow
+    writer's create of 2 succeeds (the name is free again) but nobody reads 2 under 4."""
+    marker = ForwardMarker(tmp_path, "_m", durable=False)
+    for txid in range(2):
+        marker.advance({"fast": txid})
+    stale = marker.read()
+    assert stale.version == 1
+    for txid in range(2, 5):
+        marker.advance({"fast": txid})
+    assert not (tmp_path / "_m-v000000000002.json").exists()
+    reads = iter([stale])
+    original = ForwardMarker.read
+    monkeypatch.setattr(ForwardMarker, "read", lambda self: next(reads, None) or original(self))
+    written = marker.advance({"slow": 7})
+    assert written is not None and written.txids == {"fast": 4, "slow": 7}
+    monkeypatch.undo()
+    assert marker.read().txids == {"fast": 4, "slow": 7}
+
+
 def test_old_versions_and_crashed_writes_go_and_a_version_cut_short_is_not_read(tmp_path):
     marker = ForwardMarker(tmp_path, "_m", durable=False)
     for txid in range(4):
