@@ -41,7 +41,8 @@ from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime.task_runner import COMMIT_STEPS, RunnerSettings, TaskRunner, _Batch
+from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner, _Batch
+from stream_ops.runtime.task_stats import COMMIT_STEPS
 from stream_ops.state.auto_snapshot import SnapshotPolicy
 
 STEPS = ("state", "state topic", "zookeeper", "publish", "commit", "rocksdb", "waited")

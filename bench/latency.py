@@ -73,7 +73,8 @@ from stream_ops.errors import QueryError
 from stream_ops.hashing import partition_for
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
-from stream_ops.runtime.task_runner import COMMIT_STEPS, TaskRunner
+from stream_ops.runtime.task_runner import TaskRunner
+from stream_ops.runtime.task_stats import COMMIT_STEPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SPARK_MASTER, BenchRig, wait_until  # the benchmarks' shared rig

@@ -101,6 +101,7 @@ from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState, open_task_state
+from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
@@ -141,37 +142,6 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 CATCH_UP_ATTEMPTS = 3
 """Tries at catching the store up from the state topic after a committed batch's write failed,
 0.2 s then 0.4 s apart, before the task fails (:class:`~stream_ops.errors.StateStoreBehindError`)."""
-
-COMMIT_STEPS = ("state_topic", "zookeeper", "publish", "rocksdb")
-"""The parts of the commit path :attr:`TaskStats.commit_steps_ms` times; the RocksDB write runs
-on the task's I/O thread after the ZooKeeper commit (module docstring)."""
-
-
-@dataclass
-class TaskStats:
-    """Counters a task reports in its heartbeats."""
-
-    batches: int = 0
-    rows_in: int = 0
-    rows_out: int = 0
-    dead_letters: int = 0
-    rows_per_s: float = 0.0
-    rows_out_per_s: float = 0.0
-    txid_in_flight: int | None = None
-    last_batch_at: float | None = None
-    last_batch_ms: float = 0.0
-    spark_ms_total: float = 0.0
-    """Time spent in Spark's part of step 2 (the batch's jobs and collecting their rows) over all batches."""
-    state_ms_total: float = 0.0
-    """Time spent applying batches to the task's state or processor (step 2 on the driver) over all batches."""
-    commit_ms_total: float = 0.0
-    """Time the batch thread spent in the commit path (state topic, ZooKeeper, publish) over all batches."""
-    stage_ms_total: float = 0.0
-    """Time spent writing staged output files (shuffle, dead letters, persisted tuples) over all batches."""
-    commit_steps_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMMIT_STEPS, 0.0))
-    """The commit path by step: state topic, ZooKeeper, publish (these sum to ``commit_ms_total``)
-    and RocksDB (on the task's I/O thread, overlapping the publish and the next batch)."""
-    started_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -588,7 +558,7 @@ class TaskRunner:
             self.stats.spark_ms_total += (time.perf_counter() - spark_started) * 1000.0
             with self._state_section(txid):
                 rows_out = self._commit_batch(batch, txid)
-            self._record_stats(batch.rows_in, rows_out, time.monotonic() - started)
+            self.stats.batch_done(batch.rows_in, rows_out, time.monotonic() - started, self.clock())
 
     def _commit_batch(self, batch: _Batch, txid: int) -> int:
         """Steps 2 (the driver's part) to 6 for a batch Spark computed, under the commit lock;
@@ -1109,19 +1079,6 @@ class TaskRunner:
             except ValueError as e:
                 dead.append({"record": {"emitted": value}, "error": str(e)})
         return emitted
-
-    def _record_stats(self, rows_in: int, rows_out: int, seconds: float) -> None:
-        stats = self.stats
-        now = self.clock()
-        elapsed = max(now - (stats.last_batch_at or stats.started_at), 1e-3)
-        stats.rows_per_s = rows_in / elapsed
-        stats.rows_out_per_s = rows_out / elapsed
-        stats.rows_in += rows_in
-        stats.rows_out += rows_out
-        stats.batches += 1
-        stats.last_batch_at = now
-        stats.last_batch_ms = seconds * 1000.0
-        stats.txid_in_flight = None
 
     # --- reporting -------------------------------------------------------------------------
 
