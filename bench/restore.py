@@ -1,13 +1,12 @@
 """Benchmark of restoring keyed state: full state-topic replay vs. compacted snapshot + tail.
 
-For each state size it writes two state-topic queues with the same batches — one in the
-current format (Arrow IPC batch files, ``StateTopicQueue.append``) and one in the JSON-lines
-format queues were written in before it — of ``--files`` batch files (txids 1..F, one owner
-epoch, opaque word-count values; each batch adds new words, updates earlier ones and deletes a
-few) plus ``--tail`` later batches touching a small share of the keys, then times, per format:
+For each state size it writes a state-topic queue (Arrow IPC batch files,
+``StateTopicQueue.append``) of ``--files`` batch files (txids 1..F, one owner epoch, opaque
+word-count values; each batch adds new words, updates earlier ones and deletes a few) plus
+``--tail`` later batches touching a small share of the keys, then times:
 
-  (a0) the restore path before snapshots: ``StateTopicQueue.replay`` (``entries()`` +
-       ``replay_state_topic``) then ``RocksDBBackingMap.restore`` (``--generic``, Arrow only);
+  (a0) the generic restore path: ``StateTopicQueue.replay`` (``entries()`` +
+       ``replay_state_topic``) then ``RocksDBBackingMap.restore`` (``--generic``);
   (a)  a full replay into a fresh RocksDB store (``rebuild_store`` without snapshots: the
        counted files' key/value columns, the last row per key kept with Arrow, loaded in key
        order as SST files by ``RocksDBBackingMap.restore_sorted``);
@@ -19,11 +18,11 @@ few) plus ``--tail`` later batches touching a small share of the keys, then time
        only), deleting the covered files.
 
 (a) and (c) restore the same state at the same txid; the benchmark checks they agree, and that
-every store of both formats holds byte-for-byte the same RocksDB contents (marker included).
+every store holds byte-for-byte the same RocksDB contents (marker included).
 Each line shows wall time and keys/s, the CPU seconds of the process (all threads) with keys
 per CPU second, which is the steadier figure on a shared machine, and the load average.
 Last, the commit's state-topic append (``StateLog.append_batch``: encode the file, write,
-fsync, rename, fsync the directory) of 1k and 100k keys in each format, median of a few runs.
+fsync, rename, fsync the directory) of 1k and 100k keys, median of a few runs.
 
 Run: ``.venv/bin/python bench/restore.py [--sizes 10000,1000000] [--files 100] [--tail 5] [--generic]``
 """
@@ -59,8 +58,8 @@ from stream_ops.state import (
     rebuild_store,
     write_snapshot,
 )
-from stream_ops.state.state_topic import encode_items, json_batch_lines
-from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.state.state_topic import encode_items
+from stream_ops.topics.file_topic import FileTopic
 
 T = TypeVar("T")
 
@@ -103,21 +102,11 @@ def mib(n: int) -> str:
     return f"{n / 2**20:8.1f} MiB"
 
 
-def append_both(queues: tuple[StateTopicQueue, StateTopicQueue], txid: int, items: list[tuple[tuple[str], Any]]) -> None:
-    """Append one batch to the Arrow queue and, as JSON lines, to the JSON one."""
-    arrow, old = queues
-    encoded = encode_items(items)
-    arrow.append_encoded(7, txid, 1, encoded)
-    old.topic.write_lines(old.queue, batch_file_name(7, txid, 1), json_batch_lines(txid, 1, encoded))
-
-
-def build_queues(
-    queues: tuple[StateTopicQueue, StateTopicQueue], keys: int, files: int, tail: int, rng: random.Random
-) -> tuple[int, int]:
+def build_queue(queue: StateTopicQueue, keys: int, files: int, tail: int, rng: random.Random) -> tuple[int, int]:
     """Write ``files`` batches creating ``keys`` words (plus updates and deletes), then ``tail`` small ones.
 
     Returns:
-        (entries written to each queue, the last txid).
+        (entries written to the queue, the last txid).
     """
     words = [word(i) for i in range(keys)]
     order = list(range(keys))
@@ -140,7 +129,7 @@ def build_queues(
                 prev = counts.get(i)
                 counts[i] = (prev or 0) + rng.randrange(1, 20)
                 items.append(((words[i],), OpaqueValue(txid, counts[i], prev)))
-        append_both(queues, txid, items)
+        queue.append_encoded(7, txid, 1, encode_items(items))
         entries += len(items)
     live = list(counts)
     for t in range(tail):
@@ -152,13 +141,13 @@ def build_queues(
             counts[i] = (prev or 0) + 1
             items.append(((words[i],), OpaqueValue(txid, counts[i], prev)))
         items.append(((f"fresh-{txid}",), OpaqueValue(txid, 1, None)))
-        append_both(queues, txid, items)
+        queue.append_encoded(7, txid, 1, encode_items(items))
         entries += len(items)
     return entries, files + tail
 
 
 def generic_restore(store: RocksDBBackingMap, queue: StateTopicQueue, txid: int, epoch: int) -> int:
-    """The restore path before the fast replay: entries() -> replay_state_topic -> from_json_obj -> restore."""
+    """The generic restore path: entries() -> replay_state_topic -> from_json_obj -> restore."""
     return store.restore(queue.replay(txid).items(), txid, epoch)
 
 
@@ -179,19 +168,16 @@ def report(label: str, count: int, seconds: float, note: str = "") -> None:
 def run(size: int, files: int, tail: int, root: Path, generic: bool) -> None:
     rng = random.Random(size)
     work = root / f"keys-{size}"
-    queues = (StateTopicQueue(FileTopic(work / "arrow", queues=1), 0), StateTopicQueue(FileTopic(work / "json", queues=1), 0))
+    queue = StateTopicQueue(FileTopic(work / "arrow", queues=1), 0)
     print(f"\n== {size:,} keys: {files} batch files, then a tail of {tail} ==")
 
-    seconds, (entries, last_txid) = timed(lambda: build_queues(queues, size, files, tail, rng))
+    seconds, (entries, last_txid) = timed(lambda: build_queue(queue, size, files, tail, rng))
     head_txid = files
-    print(f"state topics: {entries:,} entries written to each in {seconds:.2f}s (both formats)")
-    stores: list[Path] = []
-    for name, queue in zip(("arrow", "json"), queues, strict=True):
-        head_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid <= head_txid)
-        tail_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid > head_txid)
-        print(f"-- {name}: {mib(head_bytes).strip()} in {files} files + {mib(tail_bytes).strip()} in {tail} tail files")
-        stores += run_format(name, queue, work, entries, head_txid, last_txid, tail, generic=generic and name == "arrow")
-    check_same_bytes(stores)
+    print(f"state topic: {entries:,} entries written in {seconds:.2f}s")
+    head_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid <= head_txid)
+    tail_bytes = sum(p.stat().st_size for fid, p in queue.batch_files() if fid.txid > head_txid)
+    print(f"-- {mib(head_bytes).strip()} in {files} files + {mib(tail_bytes).strip()} in {tail} tail files")
+    check_same_bytes(run_format("arrow", queue, work, entries, head_txid, last_txid, tail, generic=generic))
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -239,23 +225,17 @@ def run_format(
 
 
 def bench_append(root: Path, sizes: tuple[int, ...] = (1_000, 100_000), runs: int = 9) -> None:
-    """The commit's state-topic append of ``sizes`` keys, per format: median ms of ``runs``
-    (durable, fsynced), the formats taking turns so both see the same load."""
+    """The commit's state-topic append of ``sizes`` keys: median ms of ``runs`` (durable, fsynced)."""
     print("\n== commit: state-topic append (StateLog.append_batch; durable: fsync file + directory) ==")
     for size in sizes:
         encoded = encode_items([((word(i),), OpaqueValue(9, i, i - 1)) for i in range(size)])
-        arrow = FileStateLog(StateTopicQueue(FileTopic(root / f"append-arrow-{size}", queues=1), 0))
-        old = FileTopic(root / f"append-json-{size}", queues=1)
-        times: dict[str, list[float]] = {"arrow": [], "json": []}
+        log = FileStateLog(StateTopicQueue(FileTopic(root / f"append-arrow-{size}", queues=1), 0))
+        ms: list[float] = []
         for txid in range(runs):
             started = time.perf_counter()
-            arrow.append_batch(7, txid, 1, encoded)
-            middle = time.perf_counter()
-            old.write_lines(0, batch_file_name(7, txid, 1), json_batch_lines(txid, 1, encoded))
-            times["arrow"].append((middle - started) * 1000)
-            times["json"].append((time.perf_counter() - middle) * 1000)
-        for name, ms in times.items():
-            print(f"append {size:>7,} keys, {name:<5}  median {sorted(ms)[runs // 2]:7.2f} ms  (min {min(ms):.2f})   {load()}")
+            log.append_batch(7, txid, 1, encoded)
+            ms.append((time.perf_counter() - started) * 1000)
+        print(f"append {size:>7,} keys  median {sorted(ms)[runs // 2]:7.2f} ms  (min {min(ms):.2f})   {load()}")
 
 
 def check_same_state(a: Path, b: Path, rng: random.Random, sample: int | None) -> None:
@@ -292,7 +272,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated key counts")
     parser.add_argument("--files", type=int, default=100, help="batch files before the snapshot")
     parser.add_argument("--tail", type=int, default=5, help="batch files after the snapshot")
-    parser.add_argument("--generic", action="store_true", help="also time the generic (oldest) replay path")
+    parser.add_argument("--generic", action="store_true", help="also time the generic replay path")
     parser.add_argument("--no-append", dest="append", action="store_false", help="skip the commit-append figures")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp directory)")
     args = parser.parse_args()

@@ -395,7 +395,7 @@ def compact_queue(
             the snapshot and the marker are durable.
     """
     snapshot = write_snapshot(queue, snapshot_dir, committed_txid, committed_epoch=committed_epoch)
-    files = queue.batch_files(include_superseded=True)  # a .jsonl twin an .arrow file superseded goes too
+    files = queue.batch_files()
     if not delete_covered:
         return CompactionResult(snapshot=snapshot, deleted_files=0, deleted_bytes=0, kept_files=len(files))
     _write_marker(queue, snapshot.txid, Path(snapshot_dir))

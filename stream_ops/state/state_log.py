@@ -7,7 +7,7 @@ the runtime (task state, standbys, compaction) uses only them, so where the queu
 decided once, when it is opened:
 
 - :class:`FileStateLog`: the file state topic (:mod:`stream_ops.state.state_topic`), the
-  embedded default, exactly as before;
+  embedded default;
 - :class:`~stream_ops.state.kafka_state_topic.KafkaStateLog`: one partition of a Kafka topic
   (``state_topic="kafka"`` in the topology's conf).
 """

@@ -10,16 +10,9 @@ entries of committed txids, where for each txid only the highest owner epoch tha
 counts: the committing epoch always wrote one, and any lower epoch is the work of an owner that
 lost the task.
 
-Batch files come in two formats, read alike in one queue:
-
-- ``.arrow``: what :meth:`StateTopicQueue.append` writes, an Arrow IPC file of the stored
-  bytes (:mod:`stream_ops.state.state_batch_arrow`);
-- ``.jsonl``: what it wrote before, JSON lines ending with the end record
-  ``{"end":{"txid":T,"epoch":E,"entries":N}}``; still read, never written.
-
-An ``.arrow`` file supersedes a ``.jsonl`` file of the same (task, txid, epoch): it can only be
-a later write of that batch. The writer deletes the ``.jsonl`` once its ``.arrow`` is durable,
-and a reader that still finds both (a crash between the two) reads the ``.arrow`` only.
+Each batch file is what :meth:`StateTopicQueue.append` writes, an Arrow IPC file of the stored
+bytes (:mod:`stream_ops.state.state_batch_arrow`); a batch file in any other format is refused
+(:class:`~stream_ops.errors.ReplayError`), never skipped.
 
 :func:`stream_ops.state.restore.rebuild_store` restores a store from the latest compacted
 snapshot of the queue plus the batches above it, or from the whole queue, with the columns
@@ -44,7 +37,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream_ops.durable_files import fsync_dir
 from stream_ops.errors import ReplayError, StateError, TopicError
 from stream_ops.hashing import normalise_key_value
 from stream_ops.state.keys import Key, as_key
@@ -67,11 +59,6 @@ from stream_ops.topics.file_topic import BatchFileId, FileTopic, batch_file_name
 logger = logging.getLogger(__name__)
 
 _FIELDS = ("key", "value", "offset", "txid", "epoch")
-JSON_SUFFIX = ".jsonl"
-"""The suffix of the JSON-lines batch files written before Arrow ones (read, never written)."""
-_FORMATS = (ARROW_SUFFIX, JSON_SUFFIX)
-_END = "end"
-"""The member of a batch file's last line, its end record."""
 
 # The stored bytes of replayed entries are made with one shared encoder each: json.dumps builds
 # a new encoder per call, and JSONEncoder.encode still builds its C encoder per call, which
@@ -219,18 +206,6 @@ def encode_changes(
         except (TypeError, ValueError, StateError) as e:
             raise TopicError(f"state topic {where}: a value is not JSON-serialisable: {e}") from e
     return ChangeColumns(pa.array(texts, pa.string()), column)
-
-
-def json_batch_lines(txid: int, epoch: int, encoded: Iterable[tuple[str, str | None]]) -> list[str]:
-    """The lines of the JSON-lines batch file (``.jsonl``) state topics were written in before
-    Arrow files: one ``{"key":<key text>,"value":<stored text or null>,"txid":T,"epoch":E}``
-    per entry, then the end record. Nothing writes this format any more; it is the reference
-    the tests and ``bench/restore.py`` write queues of the old format with.
-    """
-    tail = f',"txid":{txid},"epoch":{epoch}}}'
-    lines = [f'{{"key":{key},"value":{"null" if value is None else value}{tail}' for key, value in encoded]
-    lines.append(json.dumps({_END: {"txid": txid, "epoch": epoch, "entries": len(lines)}}, separators=(",", ":")))
-    return lines
 
 
 @dataclass(frozen=True)
@@ -382,8 +357,7 @@ class StateTopicQueue:
         self, task_id: int, txid: int, epoch: int, keys: Sequence[str] | pa.Array, values: Sequence[str | None] | pa.Array
     ) -> Path:
         """:meth:`append_encoded` with the key texts and stored value texts (None deletes) as two
-        lists or Arrow string columns: the batch's Arrow IPC file, durable when this returns; a ``.jsonl`` file of the
-        same batch (written before the upgrade) is deleted after it.
+        lists or Arrow string columns: the batch's Arrow IPC file, durable when this returns.
 
         Raises:
             TopicError: the file could not be written, or a key or value is not text.
@@ -394,32 +368,21 @@ class StateTopicQueue:
             data = encode_arrow_batch(txid, epoch, keys, values)
         except (pa.ArrowException, TypeError) as e:
             raise TopicError(f"state topic {self._dir}: a key or value of txid {txid} is not text: {e}") from e
-        path = self._topic.write_bytes(self._queue, batch_file_name(task_id, txid, epoch, ARROW_SUFFIX), data, overwrite=True)
-        old = path.with_suffix(JSON_SUFFIX)
-        try:
-            old.unlink()
-        except FileNotFoundError:
-            return path
-        except OSError as e:
-            raise TopicError(f"state topic {self._dir}: could not delete {old.name}, superseded by {path.name}: {e}") from e
-        if self._topic.durable:
-            fsync_dir(self._dir)
-        return path
+        return self._topic.write_bytes(self._queue, batch_file_name(task_id, txid, epoch, ARROW_SUFFIX), data, overwrite=True)
 
     def entries(self) -> Iterator[StateTopicEntry]:
-        """Every entry, offsets counting up across files then lines.
+        """Every entry, offsets counting up across files then rows.
 
         Files are read in (txid, epoch, task) order — the name order when one task writes the
         queue — and files that are not batch files are skipped.
 
         Raises:
-            ReplayError: a line is not a state-topic record, or its txid/epoch differ from its
-                file name.
+            ReplayError: a file is not a complete state-topic batch of the (txid, epoch) its
+                name gives, or is in another format.
         """
         offset = 0
         for file_id, path in self.batch_files():
-            read = _arrow_entries if path.suffix == ARROW_SUFFIX else _file_entries
-            for entry in read(path, file_id, offset):
+            for entry in _arrow_entries(path, file_id, offset):
                 yield entry
                 offset += 1
 
@@ -440,76 +403,30 @@ class StateTopicQueue:
         epochs = [file_id.epoch for file_id, _ in self.batch_files() if file_id.txid == txid]
         return max(epochs) if epochs else None
 
-    def batch_files(self, *, include_superseded: bool = False) -> list[tuple[BatchFileId, Path]]:
+    def batch_files(self) -> list[tuple[BatchFileId, Path]]:
         """The queue's batch files with their (task, txid, epoch), in replay order (txid, epoch, task).
 
-        A ``.jsonl`` file with an ``.arrow`` file of the same (task, txid, epoch) is left out
-        (superseded; see the module doc), unless ``include_superseded`` (to delete it too).
-
         Raises:
-            ReplayError: a batch file is in another format (e.g. ``.parquet``).
+            ReplayError: a batch file is in another format than Arrow IPC (e.g. ``.jsonl`` or
+                ``.parquet``): it is not a state-topic file, and skipping it could drop committed updates.
         """
-        found: dict[BatchFileId, list[Path]] = {}
+        found: list[tuple[BatchFileId, Path]] = []
         for path in self._topic.files(self._queue):
             file_id = parse_batch_file_name(path.name)
             if file_id is None:
                 logger.debug("state topic %s: skipping %s (not a batch file)", self._dir, path.name)
                 continue
-            if path.suffix not in _FORMATS:
+            if path.suffix != ARROW_SUFFIX:
                 raise ReplayError(
-                    f"state topic {self._dir}: {path.name} is not a state-topic batch format (.arrow or .jsonl); "
-                    "move it out of the queue directory"
+                    f"state topic {self._dir}: {path.name} is not a state-topic batch file (state-topic batches are "
+                    f"Arrow IPC files, {ARROW_SUFFIX}); move it out of the queue directory"
                 )
-            found.setdefault(file_id, []).append(path)
-        chosen: list[tuple[BatchFileId, Path]] = []
-        for file_id, paths in found.items():
-            if len(paths) > 1 and not include_superseded:
-                paths = [path for path in paths if path.suffix == ARROW_SUFFIX]
-                logger.info("state topic %s: reading %s, which supersedes its .jsonl twin", self._dir, paths[0].name)
-            chosen.extend((file_id, path) for path in paths)
-        return sorted(chosen, key=lambda item: (item[0].txid, item[0].epoch, item[0].task_id, item[1].name))
-
-
-def _file_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[StateTopicEntry]:
-    """The entries of one batch file, checked line by line, offsets from ``first_offset``.
-
-    The file must end with its end record (see :meth:`StateTopicQueue.append`), naming the
-    file's txid and epoch and the number of entries before it.
-    """
-    offset = first_offset
-    count = 0
-    ended = False
-    with open(path, encoding="utf-8") as lines:
-        for line_no, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            if ended:
-                raise ReplayError(f"state-topic file {path} has a line after its end record ({where}); the file is corrupt")
-            record = _load_record(line, where)
-            if _END in record:
-                _check_end(record, file_id, count, where)
-                ended = True
-                continue
-            entry = _parse_entry({**record, "offset": offset}, where)
-            if (entry.txid, entry.epoch) != (file_id.txid, file_id.epoch):
-                raise ReplayError(
-                    f"state-topic entry {where} has txid {entry.txid} epoch {entry.epoch}, but its file "
-                    f"is named for txid {file_id.txid} epoch {file_id.epoch}; the file is corrupt"
-                )
-            yield entry
-            offset += 1
-            count += 1
-    if not ended:
-        raise ReplayError(
-            f"state-topic file {path} has no end record after {count} entries: it was cut short (an OS crash on "
-            "storage that did not honour fsync, or a copy that stopped midway). Its batch is committed, so the "
-            "state cannot be rebuilt exactly; restore the file from a backup"
-        )
+            found.append((file_id, path))
+        return sorted(found, key=lambda item: (item[0].txid, item[0].epoch, item[0].task_id))
 
 
 def _arrow_entries(path: Path, file_id: BatchFileId, first_offset: int) -> Iterator[StateTopicEntry]:
-    """The entries of one Arrow batch file, offsets from ``first_offset`` (see :func:`_file_entries`)."""
+    """The entries of one Arrow batch file, offsets from ``first_offset``."""
     for offset, (key, value) in enumerate(_arrow_pairs(path, file_id), first_offset):
         yield StateTopicEntry(key, value, offset, file_id.txid, file_id.epoch)
 
@@ -527,34 +444,6 @@ def _arrow_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[str, 
         return [(as_key(key), value) for key, value in zip(keys, values, strict=True)]
     except (StateError, ValueError) as e:
         raise ReplayError(f"state-topic file {path}: {e}; the file is corrupt") from e
-
-
-def _check_end(record: dict[str, Any], file_id: BatchFileId, count: int, where: str) -> None:
-    expected = {"txid": file_id.txid, "epoch": file_id.epoch, "entries": count}
-    if record != {_END: expected}:
-        raise ReplayError(f"state-topic end record {where} is {record!r}, expected {{'end': {expected!r}}}; the file is corrupt")
-
-
-def _complete_records(records: list[Any], file_id: BatchFileId) -> bool:
-    """True when ``records`` (a whole file, decoded) ends with its correct end record."""
-    if not records:
-        return False
-    last = records[-1]
-    return (
-        last.__class__ is dict
-        and last.get(_END) == {"txid": file_id.txid, "epoch": file_id.epoch, "entries": len(records) - 1}
-        and len(last) == 1
-    )
-
-
-def _load_record(line: str, where: str) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ReplayError(f"state-topic entry {where} is not JSON: {e}") from e
-    if not isinstance(record, dict):
-        raise ReplayError(f"state-topic entry {where} is not a JSON object: {line.strip()[:80]!r}")
-    return record
 
 
 @dataclass(frozen=True)
@@ -606,8 +495,8 @@ def replay_changes(
     layout in mind, which makes it much cheaper than replaying :meth:`StateTopicQueue.entries`
     (see ``bench/restore.py``): files are read in (txid, epoch, task) order, so a later
     file always holds larger offsets; for each txid only the files of the highest epoch that
-    has entries are read at all (lower epochs are skipped unread); each file is decoded with
-    one ``json.loads``. Applying the result to the state at ``after_txid`` gives the state at
+    has entries are read at all (lower epochs are skipped unread); each column of a file is
+    decoded with one ``json.loads``. Applying the result to the state at ``after_txid`` gives the state at
     ``committed_txid``, because every counted entry of the range has a larger offset than any
     entry of a txid at or below ``after_txid``.
 
@@ -630,11 +519,11 @@ def replay_changes(
         The changes, with tombstones, the counted epoch per txid and what was read.
 
     Raises:
-        ReplayError: a counted file has a line that is not a state-topic record of its
-            (txid, epoch), exactly as :meth:`StateTopicQueue.entries` would report it, or is
-            cut short; or (with ``committed_epoch``) a committed batch's file is missing.
+        ReplayError: a counted file is not a complete state-topic batch of its (txid, epoch),
+            exactly as :meth:`StateTopicQueue.entries` would report it, or a batch file is in
+            another format; or (with ``committed_epoch``) a committed batch's file is missing.
     """
-    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, committed_epoch, on_file, _load_batch_pairs)
+    changes, top_epochs, read, entries = _replay(queue, after_txid, committed_txid, committed_epoch, on_file, _arrow_pairs)
     return ReplayedChanges(changes=changes, top_epochs=top_epochs, files=read, entries=entries)
 
 
@@ -812,9 +701,7 @@ def replay_arrow_changes(
     The same files are counted (the same code) and the same rule applied, vectorised: the
     counted files' columns are concatenated in offset order and :func:`~stream_ops.state.state_batch_arrow.last_per_key`
     keeps each key's last row. An Arrow file's columns are its stored bytes, read as they are
-    (checked for shape, never decoded); a JSON-lines file's lines are cut or encoded into
-    stored texts as before (:func:`_load_encoded_pairs`), and a value there that is not a
-    stored state value fails the replay only if it wins.
+    (checked for shape, never decoded).
 
     Arrow compute releases the GIL, so the work is spread over threads: Arrow files are read
     in a thread pool, and a replay of more than ``2 * _RANGE_ROWS`` entries is cut into key
@@ -831,20 +718,15 @@ def replay_arrow_changes(
         ReplayError: see :func:`replay_changes`.
     """
     selected, total = _counted_files(queue, after_txid, committed_txid, committed_epoch)
-    errors: dict[int, ReplayError] = {}
     top_epochs = {txid: epoch for txid, epoch, _ in selected}
     files = [(file_id, path) for _, _, counted in selected for file_id, path in counted]
     pool = ThreadPoolExecutor(max_workers=_replay_threads(), thread_name_prefix="stream-ops-replay")
     try:
-        tables = _read_tables(files, total, pool, errors, queue.path, on_file)
+        tables = _read_tables(files, total, pool, on_file)
         rows = sum(table.num_rows for table in tables)
         entries = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
-        if errors or rows < 2 * _RANGE_ROWS:  # small, or JSON-lines errors to check: one pass, here
+        if rows < 2 * _RANGE_ROWS:  # small: one pass, here
             winners = last_per_key(entries["key"])
-            if errors:
-                bad = pc.filter(winners, pc.is_in(winners, pa.array(list(errors), pa.int64()))).to_pylist()
-                if bad:
-                    raise errors[min(bad)]
             ranges: tuple[Future[pa.Table], ...] = (_done(entries.take(winners)),)
         else:
             ranges = _range_futures(entries, pool)
@@ -875,18 +757,15 @@ def _read_tables(
     files: list[tuple[BatchFileId, Path]],
     total: int,
     pool: ThreadPoolExecutor,
-    errors: dict[int, ReplayError],
-    where: object,
     on_file: Callable[[int, int, int], None] | None,
 ) -> list[pa.Table]:
-    """The (key, value) table of each file, in order: Arrow files read in ``pool``, JSON-lines
-    files here (their errors go to ``errors`` under their row numbers); a failing file raises
+    """The (key, value) table of each file, in order, read in ``pool``; a failing file raises
     its error after those of the files before it, as a sequential read would."""
-    reads = [pool.submit(read_arrow_batch, path, file_id) if path.suffix == ARROW_SUFFIX else None for file_id, path in files]
+    reads = [pool.submit(read_arrow_batch, path, file_id) for file_id, path in files]
     tables: list[pa.Table] = []
     rows = 0
-    for number, ((file_id, path), read) in enumerate(zip(files, reads, strict=True), 1):
-        table = read.result() if read is not None else _json_batch_table(path, file_id, rows, errors, where)
+    for number, read in enumerate(reads, 1):
+        table = read.result()
         tables.append(table)
         rows += table.num_rows
         if on_file is not None:
@@ -916,27 +795,6 @@ def _done(table: pa.Table) -> Future[pa.Table]:
     future: Future[pa.Table] = Future()
     future.set_result(table)
     return future
-
-
-def _json_batch_table(
-    path: Path, file_id: BatchFileId, first_row: int, errors: dict[int, ReplayError], where: object
-) -> pa.Table:
-    """A JSON-lines batch file as a (key, value) table of stored texts; a value that is not a
-    stored state value becomes null, its error kept in ``errors`` under its row number."""
-    keys: list[str] = []
-    values: list[str | None] = []
-    encode_key_text = _encode_key_text
-    for row, (key, value) in enumerate(_load_encoded_pairs(path, file_id), first_row):
-        keys.append(encode_key_text(key))
-        if value is None or value.__class__ is str:
-            values.append(value)
-            continue
-        try:
-            values.append(stored_value_text(value, where))
-        except ReplayError as e:
-            errors[row] = e
-            values.append(None)
-    return pa.Table.from_arrays([pa.array(keys, pa.string()), pa.array(values, pa.string())], schema=SCHEMA)
 
 
 def _counted_files(
@@ -1013,121 +871,6 @@ def _check_complete(
                 f"state topic {queue.path}: txid {committed_txid} was committed by epoch {committed_epoch}, but the "
                 f"highest epoch with a file for it is {top}; the committing owner's file is lost"
             )
-
-
-def _load_batch_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, dict[str, Any] | None]]:
-    """(key, value object or None) of each line of one batch file, decoded with one ``json.loads``.
-
-    Anything unusual (a line that is not one JSON object of the file's txid and epoch with a
-    list key and a value) sends the file through the line-by-line reader, which raises the
-    precise :class:`ReplayError`.
-    """
-    if path.suffix == ARROW_SUFFIX:
-        return _arrow_pairs(path, file_id)
-    with open(path, encoding="utf-8") as file:
-        # split on "\n" only: JSON escapes line breaks inside strings, but str.splitlines()
-        # would also split on U+2028 and friends, which ensure_ascii=False leaves raw.
-        lines = [line for line in file.read().split("\n") if line.strip()]
-    txid, epoch = file_id.txid, file_id.epoch
-    try:
-        records = json.loads("[" + ",".join(lines) + "]")
-    except json.JSONDecodeError:
-        records = None
-    if records is not None and len(records) == len(lines) and _complete_records(records, file_id):
-        records.pop()
-        pairs: list[tuple[Key, dict[str, Any] | None]] = []
-        append = pairs.append
-        for record in records:  # the hot loop of a replay: checks inline, no calls per line
-            if record.__class__ is not dict or "value" not in record:
-                break
-            key, record_txid, record_epoch = record.get("key"), record.get("txid"), record.get("epoch")
-            if (
-                key.__class__ is not list
-                or record_txid != txid
-                or record_epoch != epoch
-                or record_txid.__class__ is not int
-                or record_epoch.__class__ is not int
-            ):
-                break
-            append((as_key(key) if list in map(type, key) else tuple(key), record["value"]))
-        else:
-            return pairs
-    # The line reader raises for the first bad line; a file it accepts is used as it reads it.
-    return [(entry.key, entry.value) for entry in _file_entries(path, file_id, 0)]
-
-
-_LINE_HEAD = '{"key":['
-_VALUE_MEMBER = ',"value":'
-
-
-def _load_encoded_pairs(path: Path, file_id: BatchFileId) -> list[tuple[Key, Any]]:
-    """:func:`_load_batch_pairs` of a JSON-lines file with each value as its stored text where the line holds it.
-
-    Every line is decoded and checked exactly as :func:`_load_batch_pairs` does. A value is
-    then cut out of its line, without being encoded again, when the line is framed as
-    :meth:`StateTopicQueue.append` writes it — ``{"key":[...],"value":<text>,"txid":T,"epoch":E}``
-    with this file's T and E, a key text holding no ``{`` (so the first ``,"value":`` ends it:
-    ``,"`` never occurs inside a JSON string) — and the decoded object has its kind's canonical
-    fields in order (so ``encode_stored(from_json_obj(obj))`` is that text), in a file with no
-    ``\\u`` escape (an ASCII-only writer escapes what ``encode_stored`` keeps raw). A value
-    that is canonical but not framed so is encoded from its object; any other value object is
-    kept as it is, to be encoded or rejected only if it wins (as the object path does). (A
-    framed line from another writer that spells a number differently, e.g. ``1E5``, keeps
-    that spelling: the stored bytes decode to the same value.)
-    """
-    with open(path, encoding="utf-8") as file:
-        text = file.read()
-    lines = [line for line in text.split("\n") if line.strip()]  # "\n" only: see _load_batch_pairs
-    txid, epoch = file_id.txid, file_id.epoch
-    try:
-        records = json.loads("[" + ",".join(lines) + "]")
-    except json.JSONDecodeError:
-        records = None
-    if records is not None and len(records) == len(lines) and _complete_records(records, file_id):
-        records.pop()
-        lines.pop()
-        cut = "\\u" not in text
-        tail = f',"txid":{txid},"epoch":{epoch}}}'
-        end = -len(tail)
-        head, member, skip = _LINE_HEAD, _VALUE_MEMBER, len(_VALUE_MEMBER)
-        canonical = _CANONICAL_FIELDS
-        encode_value = _encode_value_text
-        pairs: list[tuple[Key, Any]] = []
-        append = pairs.append
-        for line, record in zip(lines, records):  # the hot loop of a restore: checks inline
-            if record.__class__ is not dict or "value" not in record:
-                break
-            key, record_txid, record_epoch = record.get("key"), record.get("txid"), record.get("epoch")
-            if (
-                key.__class__ is not list
-                or record_txid != txid
-                or record_epoch != epoch
-                or record_txid.__class__ is not int
-                or record_epoch.__class__ is not int
-            ):
-                break
-            key = as_key(key) if list in map(type, key) else tuple(key)
-            value = record["value"]
-            if value is None:
-                append((key, None))
-                continue
-            if value.__class__ is dict:
-                kind = value.get("k")
-                if kind.__class__ is str and tuple(value) == canonical.get(kind):
-                    value_txid = value.get("txid", 0)
-                    if value_txid.__class__ is int and value_txid >= 0:
-                        if cut and line.startswith(head) and line.endswith(tail):
-                            at = line.find(member, 8)
-                            if at > 0 and line.find("{", 8, at) < 0:
-                                append((key, line[at + skip : end]))
-                                continue
-                        append((key, encode_value(value)))
-                        continue
-            append((key, value))  # not canonical: encoded (or rejected) only if it wins
-        else:
-            return pairs
-    # The line reader raises for the first bad line; a file it accepts is used as it reads it.
-    return [(entry.key, entry.value) for entry in _file_entries(path, file_id, 0)]
 
 
 @contextmanager

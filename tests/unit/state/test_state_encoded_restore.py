@@ -34,8 +34,8 @@ from stream_ops.state import (
     write_snapshot,
 )
 from stream_ops.state.snapshot import open_restore_source, snapshot_sst
-from stream_ops.state.state_topic import encode_items, json_batch_lines, key_text, replay_arrow_changes, stored_value_text
-from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.state.state_topic import key_text, replay_arrow_changes, stored_value_text
+from stream_ops.topics.file_topic import FileTopic
 
 KEYS: list[tuple[Any, ...]] = [
     ("apple",),
@@ -226,76 +226,6 @@ def test_replay_arrow_changes_equals_replay_changes_with_the_stored_bytes(queue:
         assert live == sorted(plain.encoded_live_items("q"))
         expected_live = sorted(((key, from_json_obj(obj)) for key, obj in plain.live_items()), key=lambda kv: key_text(kv[0]))
         assert list(arrow.live_items("q")) == expected_live
-
-
-def write_lines(queue: StateTopicQueue, txid: int, lines: list[str], *, task: int = 4, epoch: int = 1) -> None:
-    """A batch file of another writer: its lines, then the end record every batch file has."""
-    queue.path.mkdir(parents=True, exist_ok=True)
-    end = json.dumps({"end": {"txid": txid, "epoch": epoch, "entries": len(lines)}})
-    (queue.path / batch_file_name(task, txid, epoch)).write_text("".join(line + "\n" for line in [*lines, end]), "utf-8")
-
-
-def test_values_of_json_lines_as_append_wrote_them_are_cut_out_not_encoded_again(
-    queue: StateTopicQueue, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rng = random.Random(8)
-    keys = [key for key in KEYS if "\\u" not in encode_key(key) and "{" not in encode_key(key)]  # cut every line
-    plain = [value for value in PLAIN if "\\u" not in json.dumps(value, ensure_ascii=False)]
-    for txid in range(1, 11):
-        values = [TransactionalValue(txid, rng.choice(plain)), OpaqueValue(txid, rng.choice(plain), None), None]
-        items = [(rng.choice(keys), rng.choice(values + plain)) for _ in range(8)]
-        queue.topic.write_lines(queue.queue, batch_file_name(3, txid, 1), json_batch_lines(txid, 1, encode_items(items)))
-    expected = replay_changes(queue, after_txid=-1, committed_txid=10)
-
-    def no_encoding(obj: Any) -> str:
-        raise AssertionError(f"re-encoded {obj!r}")
-
-    monkeypatch.setattr(state_topic, "_encode_value_text", no_encoding)
-    arrow = replay_arrow_changes(queue, after_txid=-1, committed_txid=10)
-    monkeypatch.undo()
-    assert {row["key"]: row["value"] for row in arrow.table.to_pylist()} == stored_texts(expected.changes)
-
-
-def test_lines_of_other_writers_restore_to_the_same_bytes(queue: StateTopicQueue, tmp_path: Path) -> None:
-    compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
-
-    def record(key: list[Any], value: Any, txid: int, **dumps: Any) -> str:
-        return json.dumps({"key": key, "value": value, "txid": txid, "epoch": 1}, **(dumps or compact))
-
-    tx = {"k": "tx", "txid": 1, "val": 'ü,"value":{'}
-    lines = [
-        lambda t: record(["ascii"], tx, t, separators=(",", ":")),  # ensure_ascii: \u escapes
-        lambda t: record(["spaced"], tx, t, indent=None),  # default separators
-        lambda t: record(["reordered"], {"val": 2, "txid": 1, "k": "tx"}, t),
-        lambda t: record(["extra"], {"k": "raw", "val": 1, "why": "x"}, t),
-        lambda t: record(["{", ',"value":'], {"k": "raw", "val": 3}, t),  # a brace in the key text
-        lambda t: record(["a,"], {"k": "raw", "val": {"value": {"x": 1}}}, t),
-        lambda t: json.dumps({"value": {"k": "raw", "val": {"value": 4}}, "key": ["value-first"], "txid": t, "epoch": 1}),
-        lambda t: json.dumps({"key": ["more"], "txid": t, "value": {"k": "raw", "val": 5}, "epoch": 1}, **compact),
-        lambda t: json.dumps({"key": ["other"], "value": {"k": "raw", "val": 6}, "txid": t, "epoch": 1, "x": 1}),
-        lambda t: record(["crlf"], {"k": "op", "txid": 2, "curr": 1, "prev": None}, t) + "\r",
-        lambda t: " " + record(["indented"], {"k": "raw", "val": 7}, t),
-    ]
-    for txid, line in enumerate(lines, 1):  # one file each: an escape anywhere in a file turns cutting off
-        write_lines(queue, txid, [line(txid)])
-    last = len(lines)
-
-    generic_restore(tmp_path / "generic", queue, last, 1)
-    with RocksDBBackingMap(tmp_path / "fast") as store:
-        assert rebuild_store(store, queue, committed_txid=last, committed_epoch=1) == last
-    assert raw_items(tmp_path / "fast") == raw_items(tmp_path / "generic")
-
-
-def test_a_bad_value_fails_the_rebuild_only_if_it_wins(queue: StateTopicQueue, tmp_path: Path) -> None:
-    write_lines(queue, 1, ['{"key":["a"],"value":{"k":"tx","txid":-1,"val":1},"txid":1,"epoch":1}'])
-    write_lines(queue, 2, ['{"key":["a"],"value":{"k":"raw","val":2},"txid":2,"epoch":1}'])
-    generic_restore(tmp_path / "generic", queue, 2, 1)
-    with RocksDBBackingMap(tmp_path / "fast") as store:
-        assert rebuild_store(store, queue, committed_txid=2, committed_epoch=1) == 1
-    assert raw_items(tmp_path / "fast") == raw_items(tmp_path / "generic")
-
-    with RocksDBBackingMap(tmp_path / "winner") as store, pytest.raises(ReplayError, match="txid must be"):
-        rebuild_store(store, queue, committed_txid=1, committed_epoch=1)
 
 
 # --- rebuild_store -------------------------------------------------------------------------

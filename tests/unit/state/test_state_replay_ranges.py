@@ -38,8 +38,8 @@ from stream_ops.state.state_batch_arrow import (
     range_rows,
     read_ahead,
 )
-from stream_ops.state.state_topic import encode_items, json_batch_lines, replay_arrow_changes, replay_changes
-from stream_ops.topics.file_topic import FileTopic, batch_file_name
+from stream_ops.state.state_topic import replay_arrow_changes, replay_changes
+from stream_ops.topics.file_topic import FileTopic
 
 
 def partitioned(keys: pa.Array, pivots: pa.Array) -> np.ndarray:
@@ -116,8 +116,8 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(state_topic, "_RANGE_ROWS", 5)
 
 
-def history(queue: StateTopicQueue, rng: random.Random, txids: int, *, json_every: int = 0) -> None:
-    """Batches over a few keys with updates and deletions; every ``json_every``-th one a JSON-lines file."""
+def history(queue: StateTopicQueue, rng: random.Random, txids: int) -> None:
+    """Batches over a few keys with updates and deletions."""
     pool = [(f"k{i:02d}",) for i in range(30)]
     for txid in range(1, txids + 1):
         items: list[tuple[Any, Any]] = []
@@ -127,10 +127,7 @@ def history(queue: StateTopicQueue, rng: random.Random, txids: int, *, json_ever
                 None if roll < 0.25 else TransactionalValue(txid, rng.randrange(9)) if roll < 0.6 else OpaqueValue(txid, 1, None)
             )
             items.append((rng.choice(pool), value))
-        if json_every and txid % json_every == 0:
-            queue.topic.write_lines(queue.queue, batch_file_name(3, txid, 1), json_batch_lines(txid, 1, encode_items(items)))
-        else:
-            queue.append(3, txid, 1, items)
+        queue.append(3, txid, 1, items)
 
 
 def reference(queue: StateTopicQueue, after: int, committed: int, monkeypatch: pytest.MonkeyPatch) -> pa.Table:
@@ -143,11 +140,11 @@ def reference(queue: StateTopicQueue, after: int, committed: int, monkeypatch: p
 
 
 @pytest.mark.usefixtures("small_ranges")
-@pytest.mark.parametrize(("seed", "json_every"), [(1, 0), (2, 0), (3, 3), (4, 2)])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_a_partitioned_replay_equals_the_unpartitioned_one(
-    queue: StateTopicQueue, monkeypatch: pytest.MonkeyPatch, seed: int, json_every: int
+    queue: StateTopicQueue, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
-    history(queue, random.Random(seed), 25, json_every=json_every)
+    history(queue, random.Random(seed), 25)
     for after, committed in [(-1, 25), (-1, 9), (6, 25), (24, 25)]:
         changes = replay_arrow_changes(queue, after_txid=after, committed_txid=committed)
         expected = reference(queue, after, committed, monkeypatch)
@@ -191,19 +188,8 @@ def test_an_empty_replay_has_one_empty_range(queue: StateTopicQueue) -> None:
 
 
 @pytest.mark.usefixtures("small_ranges")
-def test_a_bad_json_value_still_fails_only_if_it_wins(queue: StateTopicQueue) -> None:
-    history(queue, random.Random(5), 6)
-    bad = '{"key":["k00"],"value":{"k":"tx","txid":-1,"val":1},"txid":7,"epoch":1}'
-    queue.topic.write_lines(queue.queue, batch_file_name(4, 7, 1), [bad, '{"end":{"txid":7,"epoch":1,"entries":1}}'])
-    with pytest.raises(ReplayError):
-        replay_arrow_changes(queue, after_txid=-1, committed_txid=7)
-    queue.append(3, 8, 1, [(("k00",), None)])  # overwritten: the bad value does not win
-    assert replay_arrow_changes(queue, after_txid=-1, committed_txid=8).table.num_rows > 0
-
-
-@pytest.mark.usefixtures("small_ranges")
 def test_a_partitioned_rebuild_leaves_the_bytes_of_the_generic_restore(queue: StateTopicQueue, tmp_path: Path) -> None:
-    history(queue, random.Random(9), 30, json_every=4)
+    history(queue, random.Random(9), 30)
     with RocksDBBackingMap(tmp_path / "generic") as store:
         store.restore(queue.replay(30).items(), 30, 1)
     with RocksDBBackingMap(tmp_path / "fast") as store:

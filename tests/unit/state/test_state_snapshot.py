@@ -404,13 +404,14 @@ def test_a_compaction_during_a_rebuild_makes_the_rebuild_read_again(queue: State
     assert len(compactions) == 1
 
 
-def test_a_corrupt_counted_file_is_reported_like_the_line_reader_does(queue: StateTopicQueue) -> None:
+def test_a_corrupt_counted_file_is_reported(queue: StateTopicQueue) -> None:
     queue.path.mkdir(parents=True)
-    (queue.path / batch_file_name(4, 1, 1)).write_text('{"key":["a"],"value":null,"txid":1,"epoch":1}\n{oops\n')
-    with pytest.raises(ReplayError, match=r"t00004-x000000000001-e000001.jsonl:2 is not JSON"):
+    (queue.path / batch_file_name(4, 1, 1, ".arrow")).write_text('{"key":["a"],"value":null,"txid":1,"epoch":1}\n{oops\n')
+    with pytest.raises(ReplayError, match=r"t00004-x000000000001-e000001.arrow is not a complete Arrow IPC file"):
         replay_changes(queue, after_txid=-1, committed_txid=1)
-    (queue.path / batch_file_name(4, 2, 1)).write_text('{"key":["a"],"value":null,"txid":3,"epoch":1}\n')
-    with pytest.raises(ReplayError, match="file is corrupt"):
+    first = queue.append(4, 3, 1, [(("a",), None)])
+    first.replace(first.with_name(batch_file_name(4, 2, 1, ".arrow")))
+    with pytest.raises(ReplayError, match="records txid 3 epoch 1, but is named for txid 2 epoch 1"):
         replay_changes(queue, after_txid=1, committed_txid=2)
 
 

@@ -1,5 +1,5 @@
-"""Arrow IPC state-topic batch files: cut-short detection, queues mixing them with JSON-lines
-files written before the upgrade, the rule for both formats of one batch, and the SST restore."""
+"""Arrow IPC state-topic batch files: cut-short detection, a history restored, caught up and
+compacted like the reference, batch files of any other format refused, and the SST restore."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from state_store_bytes import raw_items
 from stream_ops.errors import ReplayError, StateError
 from stream_ops.state import OpaqueValue, RocksDBBackingMap, StateTopicQueue, TransactionalValue, compact_queue, rebuild_store
 from stream_ops.state.restore import catch_up_store
-from stream_ops.state.state_topic import encode_items, json_batch_lines, replay_arrow_changes, replay_changes
+from stream_ops.state.state_topic import replay_arrow_changes, replay_changes
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 
@@ -24,26 +24,12 @@ def queue(tmp_path: Path) -> StateTopicQueue:
     return StateTopicQueue(FileTopic(tmp_path / "state", queues=1), queue=0)
 
 
-def append_json(queue: StateTopicQueue, txid: int, epoch: int, items: list[tuple[Any, Any]], *, task: int = 4) -> Path:
-    """A batch file as the state topic wrote it before the upgrade."""
-    name = batch_file_name(task, txid, epoch)
-    return queue.topic.write_lines(queue.queue, name, json_batch_lines(txid, epoch, encode_items(items)))
-
-
-def history(queue: StateTopicQueue, rng: random.Random, *, txids: int, json_until: int) -> None:
-    """Batches 0..txids, JSON lines up to ``json_until`` and Arrow after, with tombstones and
-    owners that lost the task just before and just after the upgrade."""
-
-    def write(txid: int, epoch: int, items: list[tuple[Any, Any]]) -> None:
-        if txid <= json_until:
-            append_json(queue, txid, epoch, items)
-        else:
-            queue.append(4, txid, epoch, items)
-
+def history(queue: StateTopicQueue, rng: random.Random, *, txids: int, zombies: tuple[int, ...]) -> None:
+    """Batches 0..txids with tombstones, and owners that lost the task at the txids ``zombies``."""
     epoch = 1
     for txid in range(txids + 1):
-        if txid in (json_until, json_until + 1):
-            write(txid, epoch, [((f"k{rng.randrange(20)}",), "zombie")])
+        if txid in zombies:
+            queue.append(4, txid, epoch, [((f"k{rng.randrange(20)}",), "zombie")])
             epoch += 1
         items: list[tuple[Any, Any]] = []
         for _ in range(rng.randrange(1, 8)):
@@ -52,7 +38,7 @@ def history(queue: StateTopicQueue, rng: random.Random, *, txids: int, json_unti
                 None if roll < 0.2 else OpaqueValue(txid, rng.randrange(99)) if roll < 0.6 else TransactionalValue(txid, [roll])
             )
             items.append((key, value))
-        write(txid, epoch, items)
+        queue.append(4, txid, epoch, items)
 
 
 def generic_restore(path: Path, queue: StateTopicQueue, txid: int, epoch: int) -> None:
@@ -95,23 +81,20 @@ def test_an_arrow_file_of_another_batch_or_with_fewer_rows_than_recorded_fails(q
         replay_arrow_changes(queue, after_txid=-1, committed_txid=1)
 
 
-# --- a queue written before the upgrade and appended after it -------------------------------
+# --- a history with lost owners -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_a_queue_of_json_then_arrow_files_restores_catches_up_and_compacts_like_the_reference(
-    queue: StateTopicQueue, tmp_path: Path, seed: int
-) -> None:
-    history(queue, random.Random(seed), txids=20, json_until=9)
-    assert {path.suffix for _, path in queue.batch_files()} == {".jsonl", ".arrow"}
+def test_a_queue_restores_catches_up_and_compacts_like_the_reference(queue: StateTopicQueue, tmp_path: Path, seed: int) -> None:
+    history(queue, random.Random(seed), txids=20, zombies=(9, 10))
     generic_restore(tmp_path / "generic", queue, 20, 3)
     with RocksDBBackingMap(tmp_path / "full") as store:
         rebuild_store(store, queue, committed_txid=20, committed_epoch=3, require_complete=True)
-    with RocksDBBackingMap(tmp_path / "behind") as store:  # a standby at txid 5 (JSON) takes the mixed tail
+    with RocksDBBackingMap(tmp_path / "behind") as store:  # a standby at txid 5 takes the tail
         rebuild_store(store, queue, committed_txid=5, committed_epoch=1, require_complete=True)
         assert catch_up_store(store, queue, committed_txid=20, committed_epoch=3) is not None
     snaps = tmp_path / "snapshots"
-    compact_queue(queue, snaps, committed_txid=12)  # across the upgrade; deletes both kinds of files
+    compact_queue(queue, snaps, committed_txid=12)
     assert all(file_id.txid > 12 for file_id, _ in queue.batch_files())
     with RocksDBBackingMap(tmp_path / "snap") as store:
         rebuild_store(store, queue, committed_txid=20, committed_epoch=3, snapshot_dir=snaps, require_complete=True)
@@ -122,31 +105,26 @@ def test_a_queue_of_json_then_arrow_files_restores_catches_up_and_compacts_like_
     assert raw_items(tmp_path / "snap") == expected
 
 
-# --- both formats for one (task, txid, epoch) -------------------------------------------------
+# --- batch files of another format ------------------------------------------------------------
 
 
-def test_an_arrow_file_supersedes_the_json_file_of_its_batch(queue: StateTopicQueue, tmp_path: Path) -> None:
-    old = append_json(queue, 1, 1, [(("a",), "before the upgrade")])
-    arrow = queue.append(4, 1, 1, [(("a",), "replayed after it")])
-    assert not old.exists()  # the writer deletes it once its Arrow file is durable
-
-    append_json(queue, 1, 1, [(("a",), "left by a crash between the two")])
-    append_json(queue, 2, 1, [(("b",), 2)])
-    assert [path.name for _, path in queue.batch_files()] == [arrow.name, batch_file_name(4, 2, 1)]
-    assert queue.replay(committed_txid=2) == {("a",): "replayed after it", ("b",): 2}
-    with RocksDBBackingMap(tmp_path / "db") as store:
-        rebuild_store(store, queue, committed_txid=2, committed_epoch=1)
-        assert store.multi_get([("a",)]) == ["replayed after it"]
-
-    result = compact_queue(queue, tmp_path / "snapshots", committed_txid=1)
-    assert result.deleted_files == 2 and not old.exists() and not arrow.exists()
-
-
-def test_a_batch_file_in_another_format_fails_the_replay(queue: StateTopicQueue) -> None:
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_batch_file_in_another_format_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, suffix: str) -> None:
     queue.append(4, 1, 1, [(("a",), 1)])
-    (queue.path / batch_file_name(4, 2, 1, ".parquet")).write_bytes(b"PAR1")
-    with pytest.raises(ReplayError, match="not a state-topic batch format"):
+    other = queue.path / batch_file_name(4, 2, 1, suffix)
+    other.write_bytes(b'{"key":["b"],"value":2,"txid":2,"epoch":1}\n')
+    match = f"{other.name} is not a state-topic batch file"
+    with pytest.raises(ReplayError, match=match):
+        list(queue.entries())
+    with pytest.raises(ReplayError, match=match):
+        replay_changes(queue, after_txid=-1, committed_txid=2)
+    with pytest.raises(ReplayError, match=match):
         replay_arrow_changes(queue, after_txid=-1, committed_txid=2)
+    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match=match):
+        rebuild_store(store, queue, committed_txid=2, committed_epoch=1)
+    with pytest.raises(ReplayError, match=match):
+        compact_queue(queue, tmp_path / "snapshots", committed_txid=2)
+    assert other.exists()  # never skipped, never deleted
 
 
 # --- RocksDBBackingMap.restore_sorted --------------------------------------------------------

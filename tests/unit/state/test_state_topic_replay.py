@@ -20,7 +20,6 @@ from stream_ops.state import (
     rebuild_store,
     replay_state_topic,
 )
-from stream_ops.state.state_topic import encode_items, json_batch_lines, replay_changes
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 
 
@@ -130,20 +129,6 @@ def test_replay_round_trips_values_with_two_epochs_for_one_txid(queue: StateTopi
     assert queue.replay(committed_txid=1) == {("a",): OpaqueValue(1, 1), ("b",): TransactionalValue(1, 1)}
 
 
-def test_a_corrupt_line_is_a_replay_error(queue: StateTopicQueue) -> None:
-    queue.path.mkdir(parents=True)
-    (queue.path / batch_file_name(4, 1, 1)).write_text('{"key":["a"],"value":null,"txid":1,"epoch":1}\n{oops\n')
-    with pytest.raises(ReplayError, match=r"t00004-x000000000001-e000001.jsonl:2 is not JSON"):
-        queue.replay(committed_txid=1)
-
-
-def test_an_entry_disagreeing_with_its_file_name_is_a_replay_error(queue: StateTopicQueue) -> None:
-    queue.path.mkdir(parents=True)
-    (queue.path / batch_file_name(4, 1, 1)).write_text('{"key":["a"],"value":null,"txid":2,"epoch":1}\n')
-    with pytest.raises(ReplayError, match="file is corrupt"):
-        queue.replay(committed_txid=2)
-
-
 # --- rebuild_store --------------------------------------------------------------------------
 
 
@@ -179,35 +164,7 @@ def test_rebuild_store_logs_progress_at_a_bounded_rate(
     assert 0 < len(progress) <= clock.now / 1.0
 
 
-# --- files lost or cut short by a machine crash --------------------------------------------
-
-
-def _cut(path: Path, keep_bytes: int) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[:keep_bytes])
-
-
-def append_json(queue: StateTopicQueue, task: int, txid: int, epoch: int, items: list[tuple[Any, Any]]) -> Path:
-    """A batch file as state topics were written before Arrow files (JSON lines)."""
-    name = batch_file_name(task, txid, epoch)
-    return queue.topic.write_lines(queue.queue, name, json_batch_lines(txid, epoch, encode_items(items)))
-
-
-@pytest.mark.parametrize("where", ["before the end record", "in the middle of a line", "to nothing"])
-def test_a_committed_json_file_cut_short_fails_every_reader(queue: StateTopicQueue, tmp_path: Path, where: str) -> None:
-    append_json(queue, 4, txid=0, epoch=1, items=[(("a",), 1), (("b",), 2)])
-    path = append_json(queue, 4, txid=1, epoch=1, items=[(("a",), 3), (("c",), 4)])
-    lines = path.read_text().splitlines(keepends=True)
-    keep = {"before the end record": len("".join(lines[:-1])), "in the middle of a line": len(lines[0]) + 5, "to nothing": 0}[
-        where
-    ]
-    _cut(path, keep)
-    with pytest.raises(ReplayError, match="cut short|not JSON"):
-        list(queue.entries())
-    with pytest.raises(ReplayError, match="cut short|not JSON"):
-        replay_changes(queue, after_txid=-1, committed_txid=1)
-    with RocksDBBackingMap(tmp_path / "db") as store, pytest.raises(ReplayError, match="cut short|not JSON"):
-        rebuild_store(store, queue, committed_txid=1, committed_epoch=1, require_complete=True)
+# --- files lost by a machine crash --------------------------------------------
 
 
 def test_an_empty_batch_writes_a_file_that_marks_its_epoch(queue: StateTopicQueue) -> None:
