@@ -18,10 +18,10 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from stream_ops.errors import TopicError
 
@@ -168,8 +168,7 @@ class ForwardMarker:
     version is not the newest and merges again). A writer
     that gives its owner ``epoch`` is refused (:meth:`advance` returns None, writing nothing)
     once a higher epoch has written. Older versions are deleted after each write; readers
-    that meet a deleted one read again. ``legacy``, the single file used before versions, is
-    read (through ``legacy_txids``) while no version exists, and deleted after the first one.
+    that meet a deleted one read again.
 
     Example:
         >>> marker = ForwardMarker(Path(tempfile.mkdtemp()), "_consumed", durable=False)
@@ -182,9 +181,6 @@ class ForwardMarker:
     directory: Path
     stem: str
     durable: bool = True
-    legacy: str | None = None
-    legacy_txids: Callable[[Any], dict[str, int]] | None = None
-    """The txids a parsed ``legacy`` file holds."""
 
     def read(self) -> MarkerState:
         """The marker's newest complete version (empty when nothing was recorded).
@@ -208,7 +204,7 @@ class ForwardMarker:
                     return MarkerState(parsed[0], parsed[1], newest)
                 # not a complete marker (a write cut short by an OS crash): the one before counts
             else:
-                return MarkerState(self._read_legacy(), -1, newest)
+                return MarkerState({}, -1, newest)
         raise TopicError(f"{self.directory}: the marker {self.stem} kept changing while it was read; try again")
 
     def advance(self, txids: Mapping[str, int], *, epoch: int | None = None) -> MarkerState | None:
@@ -269,21 +265,10 @@ class ForwardMarker:
             raise TopicError(f"{self.directory}: cannot list the marker {self.stem}: {e}") from e
         return sorted((int(m[1]) for m in map(pattern.match, names) if m is not None), reverse=True)
 
-    def _read_legacy(self) -> dict[str, int]:
-        if self.legacy is None or self.legacy_txids is None:
-            return {}
-        path = self.directory / self.legacy
-        try:
-            return self.legacy_txids(json.loads(path.read_bytes()))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise TopicError(f"{path}: unreadable marker: {e}") from e
-
     def _collect(self, written: int) -> None:
         """Delete the versions below the one before ``written`` (kept for readers that listed
-        just before it appeared), the legacy file, which ``written`` includes, and temp files
-        of writes that crashed (untouched for :data:`STALE_MARKER_TEMP_S`)."""
+        just before it appeared) and temp files of writes that crashed (untouched for
+        :data:`STALE_MARKER_TEMP_S`)."""
         version = re.compile(rf"^{re.escape(self.stem)}-v(\d+)\.json$")
         temp = re.compile(rf"^\.{re.escape(self.stem)}-v\d+\.json\.[0-9a-f]{{32}}\.tmp$")
         now = time.time()
@@ -298,8 +283,6 @@ class ForwardMarker:
                         path.unlink()
                 except FileNotFoundError:
                     continue
-        if self.legacy is not None:
-            (self.directory / self.legacy).unlink(missing_ok=True)
 
 
 def _parse_marker(text: bytes) -> tuple[dict[str, int], int] | None:

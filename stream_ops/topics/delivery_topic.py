@@ -34,14 +34,7 @@ class DeliveryTopic(FileTopic):
     """A FileTopic whose published batches are delivered once, oldest first, then removed."""
 
     def _marker(self, queue: int, task_id: int) -> ForwardMarker:
-        stem = f".delivered-t{task_id:05d}"
-        return ForwardMarker(
-            self.queue_path(queue),
-            stem,
-            durable=self.durable,
-            legacy=stem,  # the one file written before versions: {"txid": N}
-            legacy_txids=lambda recorded: {_TXID: int(recorded[_TXID])},
-        )
+        return ForwardMarker(self.queue_path(queue), f".delivered-t{task_id:05d}", durable=self.durable)
 
     def delivered_txid(self, queue: int, task_id: int) -> int:
         """The last txid of ``task_id`` delivered from ``queue`` (-1 if none)."""

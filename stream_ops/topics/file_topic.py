@@ -53,9 +53,6 @@ _BATCH_FILE = re.compile(r"^t(?P<task>\d+)-x(?P<txid>\d+)-e(?P<epoch>\d+)(?P<suf
 BATCH_FILE_SUFFIXES = (".jsonl", ".arrow", ".parquet")
 """The formats a batch file can be in: JSON lines, Arrow IPC (stream format) or Parquet."""
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
-CONSUMED_FILE = "_consumed.json"
-"""A queue's record of the batches its reader consumed as one file, as written before the
-versioned record (:data:`CONSUMED_MARKER`); read while no version exists."""
 CONSUMED_MARKER = "_consumed"
 """The stem of a queue's record of the batches its reader consumed
 (``_consumed-v<version>.json``, :meth:`FileTopic.retire_consumed`)."""
@@ -409,13 +406,7 @@ class FileTopic:
     def consumed_marker(self, queue: int) -> ForwardMarker:
         """The record of what ``queue``'s reader consumed and may have deleted (``_`` files: no
         reader lists them)."""
-        return ForwardMarker(
-            self.queue_path(queue),
-            CONSUMED_MARKER,
-            durable=self.durable,
-            legacy=CONSUMED_FILE,
-            legacy_txids=lambda recorded: {str(task): int(txid) for task, txid in recorded.get("tasks", {}).items()},
-        )
+        return ForwardMarker(self.queue_path(queue), CONSUMED_MARKER, durable=self.durable)
 
     def consumed_txids(self, queue: int) -> dict[int, int]:
         """Per upstream task, the highest txid whose files in ``queue`` its reader consumed in a

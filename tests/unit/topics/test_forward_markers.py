@@ -212,22 +212,6 @@ def test_old_versions_and_crashed_writes_go_and_a_version_cut_short_is_not_read(
     assert not crashed.exists() and running.exists()
 
 
-def test_a_record_written_before_versions_is_read_and_replaced(tmp_path):
-    topic = FileTopic(tmp_path / "shuffle", queues=1)
-    topic.create()
-    (topic.queue_path(0) / "_consumed.json").write_text('{"tasks":{"3":5}}')
-    assert topic.consumed_txids(0) == {3: 5}
-    topic.retire_consumed(0, {4: 1})
-    assert topic.consumed_txids(0) == {3: 5, 4: 1}
-    assert not (topic.queue_path(0) / "_consumed.json").exists()
-    delivery = DeliveryTopic(tmp_path / "sink", queues=1)
-    delivery.create()
-    (delivery.queue_path(0) / ".delivered-t00003").write_text('{"txid":6}\n')
-    assert delivery.delivered_txid(0, 3) == 6
-    delivery.mark_delivered(0, 3, 4)  # older: nothing to write
-    assert delivery.delivered_txid(0, 3) == 6 and (delivery.queue_path(0) / ".delivered-t00003").exists()
-
-
 def test_a_taken_name_is_not_replaced_and_a_file_system_without_links_is_refused(tmp_path, monkeypatch):
     target = tmp_path / "v1"
     assert create_exclusively(target, b"first")
