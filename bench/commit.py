@@ -41,7 +41,8 @@ from stream_ops.hashing import encode_key
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner, _Batch
+from stream_ops.runtime.computed_batch import ComputedBatch
+from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.task_stats import COMMIT_STEPS
 from stream_ops.state.auto_snapshot import SnapshotPolicy
 
@@ -97,7 +98,7 @@ def run(runner: TaskRunner, keys: int, batches: int, gap_s: float, first_txid: i
         runner._await_state_write()
         figures["waited"].append((time.perf_counter() - started) * 1000.0)
         with runner._state_section(txid):
-            runner._commit_batch(_Batch(rows_in=keys, partials=partials), txid)
+            runner._commit_batch(ComputedBatch(rows_in=keys, partials=partials), txid)
         runner._await_state_write()  # the previous write is done: its time is counted
         steps = {step: runner.stats.commit_steps_ms[step] - before[step] for step in COMMIT_STEPS}
         figures["state"].append(runner.stats.state_ms_total - state_before)

@@ -93,9 +93,11 @@ from stream_ops.errors import (
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
-from stream_ops.operators.aggregators import Count, Max, Min, Sum, aggregator_from_spec
-from stream_ops.operators.record_pipeline import as_fields, run_batch
+from stream_ops.operators.record_pipeline import as_fields
 from stream_ops.operators.trident_state import Collector, State
+from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
+from stream_ops.runtime.computed_batch import ComputedBatch
+from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
@@ -105,7 +107,7 @@ from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
-from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch, start_stage_query
+from stream_ops.spark.compiler import start_stage_query
 from stream_ops.spark.shuffle_queue import (
     next_tick_stamp,
     offset_txids,
@@ -118,10 +120,6 @@ from stream_ops.spark.shuffle_queue import (
     unread_files,
 )
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
-from stream_ops.state.column_update import add_int_partials
-from stream_ops.state.key_texts import decode_key_texts
-from stream_ops.state.map_states import OpaqueMapState, TransactionalMapState
-from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.state.state_log import open_state_log
 from stream_ops.state.state_topic import encode_changes
 from stream_ops.state.value_columns import ChangeColumns
@@ -130,7 +128,7 @@ from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
-from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, TaskSpec
+from stream_ops.topology.plan import PersistSpec, Plan, StageSpec, TaskSpec
 
 if TYPE_CHECKING:
     from stream_ops.kafka.shuffle_ticks import TickProducer
@@ -142,29 +140,6 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 CATCH_UP_ATTEMPTS = 3
 """Tries at catching the store up from the state topic after a committed batch's write failed,
 0.2 s then 0.4 s apart, before the task fails (:class:`~stream_ops.errors.StateStoreBehindError`)."""
-
-
-@dataclass
-class _Batch:
-    """What step 2 computed for one batch, filled in as the steps go."""
-
-    rows_in: int
-    records: list[dict[str, Any]] = field(default_factory=list)
-    """The records at the stage's input tap, when its operations run on the driver."""
-    outputs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    """Records per stage output index."""
-    output_partials: dict[int, list[tuple[str, Any]]] = field(default_factory=dict)
-    """Partial aggregates Spark computed per partials output."""
-    partials: list[tuple[str, Any]] = field(default_factory=list)
-    """(encoded key, partial aggregate) a keyed stage applies to its state."""
-    dead: list[dict[str, Any]] = field(default_factory=list)
-    side: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Records of the processor's named side streams (late records, named output streams)."""
-    rows: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
-    """The shuffled (stream, key, record) rows a records stage's processor reads."""
-    driver_operations: bool = False
-    """Whether the stage's record operations still have to run on the driver."""
-    updated_keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -249,13 +224,9 @@ class TaskRunner:
         self._state_write_failed: BaseException | None = None
         self._ownership_lost: OwnershipLostError | None = None
         self._appended: tuple[int, int] | None = None
-        # (txid, keys, their shuffled key texts) of the map-state update, for the commit's encoding
-        self._key_texts: tuple[int, list[tuple[Any, ...]], list[str]] | None = None
-        # (txid, changes) of a column-wise map-state update, which bypasses the store's buffer
-        self._column_changes: tuple[int, ChangeColumns] | None = None
         self._stopping = threading.Event()
         self._last_input_ms = 0
-        self._aggregator = aggregator_from_spec(self.stage.state.aggregator) if self.stage.state else None
+        self._map_update = MapStateUpdate(self.stage)
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
         self.kafka_shuffle: KafkaShuffle | None = None
         """The topology's shuffle between stages when its conf keeps it in Kafka (set by :meth:`prepare`)."""
@@ -554,13 +525,13 @@ class TaskRunner:
             self._checkpoint_entries = (txid, self._io.submit(self._read_checkpoint_entries, txid))
             # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
             spark_started = time.perf_counter()
-            batch = self._compute_in_spark(df)
+            batch = compute_in_spark(df, self.stage)
             self.stats.spark_ms_total += (time.perf_counter() - spark_started) * 1000.0
             with self._state_section(txid):
                 rows_out = self._commit_batch(batch, txid)
             self.stats.batch_done(batch.rows_in, rows_out, time.monotonic() - started, self.clock())
 
-    def _commit_batch(self, batch: _Batch, txid: int) -> int:
+    def _commit_batch(self, batch: ComputedBatch, txid: int) -> int:
         """Steps 2 (the driver's part) to 6 for a batch Spark computed, under the commit lock;
         returns the number of output rows."""
         assert self.ownership is not None
@@ -569,7 +540,16 @@ class TaskRunner:
         self._await_state_write()
         # Step 2, the part that reads and updates the task's state
         state_started = time.perf_counter()
-        self._compute_on_state(batch, txid)
+        compute_on_state(
+            batch,
+            txid,
+            stage=self.stage,
+            map_update=self._map_update,
+            state=self.state,
+            processor=self.processor,
+            state_reader=self._state_reader,
+            clock=self.clock,
+        )
         self.stats.state_ms_total += (time.perf_counter() - state_started) * 1000.0
         # Step 3
         rows_out = self._stage_outputs(batch, txid, epoch)
@@ -693,25 +673,18 @@ class TaskRunner:
         if state is None:
             return None
         started = time.perf_counter()
-        held, self._column_changes = self._column_changes, None
+        held = self._map_update.take_column_changes()
         if held is not None and held[0] == txid and not state.store.has_pending():
             encoded = held[1]
         else:
             keys, values = state.store.pending_columns()
-            encoded = encode_changes(keys, values, key_texts=self._shuffled_key_texts(txid, keys), where=state.log.where)
+            encoded = encode_changes(
+                keys, values, key_texts=self._map_update.shuffled_key_texts(txid, keys), where=state.log.where
+            )
         size = state.log.append_batch(self.task.task_id, txid, epoch, encoded)
         self._appended = (len(encoded), size)
         self.stats.commit_steps_ms["state_topic"] += (time.perf_counter() - started) * 1000.0
         return encoded
-
-    def _shuffled_key_texts(self, txid: int, keys: list[tuple[Any, ...]]) -> list[str] | None:
-        """The shuffled texts of the batch's changed ``keys`` when the map-state update wrote
-        exactly the keys it was given, in order (a skipped replay or a nested key does not);
-        else None and the keys are encoded again."""
-        held, self._key_texts = self._key_texts, None
-        if held is None or held[0] != txid or held[1] != keys:
-            return None
-        return held[2]
 
     def _write_state_store(self, txid: int, epoch: int, encoded: ChangeColumns) -> None:
         """Step 6, on the I/O thread: the committed batch's changes and the applied marker (txid,
@@ -934,108 +907,7 @@ class TaskRunner:
         for topic in self._output_topics():
             topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(topic.output_id, {}))
 
-    def _compute_in_spark(self, df: DataFrame) -> _Batch:
-        """Step 2, Spark's part: read the micro-batch as its stage kind's input format."""
-        reads = self.stage.kind_info.reads
-        if reads == "source":
-            result = source_batch(df, self.stage)
-            batch = _Batch(rows_in=result.input_rows, dead=list(result.dead_letters))
-            if result.inputs is not None:
-                batch.records, batch.driver_operations = result.inputs, True
-            else:
-                for index, items in result.outputs.items():
-                    if isinstance(self.stage.outputs[index], ShuffleSpec):
-                        batch.output_partials[index] = items
-                    else:
-                        batch.outputs[index] = items
-            return batch
-        if reads == "partials":
-            partials, rows_in = keyed_batch(df, self.stage)
-            return _Batch(rows_in=rows_in, partials=partials, driver_operations=self.stage.state is None)
-        rows = records_batch(df)
-        return _Batch(rows_in=len(rows), rows=rows, driver_operations=True)
-
-    def _compute_on_state(self, batch: _Batch, txid: int) -> None:
-        """Step 2, on the driver: apply the shuffled partials to the map state (Trident's txid
-        rules), or run the stage's processor and its driver-side record operations.
-
-        A partial that cannot be combined (null, or of a type the aggregator rejects) goes to
-        the dead letters with the reason instead of failing the batch on every replay.
-        """
-        if self.stage.state is not None:
-            self._update_map_state(batch, txid)
-        elif self.processor is not None:
-            rows = batch.rows or [("", key, {"value": value}) for key, value in batch.partials]
-            result = self.processor.process(rows, self.clock())
-            batch.records, batch.dead, batch.side = result.records, result.dead, result.side
-        if batch.driver_operations:
-            stage = self.stage
-            taps = [stage.tap_of(output) for output in stage.outputs]
-            by_tap, letters = run_batch(batch.records, stage.operations, self._state_reader, taps, side=batch.side)
-            batch.outputs = {index: by_tap[tap] for index, tap in enumerate(taps)}
-            batch.dead.extend({"record": d.record, "error": d.error} for d in letters)
-
-    def _update_map_state(self, batch: _Batch, txid: int) -> None:
-        """Apply a keyed stage's combined partials to its map state (Trident's txid rules);
-        with a ``new_values()`` stream, its input is each updated key with its new value."""
-        assert self.state is not None and self.state.map_state is not None and self.stage.state is not None
-        keys: list[tuple[Any, ...]] = []
-        texts: list[str] = []
-        updates: list[Callable[[Any], Any]] = []
-        partials = batch.partials
-        # One parse of all the keys (each is a JSON array) instead of one json.loads per key.
-        decoded, canonical = decode_key_texts([encoded for encoded, _ in partials])
-        map_state = self.state.map_state
-        self._key_texts = self._column_changes = None
-        if canonical and self._update_columnwise(batch, txid, decoded):
-            return
-        combinable = _combinable_types(self._aggregator)
-        for (text, value), fields in zip(partials, decoded, strict=True):
-            key = tuple(fields)
-            if type(value) not in combinable and (problem := _uncombinable(self._aggregator, value)) is not None:
-                batch.dead.append({"record": {"key": fields, "partial": value}, "error": problem})
-                continue
-            keys.append(key)
-            texts.append(text)
-            updates.append(_combiner(self._aggregator, key, value, batch.dead))
-        map_state.begin_commit(txid)
-        new_values = map_state.multi_update(keys, updates)
-        # the store's key texts already, so the commit writes them as they are
-        self._key_texts = (txid, keys, texts) if canonical else None
-        self._set_new_values(batch, keys, new_values)
-
-    def _update_columnwise(self, batch: _Batch, txid: int, decoded: list[Any]) -> bool:
-        """The map-state update of a Count or Sum over int partials on opaque or transactional
-        state, column-wise (:mod:`~stream_ops.state.column_update`); False when the batch is
-        not one it covers (the per-key update then runs)."""
-        assert self.state is not None and self.state.map_state is not None
-        map_state = self.state.map_state
-        kind = {OpaqueMapState: "op", TransactionalMapState: "tx"}.get(type(map_state))
-        store = self.state.store
-        if kind is None or type(self._aggregator) not in (Count, Sum) or not isinstance(store, RocksDBBackingMap):
-            return False
-        partials = batch.partials
-        update = add_int_partials(store, kind, txid, [text for text, _ in partials], [value for _, value in partials])
-        if update is None:
-            return False
-        map_state.begin_commit(txid)  # nothing goes through it; the commit closes the batch as usual
-        self._column_changes = (txid, update.changes)
-        self._set_new_values(batch, [tuple(fields) for fields in decoded] if self.stage.outputs else [], update.new_values)
-        return True
-
-    def _set_new_values(self, batch: _Batch, keys: list[tuple[Any, ...]], new_values: list[Any]) -> None:
-        """The batch's updated-key count and, with a ``new_values()`` stream, its input records."""
-        batch.updated_keys = len(new_values)
-        if self.stage.outputs:
-            spec = self.stage.state
-            assert spec is not None
-            batch.records = [
-                {**dict(zip(spec.key_fields, key, strict=True)), spec.value_field: value}
-                for key, value in zip(keys, new_values, strict=True)
-            ]
-            batch.driver_operations = True
-
-    def _stage_outputs(self, batch: _Batch, txid: int, epoch: int) -> int:
+    def _stage_outputs(self, batch: ComputedBatch, txid: int, epoch: int) -> int:
         """Step 3: update the partition_persist State (uncommitted), write the batch's output
         files (unpublished); returns the number of output rows."""
         staging_started = time.perf_counter()
@@ -1152,40 +1024,6 @@ class TaskRunner:
                 f"{where}: its local state store is at {marker}, behind committed txid {committed}; ask again shortly"
             )
         return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
-
-
-def _combinable_types(aggregator: Any) -> tuple[type, ...]:
-    """Partial types a built-in aggregator always combines into a state (no per-key check)."""
-    if type(aggregator) in (Count, Sum):
-        return (int, float)  # 0 + partial
-    if type(aggregator) in (Min, Max):
-        return (int, float, str)  # the partial itself for a new key
-    return ()
-
-
-def _uncombinable(aggregator: Any, partial: Any) -> str | None:
-    """Why a shuffled partial cannot be combined into a state, or None if it can."""
-    if partial is None:
-        return "the partial aggregate is null (a null field reached the aggregator)"
-    try:
-        aggregator.apply(None, partial)
-    except Exception as e:  # noqa: BLE001 - reported as a dead letter
-        return f"the partial aggregate cannot be combined: {type(e).__name__}: {e}"
-    return None
-
-
-def _combiner(aggregator: Any, key: tuple[Any, ...], partial: Any, dead: list[dict[str, Any]]) -> Callable[[Any], Any]:
-    """The map-state update of one key; a combine that fails leaves the value as it was and
-    sends the partial to ``dead``."""
-
-    def combine(current: Any) -> Any:
-        try:
-            return aggregator.apply(current, partial)
-        except Exception as e:  # noqa: BLE001 - reported as a dead letter
-            dead.append({"record": {"key": list(key), "partial": partial}, "error": f"combine: {type(e).__name__}: {e}"})
-            return current
-
-    return combine
 
 
 def _unwrap(stored: Any) -> Any:

@@ -25,7 +25,7 @@ from stream_ops.errors import CommittedBatchLostError, OwnershipLostError, Repla
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
-from stream_ops.runtime import task_runner as task_runner_module
+from stream_ops.runtime import batch_compute
 from stream_ops.runtime.ownership import acquire
 from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.topics.file_topic import batch_file_name
@@ -145,7 +145,7 @@ def test_a_stop_that_closes_the_state_under_a_running_batch_refuses_its_commit(s
         a.prepare()
         a.process_batch(_partials(spark, {"how": 2}), 0)
         computing, release = threading.Event(), threading.Event()
-        real_keyed_batch = task_runner_module.keyed_batch
+        real_keyed_batch = batch_compute.keyed_batch
 
         def slow_keyed_batch(df, stage):
             result = real_keyed_batch(df, stage)
@@ -153,7 +153,7 @@ def test_a_stop_that_closes_the_state_under_a_running_batch_refuses_its_commit(s
             release.wait(30)
             return result
 
-        monkeypatch.setattr(task_runner_module, "keyed_batch", slow_keyed_batch)
+        monkeypatch.setattr(batch_compute, "keyed_batch", slow_keyed_batch)
         errors: list[BaseException] = []
 
         def run():
