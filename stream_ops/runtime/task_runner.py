@@ -68,7 +68,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,10 +83,7 @@ from stream_ops.coordination.records import BatchInput
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import (
     InputMismatchError,
-    OwnershipLostError,
     StateError,
-    StateNotReadyError,
-    StateStoreBehindError,
     TaskStoppingError,
     ZooKeeperUnavailableError,
 )
@@ -102,6 +99,7 @@ from stream_ops.runtime.ownership import Ownership, acquire, commit, release, ve
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
+from stream_ops.runtime.state_store_writes import StateStoreWrites
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.sources import SourceLag, source_kind
@@ -121,8 +119,6 @@ from stream_ops.spark.shuffle_queue import (
 )
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_log import open_state_log
-from stream_ops.state.state_topic import encode_changes
-from stream_ops.state.value_columns import ChangeColumns
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
@@ -136,10 +132,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
-
-CATCH_UP_ATTEMPTS = 3
-"""Tries at catching the store up from the state topic after a committed batch's write failed,
-0.2 s then 0.4 s apart, before the task fails (:class:`~stream_ops.errors.StateStoreBehindError`)."""
 
 
 @dataclass(frozen=True)
@@ -220,11 +212,19 @@ class TaskRunner:
         # and writes a committed batch to RocksDB after the ZooKeeper commit.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"task-{task.task_id}-io")
         self._checkpoint_entries: tuple[int, Future[tuple[list[Any], BatchInput | None]]] | None = None
-        self._state_write: Future[None] | None = None
-        self._state_write_failed: BaseException | None = None
-        self._ownership_lost: OwnershipLostError | None = None
-        self._appended: tuple[int, int] | None = None
         self._stopping = threading.Event()
+        self._store_writes = StateStoreWrites(
+            zk=zk,
+            topology_id=layout.topology_id,
+            task_id=task.task_id,
+            state=lambda: self.state,
+            ownership=lambda: self.ownership,
+            io=self._io,
+            stopping=self._stopping,
+            connected=connected,
+            commit_wait_s=settings.commit_wait_s,
+            stats=self.stats,
+        )
         self._last_input_ms = 0
         self._map_update = MapStateUpdate(self.stage)
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
@@ -413,11 +413,11 @@ class TaskRunner:
     def is_running(self) -> bool:
         """True while the query is active and the task's state is sound (a committed batch's
         store write that could not be repaired fails the task at once)."""
-        return self._state_write_failed is None and self.query is not None and self.query.isActive
+        return self._store_writes.failed is None and self.query is not None and self.query.isActive
 
     def failure(self) -> str | None:
         """Why the task stopped running, if it failed."""
-        failed = self._state_write_failed
+        failed = self._store_writes.failed
         if failed is not None:
             return f"{type(failed).__name__}: {failed}"[:1000]
         if self.query is None:
@@ -487,7 +487,7 @@ class TaskRunner:
 
     def _close_state(self) -> None:
         try:
-            self._await_state_write()
+            self._store_writes.await_write()
         except StateError as e:
             logger.warning("task %s/%d: %s", self.topology_id, self.task.task_id, e)
         if self.state is not None:
@@ -537,7 +537,7 @@ class TaskRunner:
         assert self.ownership is not None
         epoch = self.ownership.epoch
         # The previous batch's RocksDB write must be done before this one reads the state.
-        self._await_state_write()
+        self._store_writes.await_write()
         # Step 2, the part that reads and updates the task's state
         state_started = time.perf_counter()
         compute_on_state(
@@ -555,27 +555,19 @@ class TaskRunner:
         rows_out = self._stage_outputs(batch, txid, epoch)
         commit_started = time.perf_counter()
         # Step 4
-        encoded = self._append_state_changes(txid, epoch)
+        encoded = self._store_writes.append_changes(txid, epoch, self._map_update)
         zookeeper_started = time.perf_counter()
         # Step 5. From here a state query waits until the store holds this batch (or the commit
         # failed), so it never reads the store behind a commit ZooKeeper already shows.
-        visible: Future[None] = Future()
-        self._state_write = visible
+        visible = self._store_writes.commit_starts()
         try:
             self._commit_to_zookeeper(txid, batch.rows_in)
         except BaseException as e:
-            if isinstance(e, OwnershipLostError):
-                self._ownership_lost = e  # a newer owner commits from now on: this one answers no query
-            visible.set_result(None)  # nothing committed: the store holds the committed state
+            self._store_writes.commit_failed(e, visible)
             raise
         publish_started = time.perf_counter()
         # Step 6: RocksDB on the I/O thread, the rest here
-        if encoded is not None:
-            self._io.submit(self._write_state_store, txid, epoch, encoded).add_done_callback(
-                lambda written: self._state_written(txid, written, visible)
-            )
-        else:
-            visible.set_result(None)
+        self._store_writes.write_committed(txid, epoch, encoded, visible)
         self._publish_committed(txid, epoch)
         if not self.stage.reads_source and self.kafka_shuffle is None:
             self._io.submit(self._retire_consumed_input, txid)
@@ -584,8 +576,9 @@ class TaskRunner:
         steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
         steps["publish"] += (done - publish_started) * 1000.0
         self.stats.commit_ms_total += (done - commit_started) * 1000.0
-        if self._auto_snapshot is not None and self._appended is not None:
-            self._auto_snapshot.appended(*self._appended)
+        appended = self._store_writes.appended
+        if self._auto_snapshot is not None and appended is not None:
+            self._auto_snapshot.appended(*appended)
         return rows_out
 
     def _snapshot_own_queue(self) -> None:
@@ -666,107 +659,6 @@ class TaskRunner:
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
             yield
 
-    def _append_state_changes(self, txid: int, epoch: int) -> ChangeColumns | None:
-        """Step 4: the batch's state changes to the state topic; returns them encoded for the
-        RocksDB write (None for a task without state)."""
-        state = self.state
-        if state is None:
-            return None
-        started = time.perf_counter()
-        held = self._map_update.take_column_changes()
-        if held is not None and held[0] == txid and not state.store.has_pending():
-            encoded = held[1]
-        else:
-            keys, values = state.store.pending_columns()
-            encoded = encode_changes(
-                keys, values, key_texts=self._map_update.shuffled_key_texts(txid, keys), where=state.log.where
-            )
-        size = state.log.append_batch(self.task.task_id, txid, epoch, encoded)
-        self._appended = (len(encoded), size)
-        self.stats.commit_steps_ms["state_topic"] += (time.perf_counter() - started) * 1000.0
-        return encoded
-
-    def _write_state_store(self, txid: int, epoch: int, encoded: ChangeColumns) -> None:
-        """Step 6, on the I/O thread: the committed batch's changes and the applied marker (txid,
-        epoch) into RocksDB, one synced write batch."""
-        state = self.state
-        if state is None:  # closed by a stop after the commit: the next start catches the store up
-            return
-        started = time.perf_counter()
-        try:
-            state.store.flush(txid, epoch, encoded=encoded)
-        except Exception as e:  # noqa: BLE001 - whatever failed, the state topic holds the batch: re-apply it from there
-            logger.warning(
-                "task %s/%d: writing committed txid %d to the local state store failed (%s: %s); "
-                "catching the store up from the state topic",
-                self.topology_id,
-                self.task.task_id,
-                txid,
-                type(e).__name__,
-                e,
-            )
-            self._catch_up_store(state, txid, epoch, e)
-        self.stats.commit_steps_ms["rocksdb"] += (time.perf_counter() - started) * 1000.0
-
-    def _catch_up_store(self, state: TaskState, txid: int, epoch: int, cause: Exception) -> None:
-        """On the I/O thread, after committed batch ``txid``'s store write failed: re-apply the
-        batch from the state topic (a few tries), then check we still own the task, since state
-        queries are answered from this store again once this returns.
-
-        Raises:
-            StateStoreBehindError: the store could not be caught up (the task fails).
-            OwnershipLostError: the task has a newer owner (the task fails).
-        """
-        assert self.ownership is not None
-        last: Exception = cause
-        for attempt in range(CATCH_UP_ATTEMPTS):
-            if attempt and self._stopping.wait(0.1 * 2**attempt):
-                break  # a stop: the next start catches the store up
-            try:
-                applied = state.catch_up(txid, epoch)
-            except StateStoreBehindError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the disk may recover; tried again, then reported
-                last = e
-                continue
-            verify_owner(self.zk, self.ownership)
-            logger.info(
-                "task %s/%d: local state store caught up to committed txid %d from the state topic (%d changed keys)",
-                self.topology_id,
-                self.task.task_id,
-                txid,
-                applied,
-            )
-            return
-        raise StateStoreBehindError(
-            f"task {self.topology_id}/{self.task.task_id}: the local state store could not be brought to committed "
-            f"txid {txid}: its write failed ({type(cause).__name__}: {cause}) and so did catching it up from the state "
-            f"topic ({type(last).__name__}: {last}); the task stops, and its next start catches the store up from the "
-            "state topic or rebuilds it (check the local disk of the store)"
-        ) from last
-
-    def _state_written(self, txid: int, written: Future[None], visible: Future[None]) -> None:
-        """The outcome of committed batch ``txid``'s store write, passed on to the state queries
-        and the next batch through ``visible``; a failure fails the task at once (no later batch
-        need arrive to notice), recorded before ``visible`` wakes the queries waiting on it."""
-        error = written.exception()
-        if error is None:
-            visible.set_result(None)
-            return
-        if self._state_write_failed is None:
-            self._state_write_failed = error
-        logger.log(
-            logging.WARNING if self._stopping.is_set() else logging.ERROR,  # a stop cut the catch-up short
-            "task %s/%d: the local state store is behind committed txid %d; the task stops answering state queries "
-            "and fails: %s: %s",
-            self.topology_id,
-            self.task.task_id,
-            txid,
-            type(error).__name__,
-            error,
-        )
-        visible.set_exception(error)
-
     def _retire_consumed_input(self, txid: int) -> None:
         """On the I/O thread: delete the shuffle files the batches before ``txid`` read, when the
         queue source reads them (Spark committed those batches before it planned this one, and
@@ -781,29 +673,6 @@ class TaskRunner:
                 retire_read(self.layout.shuffle_topic(self.stage), self.task.queue, read, epoch=epoch)
         except Exception:  # on the I/O thread nobody awaits this: say what failed, and go on
             logger.exception("task %s/%d: consumed shuffle files not deleted", self.topology_id, self.task.task_id)
-
-    def _await_state_write(self) -> None:
-        """Wait for the last committed batch's RocksDB write.
-
-        Raises:
-            StateError: that write failed; the store is behind the committed txid until the task
-                starts again (which catches it up from the state topic).
-        """
-        pending = self._state_write
-        if pending is not None:
-            try:
-                pending.result()
-            except BaseException as e:  # noqa: BLE001 - whatever ended the write on its thread is reported below
-                self._state_write_failed = e
-            # cleared only once done: a query arriving meanwhile still waits for it
-            if self._state_write is pending:
-                self._state_write = None
-        if self._state_write_failed is not None:
-            raise StateError(
-                f"task {self.topology_id}/{self.task.task_id}: writing a committed batch to the local state store "
-                f"failed and could not be repaired ({type(self._state_write_failed).__name__}: "
-                f"{self._state_write_failed}); the task must start again, which catches the store up from the state topic"
-            ) from self._state_write_failed
 
     def _read_checkpoint_entries(self, txid: int) -> tuple[list[Any], BatchInput | None]:
         """Spark's offsets and input fingerprint of batch ``txid`` (logged before the batch runs)."""
@@ -982,55 +851,10 @@ class TaskRunner:
 
     def lookup(self, keys: list[tuple[Any, ...]]) -> list[Any]:
         """Committed values of ``keys`` in this task's state (for state queries), never older
-        than the task's committed txid.
+        than the task's committed txid (:meth:`.StateStoreWrites.lookup`).
 
         Raises:
             LookupError: the task keeps no state.
-            StateNotReadyError: the store may be behind the committed txid: a commit or its
-                store write in flight longer than ``commit_wait_s``, a write that failed and is
-                being caught up or failed for good; ZooKeeper not connected, or the task lost to a
-                newer owner. Retryable.
+            StateNotReadyError: the store may be behind the committed txid. Retryable.
         """
-        state = self.state
-        if state is None:
-            raise LookupError(f"task {self.task.task_id} keeps no state")
-        where = f"task {self.topology_id}/{self.task.task_id}"
-        # Read first: a commit after this point is concurrent with the query, one before it is not.
-        committed = self.ownership.committed_txid if self.ownership is not None else -1
-        if not self.connected.is_set():
-            raise StateNotReadyError(f"{where}: not connected to ZooKeeper, so the task may have a new owner; ask again shortly")
-        # RocksDB never holds an uncommitted batch (it is written after the commit); waiting for
-        # a committed batch's write in flight (milliseconds) lets a query see every commit made.
-        writing = self._state_write
-        if writing is not None and not wait((writing,), timeout=self.settings.commit_wait_s).done:
-            raise StateNotReadyError(
-                f"{where}: committed txid {committed} is still being written to the local state store (over "
-                f"{self.settings.commit_wait_s:g} s); ask again shortly"
-            )
-        if self._ownership_lost is not None:
-            raise StateNotReadyError(
-                f"{where}: this worker lost the task to a newer owner (its commit was refused); ask again shortly, "
-                "the query then goes to the task's new worker"
-            ) from self._ownership_lost
-        failed = self._state_write_failed
-        if failed is not None:
-            raise StateNotReadyError(
-                f"{where}: its local state store is behind committed txid {committed} and the task is failing "
-                f"({type(failed).__name__}); it answers again once it has started anew, ask again shortly"
-            ) from failed
-        marker = state.store.applied_marker()
-        if committed >= 0 and (marker is None or marker[0] < committed):
-            raise StateNotReadyError(
-                f"{where}: its local state store is at {marker}, behind committed txid {committed}; ask again shortly"
-            )
-        return [_unwrap(v) for v in state.store.multi_get(keys, include_pending=False)]
-
-
-def _unwrap(stored: Any) -> Any:
-    if stored is None:
-        return None
-    if hasattr(stored, "curr"):
-        return stored.curr
-    if hasattr(stored, "val"):
-        return stored.val
-    return stored
+        return self._store_writes.lookup(keys)
