@@ -127,7 +127,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.errors import StateError, TopologyDefinitionError, TopologyLoadError
 from stream_ops.topology.field_paths import value_or_none
 
 logger = logging.getLogger(__name__)
@@ -237,10 +237,20 @@ class Trigger:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Trigger:
-        """Inverse of :meth:`to_spec`; specs written before ``seconds_on_event`` existed are read too."""
+        """Inverse of :meth:`to_spec` (``seconds_on_event`` absent: not set).
+
+        Raises:
+            TopologyLoadError: ``spec`` lacks ``every_events`` or ``every_seconds`` (not written
+                by :meth:`to_spec`).
+        """
+        missing = [name for name in ("every_events", "every_seconds") if name not in spec]
+        if missing:
+            raise TopologyLoadError(
+                f"trigger spec {dict(spec)!r} lacks {', '.join(missing)}; it was not written by Trigger.to_spec"
+            )
         return cls(
-            every_events=spec.get("every_events"),
-            every_seconds=spec.get("every_seconds"),
+            every_events=spec["every_events"],
+            every_seconds=spec["every_seconds"],
             seconds_on_event=spec.get("seconds_on_event"),
         )
 

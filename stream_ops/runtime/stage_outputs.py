@@ -5,8 +5,8 @@ under (task, txid, epoch), recorded in the ZooKeeper commit and published after 
 :mod:`stream_ops.topics.staged_output`). Outputs of one stage that share a destination (two
 branches into the same keyed stage, a merged stream into one sink) are written as one file,
 since a file name is per (task, txid, epoch). Partial aggregates go to a keyed stage as Parquet
-files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`) when its plan says so
-(``StageSpec.shuffle_format``), else as JSON lines like whole records.
+files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`, ``StageSpec.shuffle_format``),
+whole records as JSON lines.
 
 Sinks are written by their kinds (:mod:`stream_ops.sinks`): per sink, the task's
 :class:`~stream_ops.sinks.SinkWriter` stages the batch's records and, after the publish,
@@ -65,8 +65,7 @@ class StageOutputs:
             i: aggregator_from_spec(o.aggregator) for i, o in enumerate(stage.outputs) if isinstance(o, ShuffleSpec)
         }
         self._shuffles: dict[int, FileTopic] = {}
-        """Downstream stage index -> its shuffle topic of JSON lines (records, or partials of
-        plans stored before Parquet shuffles)."""
+        """Downstream stage index -> its shuffle topic of JSON lines (records)."""
         self._partial_shuffles: dict[int, PartialsShuffle] = {}
         """Downstream stage index -> its Parquet partials files (``shuffle_format`` parquet)."""
         self._sinks: dict[str, SinkWriter] = {}

@@ -30,9 +30,9 @@ their round lands or :data:`ROUND_WAIT_CONF` passes: one batch then reads the wh
 keyed task that starts while one source task has published and the other is still computing
 runs one batch, not two). Only the end offset Spark logs moves, so replays are unchanged.
 
-A checkpoint keeps the source that wrote it: a task whose checkpoint holds file-source
-offsets (a topology started before this source) goes on with Spark's file source, and one
-started where the JVM classes cannot be built (no JDK) uses the file source from its start.
+A checkpoint keeps the source that wrote it: a task started where the JVM classes cannot be
+built (no JDK) uses Spark's file source from its start, and its checkpoint, holding file-source
+offsets, goes on with the file source.
 """
 
 from __future__ import annotations
@@ -208,7 +208,8 @@ def batch_files(checkpoint_dir: Path, batch_id: int, input_dir: Path, suffix: st
             after it names it as its task's previous one (deleted or lost: its batch would be
             skipped).
         TopicError: a file names a previous txid at or below one this reader has read after it
-            (the queue holds files its upstream task did not write in this order).
+            (the queue holds files its upstream task did not write in this order), or a file
+            after a skipped txid names no previous file.
     """
     end = offset_txids(checkpoint_dir, batch_id)
     if end is None:
@@ -232,13 +233,19 @@ def batch_files(checkpoint_dir: Path, batch_id: int, input_dir: Path, suffix: st
 def _check_skipped_txids(input_dir: Path, batch_id: int, task: int, read: int, files: Mapping[int, Path]) -> None:
     """Check that every txid of ``task`` above ``read`` (the highest read before) that has no
     file among ``files`` (txid -> file) wrote none: the next file must name the one before
-    the gap as its previous file. A file that does not say (written before chains) is taken
-    as it is."""
+    the gap as its previous file; a file after a gap that names none is refused (TopicError):
+    nothing could tell its skipped txids from lost files."""
     last = read
     for txid in sorted(files):
         if txid != last + 1:
             previous = previous_txid(files[txid])
-            if previous is not None and previous > last:
+            if previous is None:
+                raise TopicError(
+                    f"{input_dir}: {files[txid].name} follows a gap after upstream task {task}'s txid {last} but names no "
+                    "previous file in this queue (every shuffle file this stream_ops writes does), so the skipped txids "
+                    "cannot be told from lost files; it was not written by this stream_ops: remove it or restore the queue"
+                )
+            if previous > last:
                 lost = f"t{task:05d}-x{previous:012d}-e*{files[txid].suffix}"
                 raise CommittedBatchLostError(
                     f"{input_dir}: batch {batch_id} reads upstream task {task}'s file of txid {txid}, which follows its "
@@ -246,7 +253,7 @@ def _check_skipped_txids(input_dir: Path, batch_id: int, task: int, read: int, f
                     "(deleted, or an OS crash on storage that did not honour fsync) and its rows would be skipped. The "
                     "task stops; restore the file from a backup, or accept the loss by re-running the topology"
                 )
-            if previous is not None and previous < last:
+            if previous < last:
                 raise TopicError(
                     f"{input_dir}: {files[txid].name} names txid {previous} as its task's previous file in this queue, "
                     f"but this reader read its file of txid {last} before it: the queue holds files its upstream task "

@@ -102,7 +102,7 @@ class _Heads:
     """The committed txid the heads are as of."""
     queues: dict[int, int]
     """Queue -> the txid of the task's last file there up to ``txid`` (-1: none); a queue
-    missing is not known (a commit recorded before chains)."""
+    missing is not known (a record without its ``head:`` entries)."""
 
 
 class QueueChains:
@@ -110,9 +110,10 @@ class QueueChains:
     txid of its last file there, learned from its commits (see the module docstring).
 
     Kept per task in memory by the task's topic object, from one batch's publish to the next
-    batch's staging; a new owner learns it from the committed batch it publishes first.
-    Without it (a commit recorded before chains), a file names no previous txid and its reader
-    checks nothing before it.
+    batch's staging; a new owner learns it from the committed batch it publishes first (a
+    task's start publishes it). An object that has not published the task's previous batch
+    does not know, and its file names no previous txid: a reader refuses such a file after a
+    gap (:func:`stream_ops.spark.shuffle_queue.batch_files`).
     """
 
     def __init__(self, queues: int) -> None:

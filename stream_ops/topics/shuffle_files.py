@@ -11,9 +11,8 @@ its task's previous file in the queue (:func:`previous_txid`), so the keyed stag
 that had no partials for its queue from a lost file.
 
 The keyed stage reads these files with pyarrow on the driver (no Spark job); Spark can still
-stream them (``readStream.schema(...).parquet(dir)``). Which format a topology's partial
-shuffles use is fixed when it is submitted (``StageSpec.shuffle_format``): topologies
-submitted before Parquet shuffles keep their JSON-lines files.
+stream them (``readStream.schema(...).parquet(dir)``). A stage reading partials always reads
+them in Parquet (``StageSpec.shuffle_format``; a plan saying otherwise is refused).
 """
 
 from __future__ import annotations
@@ -117,8 +116,8 @@ def shuffle_file_rows(path: Path) -> int:
 def previous_txid(path: Path) -> int | None:
     """The txid of the file its task wrote into the same queue before ``path`` (-1: none), as
     the file of a chained topic says (Parquet metadata, or the first JSON line's
-    :data:`~stream_ops.topics.file_topic.PREVIOUS_TXID_KEY`); None when it does not say (a file
-    written before chains).
+    :data:`~stream_ops.topics.file_topic.PREVIOUS_TXID_KEY`); None when it does not say (not a
+    file of a chained topic).
 
     Raises:
         CommittedBatchLostError: the file is gone.

@@ -43,7 +43,14 @@ class _Frozen(BaseModel):
 
 
 ShuffleFormat = Literal["json", "parquet"]
-"""The file formats of a partial-aggregate shuffle: JSON lines or Parquet."""
+"""The formats of a stage's shuffle files: JSON lines (records) or Parquet (partial aggregates)."""
+
+
+def shuffle_format_of(kind: str) -> ShuffleFormat:
+    """The shuffle-file format a stage of ``kind`` reads: Parquet partials for a stage reading
+    partial aggregates, JSON lines of records otherwise."""
+    return "parquet" if stage_kind(kind).reads == "partials" else "json"
+
 
 INPUT = -1
 """The tap of a stage's input records (for a records stage: what its processor emits)."""
@@ -158,7 +165,7 @@ class SinkSpec(_Frozen):
 
     @model_serializer(mode="wrap")
     def _without_empty_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Plans of the built-in sinks keep the JSON they had before ``options`` existed.
+        # An empty ``options`` is left out of the plan JSON (read back as empty).
         data: dict[str, Any] = handler(self)
         if not self.options:
             data.pop("options", None)
@@ -279,17 +286,26 @@ class StageSpec(_Frozen):
     progress_channels: tuple[str, ...] = ()
     """An event-time window stage's upstream tasks (``"<stage>/<queue>"``): its watermark is
     the least event time they all reported (see :class:`~stream_ops.operators.windows.Watermark`)."""
-    shuffle_format: ShuffleFormat = "json"
-    """The format of the partial-aggregate shuffle files a stage reading partials reads (its
-    upstream stages write them so): ``parquet`` in plans built now, ``json`` (JSON lines) in
-    plans stored before the field existed, so a topology keeps the format it was submitted with
-    (:mod:`stream_ops.topics.shuffle_files`)."""
+    shuffle_format: ShuffleFormat
+    """The format of the shuffle files the stage reads: ``parquet`` for a stage reading partial
+    aggregates (:mod:`stream_ops.topics.shuffle_files`), ``json`` (JSON lines of records) for
+    any other stage (see :func:`shuffle_format_of`)."""
 
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
         stage_kind(kind)
         return kind
+
+    @model_validator(mode="after")
+    def _shuffle_format_of_kind(self) -> StageSpec:
+        expected = shuffle_format_of(self.kind)
+        if self.shuffle_format != expected:
+            raise ValueError(
+                f"stage {self.name!r} (kind {self.kind!r}) reads {expected} shuffle files, but the plan says "
+                f"{self.shuffle_format!r}; this plan was not built by this stream_ops: resubmit the topology"
+            )
+        return self
 
     @field_validator("source")
     @classmethod
@@ -590,7 +606,7 @@ def _stage(segment: Segment, topology: Topology, learned: _Learned) -> StageSpec
         process=process,
         window_aggregate=window_aggregate,
         progress_channels=_progress_channels(segment, topology, learned),
-        shuffle_format="parquet" if stage_kind(segment.kind).reads == "partials" else "json",
+        shuffle_format=shuffle_format_of(segment.kind),
     )
 
 

@@ -2,14 +2,12 @@
 
 A zombie owner paused before its commit, the batch replayed by the next owner, a committed
 batch replayed by Spark (its input fingerprint must match), and a null partial: the counts
-stay exact and every batch is combined in Arrow, without a Spark job. A plan stored before
-Parquet shuffles keeps writing and reading JSON lines. The Arrow combine gives what Spark's
-``groupBy``/``agg`` gives for every built-in aggregator.
+stay exact and every batch is combined in Arrow, without a Spark job. The Arrow combine gives
+what Spark's ``groupBy``/``agg`` gives for every built-in aggregator.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
@@ -22,16 +20,12 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.dist_store import load_submission
-from stream_ops.nimbus.submission import read_storm, submit
+from stream_ops.nimbus.submission import submit
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
-from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.spark import compiler
 from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.checkpoint import batch_offsets
-from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
 from stream_ops.topology.plan import build_plan
 
@@ -111,40 +105,6 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
         _wait(lambda: shuffle.topic.consumed_txids(0) == {0: 1}, "txids 0 and 1 recorded as consumed")
         letters = [r for _, _, r in c.layout.dead_letter_topic().read_queue(0)]
         assert [(r["record"]["key"], r["txid"]) for r in letters] == [(["you"], 2)]
-
-
-def test_a_plan_stored_before_parquet_shuffles_keeps_json_lines(spark, zk_config, tmp_path):
-    cluster = ClusterConfig(root=tmp_path / "cluster")
-    with ZkStore.connect(zk_config) as admin:
-        topology_id = submit(admin, cluster, build_wordcount(tmp_path / "in", queues=1), workers=1)
-        plan = load_submission(cluster.resolved_dist_dir(), read_storm(admin, topology_id)).plan
-        stored = plan.model_copy(update={"stages": tuple(s.model_copy(update={"shuffle_format": "json"}) for s in plan.stages)})
-        connected = threading.Event()
-        connected.set()
-
-        def runner(stage: int) -> TaskRunner:
-            return TaskRunner(
-                zk=admin,
-                spark=spark,
-                layout=TopologyLayout(cluster, topology_id),
-                plan=stored,
-                task=stored.task_for(stage, 0),
-                worker_id="host-a:1",
-                settings=RunnerSettings(trigger_seconds=0.1),
-                connected=connected,
-            )
-
-        source = runner(0)
-        source.prepare()
-        source.process_batch(spark.createDataFrame([("how are you how", None)], "sentence string, _corrupt_record string"), 0)
-        source.stop()
-        published = [p.name for p in source.layout.shuffle_topic(stored.stage(1)).files(0)]
-        assert published == [batch_file_name(0, 0, 1, ".jsonl")]
-
-        keyed = runner(1)
-        keyed.start()
-        _wait(lambda: keyed.lookup([("how",), ("are",), ("you",)]) == [2, 1, 1], "exact counts")
-        keyed.stop()
 
 
 def _sums(path, aggregator) -> Topology:

@@ -13,7 +13,7 @@ import pytest
 from counter_pe import CounterPE
 
 import stream_ops.operators.processing_element as pe_module
-from stream_ops.errors import StateError, TopologyDefinitionError
+from stream_ops.errors import StateError, TopologyDefinitionError, TopologyLoadError
 from stream_ops.operators.processing_element import (
     PERuntime,
     ProcessingElement,
@@ -92,9 +92,11 @@ def test_trigger_time_representation_combination_and_specs():
     spec = (Trigger.count(3) | Trigger.time(10)).to_spec()
     assert spec == {"every_events": 3, "every_seconds": None, "seconds_on_event": 10}
     assert Trigger.from_spec(json.loads(json.dumps(spec))) == Trigger.count(3) | Trigger.time(10)
-    # specs without seconds_on_event are written (and read) as before
+    # seconds_on_event is written only when set
     assert Trigger.count(3).to_spec() == {"every_events": 3, "every_seconds": None}
     assert Trigger.from_spec({"every_events": 3, "every_seconds": 5}) == Trigger.count(3) | Trigger.every(5)
+    with pytest.raises(TopologyLoadError, match="lacks every_seconds"):
+        Trigger.from_spec({"every_events": 3})
 
 
 # --- 2. on_time timer ----------------------------------------------------------------------------------

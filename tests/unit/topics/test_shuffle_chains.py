@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -152,14 +151,16 @@ def _other_process(output: FileTopic | PartialsShuffle) -> FileTopic | PartialsS
     return FileTopic(topic.path, topic.queues, chained=True)
 
 
-def test_files_that_name_no_previous_txid_are_read_as_before(tmp_path):
-    shuffle = PartialsShuffle(FileTopic(tmp_path / "shuffle", queues=2), "long")
-    for txid in (3, 5):  # owners without records of the txids before (commits recorded before chains)
-        Upstream(_other_process(shuffle)).run(txid, {0})
-    queue, checkpoint = shuffle.topic.queue_path(0), tmp_path / "checkpoint"
-    assert previous_txid(queue / batch_file_name(TASK, 5, 1, ".parquet")) is None
+@pytest.mark.parametrize("output", ["parquet", "jsonl"], indirect=True)
+def test_a_file_after_a_gap_that_names_no_previous_txid_is_refused(output, tmp_path):
+    for txid in (3, 5):  # objects that never published the task's previous batch: no chain known
+        Upstream(_other_process(output)).run(txid, {0})
+    queue, checkpoint = _topic(output).queue_path(0), tmp_path / "checkpoint"
+    assert previous_txid(queue / batch_file_name(TASK, 5, 1, _suffix(output))) is None
     _log_offsets(checkpoint, 0, {TASK: 5})
-    assert _names(batch_files(checkpoint, 0, queue, ".parquet")) == [(TASK, 3), (TASK, 5)]
+    with pytest.raises(TopicError, match=rf"t{TASK:05d}-x{3:012d}-e000001.* follows a gap .* names no previous file"):
+        batch_files(checkpoint, 0, queue, _suffix(output))
+    assert (queue / batch_file_name(TASK, 3, 1, _suffix(output))).exists()  # refused, never skipped
 
 
 def test_a_file_out_of_its_tasks_order_is_refused(tmp_path):
@@ -199,7 +200,3 @@ def test_the_commit_record_keeps_the_last_file_per_queue() -> None:
     chains.committed(TASK, 0, {"1": 10, "head:0": -1, "head:2": -1})  # an older batch published again
     assert [chains.previous(TASK, 2, q) for q in range(3)] == [-1, 0, 1]
     assert chains.previous(TASK, 3, 0) is None  # txid 2 not published: not known
-    record_before_chains: dict[str, Any] = {"0": 10}
-    chains.committed(TASK, 7, record_before_chains)
-    assert [chains.previous(TASK, 8, q) for q in range(3)] == [7, None, None]
-    assert chains.commit_keys(TASK, 8, written=[2]) == {"head:0": 7}

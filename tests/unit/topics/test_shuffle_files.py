@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from stream_ops.errors import CommittedBatchLostError
 from stream_ops.examples.wordcount import build_wordcount
@@ -59,10 +60,13 @@ def test_a_value_the_type_cannot_hold_is_stored_null(shuffle: PartialsShuffle) -
     assert pq.read_table(flags).column("value").to_pylist() == [None, True]
 
 
-def test_new_plans_shuffle_partials_in_parquet_and_stored_plans_keep_json(tmp_path: Path) -> None:
+def test_plans_shuffle_partials_in_parquet_and_refuse_another_format(tmp_path: Path) -> None:
     plan = build_plan(build_wordcount(tmp_path / "in", queues=1))
     assert [s.shuffle_format for s in plan.stages] == ["json", "parquet"]
     stored = json.loads(plan.to_json())
-    for stage in stored["stages"]:
-        del stage["shuffle_format"]  # a plan submitted before the field existed
-    assert [s.shuffle_format for s in Plan.model_validate(stored).stages] == ["json", "json"]
+    stored["stages"][1]["shuffle_format"] = "json"  # partials in JSON lines: no plan built here says so
+    with pytest.raises(ValidationError, match="reads parquet shuffle files, but the plan says 'json'"):
+        Plan.model_validate(stored)
+    del stored["stages"][1]["shuffle_format"]
+    with pytest.raises(ValidationError, match="shuffle_format"):
+        Plan.model_validate(stored)
