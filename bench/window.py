@@ -759,7 +759,7 @@ def _make_input(args: argparse.Namespace, n: int, span: float, late: float, seed
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("stream_ops.runtime.task_runner").addFilter(_NoLateLetterWarnings())
+    logging.getLogger("stream_ops.runtime.batch_staging").addFilter(_NoLateLetterWarnings())
     logging.getLogger("py4j.clientserver").addFilter(_NoStoppingErrors())
     load_start = os.getloadavg()
     # keep every progress report: the first batch's start time is read from them; "Current batch

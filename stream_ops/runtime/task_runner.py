@@ -62,7 +62,6 @@ the task, and by the next owner when the process died before it logged them.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -90,9 +89,9 @@ from stream_ops.errors import (
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
-from stream_ops.operators.record_pipeline import as_fields
-from stream_ops.operators.trident_state import Collector, State
+from stream_ops.operators.trident_state import State
 from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
+from stream_ops.runtime.batch_staging import BatchStaging
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
@@ -102,6 +101,7 @@ from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.state_store_writes import StateStoreWrites
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.runtime.task_stats import TaskStats
+from stream_ops.runtime.user_state_commit import UserStateCommits
 from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import files_newer_than
 from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
@@ -119,12 +119,10 @@ from stream_ops.spark.shuffle_queue import (
 )
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_log import open_state_log
-from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
-from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
-from stream_ops.topology.plan import PersistSpec, Plan, StageSpec, TaskSpec
+from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 if TYPE_CHECKING:
     from stream_ops.kafka.shuffle_ticks import TickProducer
@@ -227,6 +225,8 @@ class TaskRunner:
         )
         self._last_input_ms = 0
         self._map_update = MapStateUpdate(self.stage)
+        self._user_states = UserStateCommits(layout=layout, stage=self.stage, task=task)
+        self._staging = BatchStaging(layout=layout, stage=self.stage, task=task, user_states=self._user_states, stats=self.stats)
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
         self.kafka_shuffle: KafkaShuffle | None = None
         """The topology's shuffle between stages when its conf keeps it in Kafka (set by :meth:`prepare`)."""
@@ -346,7 +346,7 @@ class TaskRunner:
             factory = resolve_object(stage.persist.factory)
             self.user_state = factory.make_state(self.task.queue, stage.queues)
             if keep is not None:
-                self._finish_user_state_commit(*keep)
+                self._user_states.finish_commit(self.user_state, *keep)
         if any(op.kind == "state_query" for op in stage.operations):
             self._state_reader = StateReader(self.zk, self.topology_id, self.plan, query_config=self.settings.query)
 
@@ -552,7 +552,7 @@ class TaskRunner:
         )
         self.stats.state_ms_total += (time.perf_counter() - state_started) * 1000.0
         # Step 3
-        rows_out = self._stage_outputs(batch, txid, epoch)
+        rows_out = self._staging.stage_batch(batch, txid, epoch, outputs=self.outputs, user_state=self.user_state)
         commit_started = time.perf_counter()
         # Step 4
         encoded = self._store_writes.append_changes(txid, epoch, self._map_update)
@@ -647,7 +647,7 @@ class TaskRunner:
             )
         else:
             self._publish(txid, committed.committed_epoch)
-            self._finish_user_state_commit(txid, committed.committed_epoch)
+            self._user_states.finish_commit(self.user_state, txid, committed.committed_epoch)
             self._after_publish(txid)
         return True
 
@@ -707,9 +707,7 @@ class TaskRunner:
 
     def _publish_committed(self, txid: int, epoch: int) -> None:
         """Step 6: commit the user State, publish the staged files, commit the map state."""
-        if self.user_state is not None:
-            self.user_state.commit(txid)
-            self._persisted_tuples_path(txid, epoch).unlink(missing_ok=True)
+        self._user_states.commit(self.user_state, txid, epoch)
         self._publish(txid, epoch)
         state = self.state
         if state is not None and state.map_state is not None:
@@ -724,48 +722,6 @@ class TaskRunner:
         ownership = self.ownership
         self.outputs.after_publish(committed_txid, epoch=ownership.epoch, verify_owner=lambda: verify_owner(self.zk, ownership))
 
-    def _update_user_state(self, txid: int, tuples: list[dict[str, Any]]) -> Collector:
-        """Apply a batch's tuples to the partition_persist State, without committing it.
-
-        The State keeps them uncommitted (e.g. in a database transaction) until step 6, so no
-        reader sees a batch before ZooKeeper commits it, and a zombie's never.
-        """
-        assert self.stage.persist is not None and self.user_state is not None
-        self.user_state.begin_commit(txid)
-        collector = Collector(tuple(self.stage.persist.emit_fields or ()))
-        resolve_object(self.stage.persist.updater).update_state(self.user_state, tuples, collector)
-        return collector
-
-    def _persisted_tuples_path(self, txid: int, epoch: int) -> Path:
-        return self.layout.persist_topic(self.stage).pending_path(self.task.queue) / batch_file_name(
-            self.task.task_id, txid, epoch
-        )
-
-    def _finish_user_state_commit(self, txid: int, epoch: int) -> None:
-        """Apply committed batch ``txid``'s tuples to the user State again if its commit may not
-        have happened (their staged file is deleted only after ``State.commit``).
-
-        A transactional or opaque State recognises the txid; a plain State may count the batch
-        twice if the crash fell between its commit and the deletion (Trident's non-transactional
-        state is at-least-once too).
-        """
-        if self.user_state is None:
-            return
-        path = self._persisted_tuples_path(txid, epoch)
-        if not path.exists():
-            return
-        tuples = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        logger.info(
-            "task %s/%d: applying committed txid %d to its State again (%d tuples)",
-            self.topology_id,
-            self.task.task_id,
-            txid,
-            len(tuples),
-        )
-        self._update_user_state(txid, tuples)
-        self.user_state.commit(txid)
-        path.unlink(missing_ok=True)
-
     def _output_topics(self) -> list[StagedOutput]:
         return self.outputs.staged_outputs()
 
@@ -775,51 +731,6 @@ class TaskRunner:
         recorded = self.ownership.committed.outputs
         for topic in self._output_topics():
             topic.publish_batch(self.task.task_id, txid, epoch, recorded.get(topic.output_id, {}))
-
-    def _stage_outputs(self, batch: ComputedBatch, txid: int, epoch: int) -> int:
-        """Step 3: update the partition_persist State (uncommitted), write the batch's output
-        files (unpublished); returns the number of output rows."""
-        staging_started = time.perf_counter()
-        rows_out = batch.updated_keys
-        emitted: dict[int, list[dict[str, Any]]] = {}
-        for index, output in enumerate(self.stage.outputs):
-            if isinstance(output, PersistSpec):
-                emitted[index] = self._stage_persisted(txid, epoch, output, batch.outputs.get(index, []), batch.dead)
-                rows_out += len(batch.outputs.get(index, []))
-        rows_out += self.outputs.stage_batch(txid, epoch, batch.outputs, batch.output_partials, batch.dead, emitted)
-        self._stage_dead_letters(txid, epoch, batch.dead)
-        self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
-        return rows_out
-
-    def _stage_dead_letters(self, txid: int, epoch: int, dead: list[dict[str, Any]]) -> None:
-        """Step 3 for the records of a batch that could not be processed."""
-        if not dead:
-            return
-        letters = [{**d, "topology": self.topology_id, "task": self.task.task_id, "txid": txid, "epoch": epoch} for d in dead]
-        self.layout.dead_letter_topic().stage_batch(0, self.task.task_id, txid, epoch, letters)
-        self.stats.dead_letters += len(letters)
-        logger.warning(
-            "task %s/%d txid %d: %d records to the dead-letter topic", self.topology_id, self.task.task_id, txid, len(letters)
-        )
-
-    def _stage_persisted(
-        self, txid: int, epoch: int, persist: PersistSpec, records: list[dict[str, Any]], dead: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """Step 3 for a partition_persist: stage the tuples, then update the user State; returns
-        the records its updater emitted (an emitted value that does not fit ``out=`` is a dead letter)."""
-        tuples = [{f: value_or_none(record, f) for f in persist.fields} for record in records]
-        # The tuples are staged so that a crash between the ZooKeeper commit and the
-        # State's commit (step 6) can apply them again; see _finish_user_state_commit.
-        self.layout.persist_topic(self.stage).stage_batch(self.task.queue, self.task.task_id, txid, epoch, tuples)
-        collector = self._update_user_state(txid, tuples)
-        out = list(persist.emit_fields or {})
-        emitted: list[dict[str, Any]] = []
-        for value in collector.emitted if out else ():
-            try:
-                emitted.append(as_fields(value, out, f"{persist.name} updater"))
-            except ValueError as e:
-                dead.append({"record": {"emitted": value}, "error": str(e)})
-        return emitted
 
     # --- reporting -------------------------------------------------------------------------
 
