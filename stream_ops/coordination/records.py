@@ -73,10 +73,9 @@ class WorkerRecord(_Record):
     capacity: int
     started_at: float
     launched_by: str = "cli"
-    tls: bool = False
+    tls: bool
     """Whether the worker's query port serves TLS: a client without the cluster's CA must then
-    not connect (it would send the query token in clear). False in records of workers that
-    predate the field."""
+    not connect (it would send the query token in clear)."""
 
 
 class StandbyRecord(_Record):

@@ -206,11 +206,12 @@ def refuse_plain_to_tls(store: ZkStore, workers: set[str], access: QueryAccess) 
     """Refuse, before connecting, to ask a worker that serves TLS without a CA to verify it by.
 
     A plain request would carry the query token in clear to the worker's port (where anyone
-    watching the network reads it) before the worker drops it. Workers whose record does not
-    say (written before the field existed) are asked as before.
+    watching the network reads it) before the worker drops it. A worker whose record is not a
+    worker record (so does not say whether it serves TLS) is refused too.
 
     Raises:
-        QueryTLSError: One of ``workers`` serves TLS and ``access`` has no CA.
+        QueryTLSError: One of ``workers`` serves TLS, or its record does not say, and ``access``
+            has no CA.
     """
     if access.tls is not None or not workers:
         return
@@ -221,8 +222,12 @@ def refuse_plain_to_tls(store: ZkStore, workers: set[str], access: QueryAccess) 
             continue
         try:
             serves_tls = WorkerRecord.model_validate(node[0]).tls
-        except ValidationError:
-            continue
+        except ValidationError as e:
+            raise QueryTLSError(
+                f"worker {worker}'s record in ZooKeeper is not a worker record ({e.error_count()} problem(s), e.g. "
+                f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}), so whether it serves TLS is unknown and nothing was "
+                "sent to it: restart the worker with this stream_ops, or pass --query-tls-ca (QueryConfig.tls_ca)"
+            ) from e
         if serves_tls:
             raise QueryTLSError(
                 f"worker {worker} serves state queries over TLS and no CA was given, so nothing was sent to it "

@@ -42,7 +42,7 @@ class FakeWorker:
         self.store = ZkStore.connect(zk_config)
         self._beats = 0
         record = WorkerRecord(
-            worker_id=self.worker_id, host=HOST, port=port, pid=os.getpid(), capacity=64, started_at=time.time()
+            worker_id=self.worker_id, host=HOST, port=port, pid=os.getpid(), capacity=64, started_at=time.time(), tls=False
         )
         self.store.create_json(ZkPaths.worker(self.worker_id), record.to_json_obj(), ephemeral=True)
         self.closed = False

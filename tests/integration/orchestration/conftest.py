@@ -76,7 +76,9 @@ class SimulatedWorkers:
         """Register worker slots the way a worker does (ephemeral ``/workers/{host:port}``)."""
         for worker_id in worker_ids:
             host, _, port = worker_id.rpartition(":")
-            record = WorkerRecord(worker_id=worker_id, host=host, port=int(port), pid=1, capacity=4, started_at=time.time())
+            record = WorkerRecord(
+                worker_id=worker_id, host=host, port=int(port), pid=1, capacity=4, started_at=time.time(), tls=False
+            )
             self.store.create_json(ZkPaths.worker(worker_id), record.to_json_obj(), ephemeral=True)
 
     def beat(

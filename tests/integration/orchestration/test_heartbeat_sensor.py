@@ -470,7 +470,9 @@ def test_workers_to_launch_counts_registered_runs_once() -> None:
     from stream_ops.coordination.records import WorkerRecord
 
     def worker(port: int, launched_by: str) -> WorkerRecord:
-        return WorkerRecord(worker_id=f"h:{port}", host="h", port=port, pid=1, capacity=1, started_at=0, launched_by=launched_by)
+        return WorkerRecord(
+            worker_id=f"h:{port}", host="h", port=port, pid=1, capacity=1, started_at=0, launched_by=launched_by, tls=False
+        )
 
     live = {"h:1": worker(1, "dagster:run-a"), "h:2": worker(2, "cli")}
     assert workers_to_launch(4, live, ["run-a"]) == 2  # run-a is already one of the live workers

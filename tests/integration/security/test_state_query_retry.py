@@ -309,6 +309,12 @@ def test_no_byte_of_the_token_reaches_a_worker_that_serves_tls(routed: Routed) -
             get_keys(routed.store, TOPOLOGY_ID, routed.plan, stage, [["how"]], access=plain, timeout_s=1.0)
         assert "serves state queries over TLS" in str(caught.value)
         assert TOKEN not in str(caught.value)
+        # A record that does not say whether the worker serves TLS is refused as well.
+        record = routed.store.get_json(ZkPaths.worker(recorder.worker))[0]
+        del record["tls"]
+        routed.store.set_json(ZkPaths.worker(recorder.worker), record)
+        with pytest.raises(QueryTLSError, match="not a worker record"):
+            get_keys(routed.store, TOPOLOGY_ID, routed.plan, stage, [["how"]], access=plain, timeout_s=1.0)
         # The same client and worker, the record not saying TLS: the token goes out, so the
         # recorder would have seen it above.
         routed.route_to(recorder.worker, tls=False)

@@ -51,7 +51,9 @@ def chroot() -> str:
 def _register_worker(store: ZkStore, worker_id: str) -> None:
     store.ensure_path(ZkPaths.WORKERS)
     host, _, port = worker_id.rpartition(":")
-    record = WorkerRecord(worker_id=worker_id, host=host, port=int(port), pid=os.getpid(), capacity=8, started_at=time.time())
+    record = WorkerRecord(
+        worker_id=worker_id, host=host, port=int(port), pid=os.getpid(), capacity=8, started_at=time.time(), tls=False
+    )
     store.create_json(ZkPaths.worker(worker_id), record.to_json_obj(), ephemeral=True)
 
 
