@@ -158,7 +158,10 @@ def test_kafka_word_count_stays_exact_through_kills_a_zombie_and_a_nimbus_restar
             epochs = [t.owner_epoch or 0 for t in describe_topology(store, topology_id).tasks]
             assert max(epochs) >= 2, "tasks really changed owners"
             data_files = [
-                p for p in stack.home.rglob("*.jsonl") if any(part.startswith(("state-", "shuffle-")) for part in p.parts)
+                p
+                for p in stack.home.rglob("*")
+                if p.suffix in (".jsonl", ".arrow", ".parquet")
+                and any(part.startswith(("state-", "shuffle-")) for part in p.parts)
             ]
             assert data_files == [], "the state topic or the shuffle went to files"
 
