@@ -92,14 +92,14 @@ def run(runner: TaskRunner, keys: int, batches: int, gap_s: float, first_txid: i
         before = dict(runner.stats.commit_steps_ms)
         state_before = runner.stats.state_ms_total
         # what process_batch does while Spark runs the batch's jobs
-        runner._checkpoint_entries = (txid, runner._io.submit(runner._read_checkpoint_entries, txid))
+        runner._checkpoint_entries = (txid, runner._io.submit(runner._input.checkpoint_entries, txid))
         time.sleep(gap_s)
         started = time.perf_counter()
-        runner._await_state_write()
+        runner._store_writes.await_write()
         figures["waited"].append((time.perf_counter() - started) * 1000.0)
         with runner._state_section(txid):
             runner._commit_batch(ComputedBatch(rows_in=keys, partials=partials), txid)
-        runner._await_state_write()  # the previous write is done: its time is counted
+        runner._store_writes.await_write()  # the previous write is done: its time is counted
         steps = {step: runner.stats.commit_steps_ms[step] - before[step] for step in COMMIT_STEPS}
         figures["state"].append(runner.stats.state_ms_total - state_before)
         figures["state topic"].append(steps["state_topic"])

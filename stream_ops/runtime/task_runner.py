@@ -71,7 +71,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -96,36 +96,24 @@ from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
 from stream_ops.runtime.stage_outputs import StageOutputs
-from stream_ops.runtime.stage_processors import TICK_STREAM, StageProcessor, make_processor
+from stream_ops.runtime.stage_processors import StageProcessor, make_processor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.state_store_writes import StateStoreWrites
+from stream_ops.runtime.task_input import TaskInput
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.runtime.user_state_commit import UserStateCommits
-from stream_ops.sources import SourceLag, source_kind
-from stream_ops.sources.base import files_newer_than
-from stream_ops.spark.checkpoint import batch_input, batch_offsets, latest_file_timestamp, remove_crashed_writes
+from stream_ops.sources import SourceLag
+from stream_ops.spark.checkpoint import batch_input
 from stream_ops.spark.compiler import start_stage_query
 from stream_ops.spark.shuffle_queue import (
-    next_tick_stamp,
-    offset_txids,
-    planned_txids,
-    read_before,
-    retire_read,
-    shuffle_suffix,
-    tick_file_name,
     tick_file_prefix,
-    unread_files,
 )
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_log import open_state_log
-from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
-
-if TYPE_CHECKING:
-    from stream_ops.kafka.shuffle_ticks import TickProducer
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +186,6 @@ class TaskRunner:
         self.processor: StageProcessor | None = None
         self.user_state: State | None = None
         self._state_reader: StateReader | None = None
-        self._last_tick = 0.0
         self.query: StreamingQuery | None = None
         self._batch_lock = threading.Lock()
         # Held while a batch touches the task's state (steps 2-6 after Spark's part) and by
@@ -223,14 +210,13 @@ class TaskRunner:
             commit_wait_s=settings.commit_wait_s,
             stats=self.stats,
         )
-        self._last_input_ms = 0
+        self._input = TaskInput(layout=layout, stage=self.stage, task=task)
         self._map_update = MapStateUpdate(self.stage)
         self._user_states = UserStateCommits(layout=layout, stage=self.stage, task=task)
         self._staging = BatchStaging(layout=layout, stage=self.stage, task=task, user_states=self._user_states, stats=self.stats)
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
         self.kafka_shuffle: KafkaShuffle | None = None
         """The topology's shuffle between stages when its conf keeps it in Kafka (set by :meth:`prepare`)."""
-        self._ticks: TickProducer | None = None
 
     @property
     def topology_id(self) -> str:
@@ -271,11 +257,6 @@ class TaskRunner:
             self.outputs = StageOutputs(
                 plan=self.plan, stage=self.stage, task=self.task, layout=self.layout, kafka_shuffle=self.kafka_shuffle
             )
-
-    def _shuffle_topic_name(self) -> str:
-        """This stage's Kafka shuffle topic (with the Kafka shuffle only)."""
-        assert self.kafka_shuffle is not None
-        return self.kafka_shuffle.topic_name(self.topology_id, self.stage.index, self.stage.name)
 
     def _prepare_state(self) -> None:
         assert self.ownership is not None
@@ -353,22 +334,7 @@ class TaskRunner:
     def maybe_tick(self, now: float) -> bool:
         """Write a tick record into this task's input when its time-based windows or triggers
         need a batch although no data arrives; returns whether one was written."""
-        interval = getattr(self.processor, "tick_interval_s", None)
-        if interval is None or now - self._last_tick < interval:
-            return False
-        self._last_tick = now
-        tick = {"stream": TICK_STREAM, "key": None, "record": "{}"}
-        if self.kafka_shuffle is not None:
-            if self._ticks is None:
-                from stream_ops.kafka.shuffle_ticks import TickProducer  # confluent-kafka, only with a Kafka shuffle
-
-                self._ticks = TickProducer(self.kafka_shuffle, self._shuffle_topic_name())
-            self._ticks.send(self.task.queue, tick)
-            return True
-        topic = self.layout.shuffle_topic(self.stage)
-        stamp = next_tick_stamp(self.layout.checkpoint_dir(self.task.task_id), time.time_ns())
-        topic.write_file(self.task.queue, tick_file_name(self.task.task_id, stamp), [tick])
-        return True
+        return self._input.maybe_tick(now, getattr(self.processor, "tick_interval_s", None), self.kafka_shuffle)
 
     def start_query(self) -> None:
         """Start the task's Spark streaming query; its batches call :meth:`process_batch`.
@@ -379,17 +345,8 @@ class TaskRunner:
         """
         assert self.ownership is not None
         verify_owner(self.zk, self.ownership)
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        remove_crashed_writes(checkpoint)
-        self._last_input_ms = latest_file_timestamp(checkpoint)
-        kafka_input = None
-        if self.kafka_shuffle is not None and not self.stage.reads_source:
-            from stream_ops.kafka.shuffle_reader import KafkaShuffleInput
-            from stream_ops.kafka.shuffle_writer import ensure_shuffle_topic
-
-            kafka_input = KafkaShuffleInput(self.kafka_shuffle, self._shuffle_topic_name())
-            # Created here too, so Spark never meets a missing topic (nor auto-creates a wrong one).
-            ensure_shuffle_topic(self.kafka_shuffle, kafka_input.topic, self.stage.queues, self.kafka_shuffle.client_config())
+        checkpoint = self._input.open_checkpoint()
+        kafka_input = self._input.kafka_input(self.kafka_shuffle)
         self.query = start_stage_query(
             self.spark,
             stage=self.stage,
@@ -408,7 +365,7 @@ class TaskRunner:
     @property
     def input_dir(self) -> Path | None:
         """The directory this task's query reads (None for a source that is not files)."""
-        return self.layout.input_dir(self.stage, self.task.queue)
+        return self._input.input_dir
 
     def is_running(self) -> bool:
         """True while the query is active and the task's state is sound (a committed batch's
@@ -481,9 +438,7 @@ class TaskRunner:
             self.outputs.close()
         except Exception as e:  # noqa: BLE001 - a stopping task must still release its ownership
             logger.warning("task %s/%d: closing Kafka producers: %s", self.topology_id, self.task.task_id, e)
-        if self._ticks is not None:
-            self._ticks.close()
-            self._ticks = None
+        self._input.close_ticks()
 
     def _close_state(self) -> None:
         try:
@@ -522,7 +477,7 @@ class TaskRunner:
                 self.stats.txid_in_flight = None
                 return
             # Step 5's checkpoint reads, on the I/O thread while Spark computes the batch
-            self._checkpoint_entries = (txid, self._io.submit(self._read_checkpoint_entries, txid))
+            self._checkpoint_entries = (txid, self._io.submit(self._input.checkpoint_entries, txid))
             # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
             spark_started = time.perf_counter()
             batch = compute_in_spark(df, self.stage)
@@ -570,7 +525,7 @@ class TaskRunner:
         self._store_writes.write_committed(txid, epoch, encoded, visible)
         self._publish_committed(txid, epoch)
         if not self.stage.reads_source and self.kafka_shuffle is None:
-            self._io.submit(self._retire_consumed_input, txid)
+            self._io.submit(self._input.retire_consumed, txid, self.ownership.epoch)
         done = time.perf_counter()
         steps = self.stats.commit_steps_ms
         steps["zookeeper"] += (publish_started - zookeeper_started) * 1000.0
@@ -659,26 +614,6 @@ class TaskRunner:
                 raise TaskStoppingError(f"task {self.topology_id}/{self.task.task_id} is stopping; txid {txid} left for replay")
             yield
 
-    def _retire_consumed_input(self, txid: int) -> None:
-        """On the I/O thread: delete the shuffle files the batches before ``txid`` read, when the
-        queue source reads them (Spark committed those batches before it planned this one, and
-        ZooKeeper before that, so no replay reads them again)."""
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        try:
-            if offset_txids(checkpoint, txid) is None:
-                return  # Spark's file source: its log holds every file, so they stay
-            read = read_before(checkpoint, txid)
-            if read:
-                epoch = self.ownership.epoch if self.ownership is not None else None
-                retire_read(self.layout.shuffle_topic(self.stage), self.task.queue, read, epoch=epoch)
-        except Exception:  # on the I/O thread nobody awaits this: say what failed, and go on
-            logger.exception("task %s/%d: consumed shuffle files not deleted", self.topology_id, self.task.task_id)
-
-    def _read_checkpoint_entries(self, txid: int) -> tuple[list[Any], BatchInput | None]:
-        """Spark's offsets and input fingerprint of batch ``txid`` (logged before the batch runs)."""
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        return batch_offsets(checkpoint, txid), batch_input(checkpoint, txid)
-
     def _commit_to_zookeeper(self, txid: int, rows: int) -> None:
         """Step 5: the ZooKeeper commit transaction (refused for a zombie)."""
         assert self.ownership is not None
@@ -693,7 +628,7 @@ class TaskRunner:
         if entries is not None and entries[0] == txid:
             offsets, fingerprint = entries[1].result()
         else:
-            offsets, fingerprint = self._read_checkpoint_entries(txid)
+            offsets, fingerprint = self._input.checkpoint_entries(txid)
         commit(
             self.zk,
             self.ownership,
@@ -737,20 +672,7 @@ class TaskRunner:
     def lag(self) -> SourceLag:
         """Input not read yet: files modified after the newest file the query consumed, and
         their records where they can be counted (a source's kind says how)."""
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        self._last_input_ms = max(self._last_input_ms, latest_file_timestamp(checkpoint))
-        if self.stage.reads_source:
-            assert self.stage.source is not None
-            return source_kind(self.stage.source.kind).lag(self.stage.source, self.task.queue, self._last_input_ms)
-        if self.kafka_shuffle is not None:
-            return SourceLag(records=None, files=None)  # not measured for a Kafka shuffle
-        queue_dir = self.layout.shuffle_topic(self.stage).queue_path(self.task.queue)
-        read = planned_txids(self.layout.checkpoint_dir(self.task.task_id))
-        if read is not None:  # the queue source: what it planned so far is read
-            files = unread_files(queue_dir, read, shuffle_suffix(self.stage))
-        else:
-            files = files_newer_than(queue_dir, self._last_input_ms)
-        return SourceLag(records=sum(shuffle_file_rows(f) for f in files), files=len(files))
+        return self._input.lag(self.kafka_shuffle)
 
     def lag_files(self) -> int:
         """Input files not read yet (0 for a source that is not files)."""
