@@ -92,7 +92,7 @@ def run(runner: TaskRunner, keys: int, batches: int, gap_s: float, first_txid: i
         before = dict(runner.stats.commit_steps_ms)
         state_before = runner.stats.state_ms_total
         # what process_batch does while Spark runs the batch's jobs
-        runner._checkpoint_entries = (txid, runner._io.submit(runner._input.checkpoint_entries, txid))
+        runner._input.read_entries_ahead(txid, runner._io)
         time.sleep(gap_s)
         started = time.perf_counter()
         runner._store_writes.await_write()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ class TaskInput:
         self._last_tick = 0.0
         self._last_input_ms = 0
         self._ticks: TickProducer | None = None
+        self._entries: tuple[int, Future[tuple[list[Any], BatchInput | None]]] | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -116,6 +118,18 @@ class TaskInput:
         """Spark's offsets and input fingerprint of batch ``txid`` (logged before the batch runs)."""
         checkpoint = self.checkpoint_dir
         return batch_offsets(checkpoint, txid), batch_input(checkpoint, txid)
+
+    def read_entries_ahead(self, txid: int, io: ThreadPoolExecutor) -> None:
+        """Start reading batch ``txid``'s checkpoint entries on the task's I/O thread ``io``
+        (while Spark computes the batch: they are logged before ``foreachBatch`` runs)."""
+        self._entries = (txid, io.submit(self.checkpoint_entries, txid))
+
+    def batch_entries(self, txid: int) -> tuple[list[Any], BatchInput | None]:
+        """Batch ``txid``'s offsets and input fingerprint: those read ahead, else read now."""
+        entries, self._entries = self._entries, None
+        if entries is not None and entries[0] == txid:
+            return entries[1].result()
+        return self.checkpoint_entries(txid)
 
     def retire_consumed(self, txid: int, epoch: int | None) -> None:
         """On the I/O thread: delete the shuffle files the batches before ``txid`` read, when the

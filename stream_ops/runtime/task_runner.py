@@ -63,11 +63,10 @@ the task, and by the next owner when the process died before it logged them.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,46 +77,36 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.cluster_state import read_storm
-from stream_ops.coordination.records import BatchInput
 from stream_ops.coordination.store import ZkStore
-from stream_ops.errors import (
-    InputMismatchError,
-    StateError,
-    TaskStoppingError,
-    ZooKeeperUnavailableError,
-)
+from stream_ops.errors import StateError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.layout import TopologyLayout
-from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.operators.trident_state import State
 from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
 from stream_ops.runtime.batch_staging import BatchStaging
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
+from stream_ops.runtime.predecessor_files import discard_unpublished
+from stream_ops.runtime.query_failure import query_failure
+from stream_ops.runtime.replayed_input import check_replayed_input
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import StageProcessor, make_processor
+from stream_ops.runtime.stage_state import auto_snapshot, open_stage_state
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.state_store_writes import StateStoreWrites
 from stream_ops.runtime.task_input import TaskInput
-from stream_ops.runtime.task_state import TaskState, open_task_state
+from stream_ops.runtime.task_state import TaskState
 from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.runtime.user_state_commit import UserStateCommits
 from stream_ops.sources import SourceLag
-from stream_ops.spark.checkpoint import batch_input
 from stream_ops.spark.compiler import start_stage_query
-from stream_ops.spark.shuffle_queue import (
-    tick_file_prefix,
-)
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
-from stream_ops.state.state_log import open_state_log
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
-
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 @dataclass(frozen=True)
@@ -196,7 +185,6 @@ class TaskRunner:
         # One I/O thread per task: reads the batch's checkpoint entries while Spark computes,
         # and writes a committed batch to RocksDB after the ZooKeeper commit.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"task-{task.task_id}-io")
-        self._checkpoint_entries: tuple[int, Future[tuple[list[Any], BatchInput | None]]] | None = None
         self._stopping = threading.Event()
         self._store_writes = StateStoreWrites(
             zk=zk,
@@ -262,66 +250,21 @@ class TaskRunner:
         assert self.ownership is not None
         committed = self.ownership.committed
         # Our predecessors' staged files that no commit will ever publish, and temp files a
-        # crashed writer left, are dropped; the committed batch's are published now (step 6
-        # of a commit whose owner died before it). Only epochs below ours are touched, and
-        # only after checking we still own the task: a stale owner that resumes here never
-        # deletes a newer owner's files.
+        # crashed writer left, are dropped (only after checking we still own the task); the
+        # committed batch's are published now (step 6 of a commit whose owner died before it).
         verify_owner(self.zk, self.ownership)
         keep = (committed.committed_txid, committed.committed_epoch) if committed.committed_txid >= 0 else None
-        topics = self._output_topics()
-        if self.stage.keeps_state:
-            topics.append(self.layout.state_topic(self.stage))
-        if self.stage.persist is not None:
-            topics.append(self.layout.persist_topic(self.stage))
-        for topic in topics:
-            topic.discard_staged(self.task.task_id, below_epoch=self.ownership.epoch, keep=keep)
-        if not self.stage.reads_source:
-            self.layout.shuffle_topic(self.stage).discard_stale_temp_files(
-                self.task.queue, tick_file_prefix(self.task.task_id), older_than_s=60.0, now=time.time()
-            )
+        discard_unpublished(self.layout, self.stage, self.task, self._output_topics(), epoch=self.ownership.epoch, keep=keep)
         if keep is not None:
             self._publish(*keep)
             # sinks: batches published but not yet delivered (a print of a batch our predecessor committed)
             self._after_publish(keep[0])
         stage = self.stage
         if stage.keeps_state:
-            started = time.monotonic()
-            log = open_state_log(
-                read_storm(self.zk, self.topology_id).conf,
-                file_topic=self.layout.state_topic(stage),
-                queue=self.task.queue,
-                topology_id=self.topology_id,
-                stage_index=stage.index,
-                stage_name=stage.name,
+            self.state = open_stage_state(self.zk, self.layout, stage, self.task, self.worker_id, committed)
+            self._auto_snapshot = auto_snapshot(
+                self.zk, self.layout, self.plan, self.stage, self.task, self.settings.snapshot_policy
             )
-            self.state = open_task_state(
-                store_dir=self.layout.local_store_dir(self.worker_id, self.task.task_id),
-                log=log,
-                kind=stage.state.kind if stage.state is not None else None,
-                committed_txid=committed.committed_txid,
-                committed_epoch=committed.committed_epoch,
-                snapshot_dir=self.layout.snapshot_dir(stage, self.task.queue),
-            )
-            self._auto_snapshot = AutoSnapshot(
-                self.settings.snapshot_policy, self._snapshot_own_queue, name=f"task {self.topology_id}/{self.task.task_id}"
-            )
-            if self.state.rebuilt:
-                logger.info(
-                    "task %s/%d: state rebuilt from the state topic, %d keys in %.3f s",
-                    self.topology_id,
-                    self.task.task_id,
-                    self.state.restored_keys,
-                    time.monotonic() - started,
-                )
-            else:
-                logger.info(
-                    "task %s/%d: kept the local state store (no rebuild), applied the state-topic tail only: "
-                    "%d changed keys in %.3f s",
-                    self.topology_id,
-                    self.task.task_id,
-                    self.state.tail_keys or 0,
-                    time.monotonic() - started,
-                )
         self.processor = make_processor(stage, self.state.store if self.state else None, self.clock())
         if stage.persist is not None:
             factory = resolve_object(stage.persist.factory)
@@ -377,15 +320,7 @@ class TaskRunner:
         failed = self._store_writes.failed
         if failed is not None:
             return f"{type(failed).__name__}: {failed}"[:1000]
-        if self.query is None:
-            return None
-        exc = self.query.exception()
-        if exc is None:
-            return None
-        lines = str(exc).splitlines()
-        # A foreachBatch error comes wrapped in Py4J's and Spark's text; name the Python one.
-        raised = next((line for line in reversed(lines) if _RAISED.match(line)), None)
-        return (raised or lines[0])[:1000]
+        return query_failure(self.query) if self.query is not None else None
 
     def stop(self, *, release_ownership: bool = True, wait_s: float | None = None) -> None:
         """Stop the query, close the state and (if we still can) release the task.
@@ -477,7 +412,7 @@ class TaskRunner:
                 self.stats.txid_in_flight = None
                 return
             # Step 5's checkpoint reads, on the I/O thread while Spark computes the batch
-            self._checkpoint_entries = (txid, self._io.submit(self._input.checkpoint_entries, txid))
+            self._input.read_entries_ahead(txid, self._io)
             # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
             spark_started = time.perf_counter()
             batch = compute_in_spark(df, self.stage)
@@ -536,10 +471,6 @@ class TaskRunner:
             self._auto_snapshot.appended(*appended)
         return rows_out
 
-    def _snapshot_own_queue(self) -> None:
-        """Compact this task's state-topic queue at its committed txid (the automatic snapshot)."""
-        compact_queue_locked(self.zk, self.layout, self.plan, self.stage, self.task.queue, lock_timeout_s=1.0)
-
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
         deadline = time.monotonic() + self.settings.commit_wait_s
@@ -555,10 +486,7 @@ class TaskRunner:
         """Step 1: True if ``txid`` is committed already (its files are published again).
 
         Spark re-delivers the committed batch after a crash between our commit and its own;
-        it must plan exactly the input the commit recorded. A txid below the committed one,
-        or other input files, means Spark's checkpoint fell behind ZooKeeper (a machine crash,
-        a restored or deleted checkpoint, a checkpoint root that is not really shared), and
-        skipping or re-running the batch would lose or double input.
+        it must plan exactly the input the commit recorded (:mod:`.replayed_input`).
 
         Raises:
             InputMismatchError: Spark's plan for ``txid`` differs from what was committed.
@@ -567,32 +495,7 @@ class TaskRunner:
         committed = self.ownership.committed
         if txid > committed.committed_txid:
             return False
-        checkpoint = self.layout.checkpoint_dir(self.task.task_id)
-        planned = batch_input(checkpoint, txid)
-        recorded = committed.input_of(txid)
-        where = f"task {self.topology_id}/{self.task.task_id}: Spark's checkpoint {checkpoint} plans batch {txid}"
-        behind = (
-            f"{where}, but ZooKeeper committed up to txid {committed.committed_txid} and keeps no record of the input "
-            f"of txid {txid}: the checkpoint is {committed.committed_txid - txid} batch(es) behind ZooKeeper (restored, "
-            "deleted or not shared between workers). The task stops rather than skip or re-count input; restore the "
-            "checkpoint directory that ran these batches"
-        )
-        if planned is None or (planned.offsets and recorded is None):
-            # No input logged (or an offset range committed before offsets were recorded):
-            # txids are all there is.
-            if txid < committed.committed_txid:
-                raise InputMismatchError(behind)
-        elif recorded is None:
-            raise InputMismatchError(behind)
-        elif planned.digest != recorded.digest:
-            planned_what = "another offset range" if planned.offsets else f"{planned.files} input file(s)"
-            recorded_what = "its offset range" if recorded.offsets else f"{recorded.files} other file(s)"
-            raise InputMismatchError(
-                f"{where} with {planned_what}, but txid {txid} was committed with {recorded_what} "
-                f"(sha256 {recorded.digest[:12]} vs {planned.digest[:12]}): the checkpoint fell behind "
-                "ZooKeeper and Spark re-planned the batch. The task stops rather than skip or re-count input; restore "
-                "the checkpoint directory that ran these batches"
-            )
+        check_replayed_input(f"task {self.topology_id}/{self.task.task_id}", self._input.checkpoint_dir, txid, committed)
         if txid < committed.committed_txid:
             logger.warning(
                 "task %s/%d: Spark replays txid %d with the same input as committed; skipping it",
@@ -624,11 +527,7 @@ class TaskRunner:
             for topic in self._output_topics()
             if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
         }
-        entries, self._checkpoint_entries = self._checkpoint_entries, None
-        if entries is not None and entries[0] == txid:
-            offsets, fingerprint = entries[1].result()
-        else:
-            offsets, fingerprint = self._input.checkpoint_entries(txid)
+        offsets, fingerprint = self._input.batch_entries(txid)
         commit(
             self.zk,
             self.ownership,
