@@ -496,9 +496,7 @@ class JoinBolt:
                 bolt._add(clause["stream"], clause["field"], clause["prior"], how)
             bolt.select(list(spec["select"]))
             window = spec.get("window")
-            if window is not None and "length" not in window:  # plans of earlier versions
-                bolt.with_tumbling_window(count=window.get("count"), seconds=window.get("seconds"))
-            elif window is not None:
+            if window is not None:
                 make = Records if window["counted"] else Duration
                 bolt.with_window(make(window["length"]), make(window["slide"]))
                 if window.get("timestamp_field") is not None:

@@ -21,8 +21,8 @@ Example:
     >>> from stream_ops.operators.aggregators import Count
     >>> from stream_ops.operators.windows import Tumbling, WindowDef
     >>> window = WindowDef.build(Tumbling(10), time="event", timestamp_field="ts", idle_timeout=None)
-    >>> agg = WindowedAggregation(window, ("user",), Count(), "n", now=0.0)
-    >>> agg.process([{"user": "ann", "ts": 3}, {"user": "ann", "ts": 12}], now=0.0).results
+    >>> agg = WindowedAggregation(window, ("user",), Count(), "n", now=0.0, channels=["0/0"])
+    >>> agg.process([{"user": "ann", "ts": 3}, {"user": "ann", "ts": 12}], now=0.0, progress=[("0/0", 12.0)]).results
     [{'user': 'ann', 'n': 1, 'window_start': 0.0, 'window_end': 10.0}]
 """
 
@@ -67,6 +67,8 @@ class WindowedAggregation:
         aggregator: the combiner (``init`` per record, ``combine`` of partials).
         value_field: the result field holding the aggregate.
         now: processing time at creation (starts the watermark's idle clock).
+        channels: the upstream tasks an event-time watermark waits for (see :class:`Watermark`;
+            required for event time).
     """
 
     def __init__(
@@ -121,8 +123,6 @@ class WindowedAggregation:
                 self._add(key, partial, t, now, out)
             except Exception as e:  # noqa: BLE001 - a combine that rejects this partial
                 out.dead.append({"record": dict(record), "error": f"aggregator combine: {type(e).__name__}: {e}"})
-            if self.watermark is not None:
-                self.watermark.observe(t, now)
         if self.watermark is not None:
             for channel, event_time in progress:
                 self.watermark.report(channel, event_time, now)

@@ -54,7 +54,8 @@ class WindowBuffer:
     Args:
         window: the window definition (not a session window).
         now: processing time at creation (starts the watermark's idle clock).
-        channels: the upstream tasks the watermark waits for (see :class:`Watermark`).
+        channels: the upstream tasks an event-time watermark waits for (see :class:`Watermark`;
+            required for event time).
     """
 
     def __init__(self, window: WindowDef, now: float, *, channels: Sequence[str] = ()) -> None:
@@ -87,8 +88,6 @@ class WindowBuffer:
             if problem is not None:
                 out.dead.append({"record": dict(record), "error": problem})
                 continue
-            if self.watermark is not None:
-                self.watermark.observe(t, now)
             self._items.append((t, stream, record))
             if self.window.counted:
                 out.windows.extend(self._count_window())
@@ -171,24 +170,21 @@ class WindowBuffer:
             raise StateError(f"window buffer is not JSON-able, so it cannot be checkpointed: {e}") from e
 
     def restore(self, state: Mapping[str, Any], now: float) -> None:
-        """Replace the buffer with one returned by :meth:`state` (or by the tumbling window of
-        earlier versions: ``{"count"|"seconds", "start", "records"}``).
+        """Replace the buffer with one returned by :meth:`state`.
 
         Raises:
-            StateError: the snapshot was taken with another window, or is malformed.
+            StateError: the snapshot was taken with another window, is of another format
+                (no ``"version": STATE_VERSION``), or is malformed.
         """
+        if state.get("version") != STATE_VERSION:
+            raise StateError(
+                f"not a window buffer snapshot of format {STATE_VERSION} (version {state.get('version')!r}); "
+                "it was not written by this stream_ops"
+            )
         try:
-            if state.get("version") == STATE_VERSION:
-                taken = WindowDef.from_spec(state["window"])
-                items: list[tuple[float, str, Mapping[str, Any]]] = [(float(t), str(s), dict(r)) for t, s, r in state["items"]]
-                since, next_end, mark = int(state["since_emit"]), state.get("next_end"), state.get("watermark")
-            else:
-                counted = state.get("count") is not None
-                size = float(state["count"] if counted else state["seconds"])
-                taken = WindowDef("tumbling", counted, size, size)
-                start = state.get("start")
-                items = [(float(start) if start is not None else now, str(s), dict(r)) for s, r in state["records"]]
-                since, next_end, mark = len(items), None, None
+            taken = WindowDef.from_spec(state["window"])
+            items: list[tuple[float, str, Mapping[str, Any]]] = [(float(t), str(s), dict(r)) for t, s, r in state["items"]]
+            since, next_end, mark = int(state["since_emit"]), state.get("next_end"), state.get("watermark")
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"not a window buffer snapshot: {e}") from e
         mine = (self.window.kind, self.window.counted, self.window.length, self.window.slide, self.window.time)

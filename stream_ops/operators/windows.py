@@ -413,18 +413,17 @@ class Watermark:
     the *smallest* of those minus ``lag``, as in Flink: a record of the slowest upstream task
     is not late because a faster one ran ahead. With ``idle_timeout=s``, a channel that
     reported nothing for ``s`` seconds stops holding the watermark back (Flink's idleness);
-    when every channel is idle the watermark moves on with processing time. Given the expected
-    ``channels``, the watermark starts only once each reported (or went idle): an upstream task
-    that never receives data holds it back unless ``idle_timeout`` is set. Without channel
-    reports (plans built before them) the watermark is the largest event time the task itself
-    observed (:meth:`observe`) minus ``lag``.
+    when every channel is idle the watermark moves on with processing time. The watermark
+    starts only once each of the expected ``channels`` (the plan's ``progress_channels``, never
+    empty) reported or went idle: an upstream task that never receives data holds it back
+    unless ``idle_timeout`` is set.
 
     Channel progress is task state (:meth:`state` / :meth:`restore`); the processing time of
     the last arrival is not: after a restore it starts again at the restore time, so a task
     move never makes in-flight records late. The watermark never goes back.
 
     Example:
-        >>> mark = Watermark(lag=5, idle_timeout=10, now=0.0)
+        >>> mark = Watermark(lag=5, idle_timeout=10, now=0.0, channels=["words/0", "words/1"])
         >>> mark.report("words/0", 100.0, now=0.0)
         >>> mark.report("words/1", 40.0, now=0.0)
         >>> mark.value(now=1.0)  # the slower upstream task decides
@@ -434,24 +433,25 @@ class Watermark:
         125.0
     """
 
-    def __init__(self, lag: float, idle_timeout: float | None, now: float, *, channels: Iterable[str] = ()) -> None:
+    def __init__(self, lag: float, idle_timeout: float | None, now: float, *, channels: Iterable[str]) -> None:
+        """A watermark waiting for the upstream ``channels`` (``"<stage>/<queue>"`` each).
+
+        Raises:
+            ValueError: ``channels`` is empty (an event-time window task always has upstream
+                tasks; a plan's event-time stage lists them in ``progress_channels``).
+        """
         self.lag = lag
         self.idle_timeout = idle_timeout
         self.expected = frozenset(channels)
         """The upstream channels to wait for before the watermark starts (all of them report)."""
-        self.max_event: float | None = None
+        if not self.expected:
+            raise ValueError("an event-time watermark needs the upstream channels that report to it (channels=)")
         self.channels: dict[str, float] = {}
         """Largest event time reported per upstream channel."""
         self._floor: float | None = None
         self._last_arrival = now
         self._started = now
         self._channel_arrival: dict[str, float] = {}
-
-    def observe(self, event_time: float, now: float) -> None:
-        """A record with ``event_time`` arrived at processing time ``now``."""
-        self._floor = self.value(now)
-        self.max_event = event_time if self.max_event is None else max(self.max_event, event_time)
-        self._last_arrival = now
 
     def report(self, channel: str, event_time: float, now: float) -> None:
         """Upstream ``channel`` has sent every record up to ``event_time`` (its largest)."""
@@ -462,16 +462,12 @@ class Watermark:
         self._last_arrival = now
 
     def value(self, now: float) -> float | None:
-        """The watermark at ``now`` (None before any record); it never goes back."""
-        mark = self._channel_mark(now) if self.channels or self.expected else self._data_mark(now)
+        """The watermark at ``now`` (None until every channel reported or went idle); it
+        never goes back."""
+        mark = self._channel_mark(now)
         if mark is None:
             return self._floor
         return mark if self._floor is None else max(mark, self._floor)
-
-    def _data_mark(self, now: float) -> float | None:
-        if self.max_event is None:
-            return None
-        return self.max_event - self.lag + self._idle_for(now, self._last_arrival)
 
     def _channel_mark(self, now: float) -> float | None:
         active = []
@@ -493,11 +489,10 @@ class Watermark:
 
     def state(self, now: float) -> dict[str, Any]:
         """JSON-able progress to checkpoint with the task."""
-        return {"max_event": self.max_event, "floor": self.value(now), "channels": dict(self.channels)}
+        return {"floor": self.value(now), "channels": dict(self.channels)}
 
     def restore(self, state: Mapping[str, Any], now: float) -> None:
         """Continue from :meth:`state`; the idle clocks restart at ``now``."""
-        self.max_event = state.get("max_event")
         self._floor = state.get("floor")
         self.channels = {str(k): float(v) for k, v in (state.get("channels") or {}).items()}
         self._channel_arrival = dict.fromkeys(self.channels, now)

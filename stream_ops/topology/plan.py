@@ -307,6 +307,24 @@ class StageSpec(_Frozen):
             )
         return self
 
+    @model_validator(mode="after")
+    def _event_time_channels_listed(self) -> StageSpec:
+        if self.event_time and not self.progress_channels:
+            raise ValueError(
+                f"stage {self.name!r} (kind {self.kind!r}) has event-time windows, but the plan lists no "
+                "progress_channels for its watermark; this plan was not built by this stream_ops: resubmit the topology"
+            )
+        return self
+
+    @property
+    def event_time(self) -> bool:
+        """Whether the stage keeps an event-time watermark (an event-time window, or a JoinBolt
+        ``with_timestamp_field``), so its upstream tasks report progress to it."""
+        if self.window_aggregate is not None:
+            return self.window_aggregate.window.get("time") == "event"
+        window = (self.join.window if self.join is not None else None) or {}
+        return window.get("timestamp_field") is not None
+
     @field_validator("source")
     @classmethod
     def _source_queues_known(cls, source: SourceSpec | None) -> SourceSpec | None:

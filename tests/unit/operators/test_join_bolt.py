@@ -360,8 +360,9 @@ def test_spec_round_trip_through_json():
 
     time_bolt = JoinBolt("a", "k").select("k").with_tumbling_window(seconds=2.5)
     assert JoinBolt.from_spec(json.loads(json.dumps(time_bolt.to_spec()))).window == WindowDef.build(Tumbling(2.5))
-    old_plan = {**time_bolt.to_spec(), "window": {"seconds": 2.5}}  # plans of earlier versions
-    assert JoinBolt.from_spec(old_plan) == time_bolt
+    without_length = {**time_bolt.to_spec(), "window": {"seconds": 2.5}}  # not a to_spec window
+    with pytest.raises(TopologyDefinitionError, match="malformed JoinBolt description"):
+        JoinBolt.from_spec(without_length)
 
 
 def test_from_spec_rejects_bad_descriptions():

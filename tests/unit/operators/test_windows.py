@@ -91,29 +91,34 @@ def test_definition_round_trips_through_json():
         WindowDef.build(Tumbling(1), idle_timeout=3)
 
 
-def test_watermark_is_max_event_minus_lag_and_never_goes_back():
-    mark = Watermark(lag=5, idle_timeout=None, now=0.0)
+def test_watermark_needs_the_channels_it_waits_for():
+    with pytest.raises(ValueError, match="needs the upstream channels"):
+        Watermark(lag=5, idle_timeout=None, now=0.0, channels=[])
+
+
+def test_watermark_is_the_reported_maximum_minus_lag_and_never_goes_back():
+    mark = Watermark(lag=5, idle_timeout=None, now=0.0, channels=["a/0"])
     assert mark.value(0.0) is None
-    mark.observe(100.0, now=0.0)
-    mark.observe(90.0, now=1.0)  # out of order: the maximum stays
+    mark.report("a/0", 100.0, now=0.0)
+    mark.report("a/0", 90.0, now=1.0)  # out of order: the maximum stays
     assert mark.value(1.0) == 95.0
     assert mark.value(1000.0) == 95.0  # no idle advance without an idle timeout
 
 
 def test_idle_watermark_moves_with_processing_time_and_keeps_its_gain():
-    mark = Watermark(lag=2, idle_timeout=3, now=0.0)
-    mark.observe(50.0, now=0.0)
+    mark = Watermark(lag=2, idle_timeout=3, now=0.0, channels=["a/0"])
+    mark.report("a/0", 50.0, now=0.0)
     assert mark.value(3.0) == 48.0
     assert mark.value(7.0) == 52.0  # idle 7 s > 3 s: +4
-    mark.observe(49.0, now=7.0)  # an older record does not pull it back
+    mark.report("a/0", 49.0, now=7.0)  # an older report does not pull it back
     assert mark.value(7.5) == 52.0
 
 
 def test_watermark_restore_keeps_progress_and_restarts_the_idle_clock():
-    mark = Watermark(lag=2, idle_timeout=3, now=0.0)
-    mark.observe(50.0, now=0.0)
+    mark = Watermark(lag=2, idle_timeout=3, now=0.0, channels=["a/0"])
+    mark.report("a/0", 50.0, now=0.0)
     state = json.loads(json.dumps(mark.state(now=1.0)))
-    moved = Watermark(lag=2, idle_timeout=3, now=500.0)
+    moved = Watermark(lag=2, idle_timeout=3, now=500.0, channels=["a/0"])
     moved.restore(state, now=500.0)
     assert moved.value(500.0) == 48.0  # the move's downtime does not count as idle time
     assert moved.value(505.0) == 50.0
@@ -121,8 +126,7 @@ def test_watermark_restore_keeps_progress_and_restarts_the_idle_clock():
 
 def test_channel_watermark_waits_for_the_slowest_upstream_task():
     mark = Watermark(lag=1, idle_timeout=None, now=0.0, channels=["words/0", "words/1"])
-    mark.observe(100.0, now=0.0)  # data alone would say 99
-    mark.report("words/0", 100.0, now=0.0)
+    mark.report("words/0", 100.0, now=0.0)  # alone it would say 99
     assert mark.value(0.0) is None  # words/1 not heard from yet
     mark.report("words/1", 20.0, now=0.0)
     assert mark.value(0.0) == 19.0  # channel reports decide, the slowest one wins
@@ -134,15 +138,15 @@ def test_channel_watermark_waits_for_the_slowest_upstream_task():
 
 
 def test_channel_watermark_never_goes_back_when_a_new_channel_reports():
-    mark = Watermark(lag=0, idle_timeout=None, now=0.0)
+    mark = Watermark(lag=0, idle_timeout=None, now=0.0, channels=["a/0"])
     mark.report("a/0", 50.0, now=0.0)
     assert mark.value(0.0) == 50.0
-    mark.report("a/1", 10.0, now=1.0)  # a channel first heard of late
+    mark.report("a/1", 10.0, now=1.0)  # a channel the plan did not list
     assert mark.value(1.0) == 50.0
 
 
 def test_an_idle_channel_stops_holding_the_watermark_back():
-    mark = Watermark(lag=0, idle_timeout=5, now=0.0)
+    mark = Watermark(lag=0, idle_timeout=5, now=0.0, channels=["a/0", "a/1"])
     mark.report("a/0", 10.0, now=0.0)
     mark.report("a/1", 100.0, now=0.0)
     assert mark.value(4.0) == 10.0
@@ -152,10 +156,10 @@ def test_an_idle_channel_stops_holding_the_watermark_back():
 
 
 def test_channel_progress_survives_a_restore():
-    mark = Watermark(lag=0, idle_timeout=None, now=0.0)
+    mark = Watermark(lag=0, idle_timeout=None, now=0.0, channels=["a/0", "a/1"])
     mark.report("a/0", 10.0, now=0.0)
     mark.report("a/1", 30.0, now=0.0)
-    moved = Watermark(lag=0, idle_timeout=None, now=50.0)
+    moved = Watermark(lag=0, idle_timeout=None, now=50.0, channels=["a/0", "a/1"])
     moved.restore(json.loads(json.dumps(mark.state(now=1.0))), now=50.0)
     moved.report("a/0", 40.0, now=51.0)
     assert moved.value(51.0) == 30.0

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import pytest
+from pydantic import ValidationError
+
 from stream_ops import TransactionalMapState
+from stream_ops.examples.windows import build_windows
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import partition_for, stable_hash
 from stream_ops.topology import Plan, build_plan
@@ -38,6 +43,17 @@ def test_state_kind_and_group_queues_are_kept(tmp_path):
 def test_plan_json_round_trip(tmp_path):
     plan = build_plan(build_wordcount(tmp_path / "in"))
     assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_stored_plan_without_the_watermark_channels_is_refused(tmp_path):
+    plan = build_plan(build_windows(tmp_path / "in", queues=2))
+    event_time = [s.index for s in plan.stages if s.event_time]
+    assert event_time and all(plan.stage(i).progress_channels for i in event_time)
+    for index in event_time:
+        stored = json.loads(plan.to_json())
+        del stored["stages"][index]["progress_channels"]
+        with pytest.raises(ValidationError, match="lists no progress_channels for its watermark.*resubmit the topology"):
+            Plan.from_json(json.dumps(stored))
 
 
 def test_stable_hash_is_the_same_in_another_process():
