@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TopologyStatusName = Literal["ACTIVE", "INACTIVE", "REBALANCING", "KILLED"]
 
@@ -24,7 +24,8 @@ class StormRecord(_Record):
     (see :mod:`stream_ops.nimbus.dist_store`); readers verify every file against it before
     parsing any. ``dist_dir`` says where the submitter wrote them; workers and the nimbus load
     from their own dist store and refuse a record naming another place. ``code_sha256`` is
-    informational (shown in Dagster); nothing trusts it.
+    informational (shown in Dagster); nothing trusts it. Submission writes both; a record
+    without them is refused when read.
     """
 
     topology_id: str
@@ -35,13 +36,25 @@ class StormRecord(_Record):
     dist_dir: str
     submitted_at: float
     num_tasks: int
-    code_sha256: str | None = None
-    submission_sha256: str | None = None
+    code_sha256: str
+    submission_sha256: str
     standby_replicas: int = 0
     """Warm copies of each stateful task's store kept by other workers (Kafka Streams'
     ``num.standby.replicas``)."""
     stateful_tasks: list[int] = Field(default_factory=list)
     """The tasks that keep state (those that get standbys)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hashes_recorded(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            missing = [name for name in ("submission_sha256", "code_sha256") if not data.get(name)]
+            if missing:
+                raise ValueError(
+                    f"the /storms record of {data.get('topology_id')!r} has no {' or '.join(missing)}, which "
+                    "stream-ops submit always records; it was not written by this stream_ops: kill and resubmit the topology"
+                )
+        return data
 
 
 class TaskRecord(_Record):

@@ -156,8 +156,8 @@ def load_submission(dist_root: Path | None, record: StormRecord) -> VerifiedSubm
     bytes, and every code reference of the plan is checked to name the archive or stream_ops.
 
     Raises:
-        SubmissionIntegrityError: No root was recorded, or a file (or the record) was changed
-            after submission; the message names the file and both hashes.
+        SubmissionIntegrityError: A file (or the record) was changed after submission; the
+            message names the file and both hashes.
         TopologyLoadError: The verified plan or archive cannot be used (a reference outside
             the archive, bytecode or an unsafe name in the archive).
 
@@ -168,11 +168,6 @@ def load_submission(dist_root: Path | None, record: StormRecord) -> VerifiedSubm
     """
     dist_dir = submission_dir(dist_root, record)
     expected = record.submission_sha256
-    if not expected:
-        raise SubmissionIntegrityError(
-            f"no integrity root was recorded for {record.topology_id} (submitted by an older stream_ops); refusing "
-            "to load it unchecked: kill and resubmit the topology"
-        )
     manifest = _read(dist_dir / MANIFEST_FILE)
     actual = sha256_hex(manifest)
     if actual != expected:

@@ -190,11 +190,9 @@ def _submission_metadata(
         "conf": dg.MetadataValue.json(dict(storm.conf)),
         "plan": dg.MetadataValue.md(_plan_markdown(plan)),
         "plan_json": dg.MetadataValue.json(plan.model_dump(mode="json")),
+        "code_sha256": dg.MetadataValue.text(storm.code_sha256),
+        "submission_sha256": dg.MetadataValue.text(storm.submission_sha256),
     }
-    if storm.code_sha256:
-        metadata["code_sha256"] = dg.MetadataValue.text(storm.code_sha256)
-    if storm.submission_sha256:
-        metadata["submission_sha256"] = dg.MetadataValue.text(storm.submission_sha256)
     if plan_matches is not None:
         metadata["plan_matches_definition"] = dg.MetadataValue.bool(plan_matches)
     return metadata

@@ -108,6 +108,8 @@ def _storm(replicas: int) -> StormRecord:
         dist_dir="/d",
         submitted_at=0.0,
         num_tasks=2,
+        code_sha256="c" * 64,
+        submission_sha256="d" * 64,
         standby_replicas=replicas,
         stateful_tasks=[0, 1],
     )

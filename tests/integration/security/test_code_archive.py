@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
@@ -101,9 +102,9 @@ def test_load_submission_refuses_a_record_with_another_root_or_place(tmp_path: P
         load_submission(dist_root, moved)
     assert str(elsewhere) in str(refused.value) and str(dist_root / record.topology_id) in str(refused.value)
 
-    unrooted = record.model_copy(update={"submission_sha256": None})
-    with pytest.raises(SubmissionIntegrityError, match="no integrity root was recorded"):
-        load_submission(None, unrooted.model_copy(update={"dist_dir": str(elsewhere)}))
+    unrooted = {k: v for k, v in record.to_json_obj().items() if k != "submission_sha256"}
+    with pytest.raises(ValidationError, match="has no submission_sha256.*kill and resubmit the topology"):
+        StormRecord.model_validate(unrooted)
 
 
 def test_the_verified_archive_is_imported_from_a_fresh_private_copy(tmp_path: Path) -> None:
@@ -157,7 +158,7 @@ def test_worker_refuses_a_tampered_archive_and_runs_nothing(
             assert worker.running_tasks == []
             assert store.children(ZkPaths.owners(topology_id)) == []
             assert "PWNED" not in os.environ
-            digest = storm.submission_sha256 or ""
+            digest = storm.submission_sha256
             assert not any(digest[:16] in p.name for p in Path(tempfile.gettempdir()).glob("stream-ops-code-*"))
 
             # Put the submitted archive back: the same worker now verifies it and runs the tasks.

@@ -121,7 +121,7 @@ def test_a_storm_record_pointed_at_another_dist_dir_is_refused(worker_pool, zk_s
     hashes = {
         "dist_dir": str(evil_dir),
         "code_sha256": hashlib.sha256(evil_code).hexdigest(),
-        "submission_sha256": getattr(written, "submission_sha256", None),
+        "submission_sha256": written.submission_sha256,
     }
     zk_store.update_json(ZkPaths.storm(topology_id), lambda d: {**d, **hashes})
 
