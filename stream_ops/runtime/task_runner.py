@@ -58,6 +58,12 @@ so the task may have a new owner), it refuses with the retryable
 A ``print`` sink's records are staged and published like a function sink's batch
 (:mod:`stream_ops.runtime.stage_outputs`): logged after the commit, by the owner that still owns
 the task, and by the next owner when the process died before it logged them.
+
+Each step is one call: step 1's input check :mod:`.replayed_input`; step 2 :mod:`.batch_compute`
+(keyed state: :mod:`.map_state_update`); step 3 :mod:`.batch_staging` (a partition_persist
+State: :mod:`.user_state_commit`); step 4, step 6's RocksDB write and state queries
+:mod:`.state_store_writes`; step 5 :func:`~stream_ops.runtime.ownership.commit`; step 6's
+publish :class:`~stream_ops.runtime.stage_outputs.StageOutputs`; the input side :mod:`.task_input`.
 """
 
 from __future__ import annotations

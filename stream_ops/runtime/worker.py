@@ -19,7 +19,10 @@ Fault containment: a task that cannot be started (its plan does not load, its St
 raises, ...) or whose query fails costs the worker nothing but that task. The error is logged
 once, written to ``/errors/{id}/{task}``, and the task is tried again after a backoff and
 quarantined after ``failures.quarantine_after`` failures in a row
-(:mod:`stream_ops.runtime.task_failures`); other tasks and topologies keep running.
+(:mod:`stream_ops.runtime.failed_tasks`); other tasks and topologies keep running.
+
+What is assigned here is read by :mod:`stream_ops.runtime.assigned_tasks`; each task runs in a
+:class:`~stream_ops.runtime.task_runner.TaskRunner`.
 """
 
 from __future__ import annotations
@@ -30,14 +33,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig, query_token
 from stream_ops.coordination.acl import require_auth
-from stream_ops.coordination.cluster_state import read_assignment
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, WorkerRecord
 from stream_ops.coordination.session import ConnectionState
@@ -56,32 +58,22 @@ from stream_ops.errors import (
 )
 from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import hand_over_to_standbys
+from stream_ops.runtime.assigned_tasks import AssignmentReader
+from stream_ops.runtime.failed_tasks import FailedTasks
 from stream_ops.runtime.heartbeat import beat
 from stream_ops.runtime.process_limits import raise_open_files_limit
 from stream_ops.runtime.query_limits import QueryLimits
 from stream_ops.runtime.query_server import QueryServer, server_tls_context
-from stream_ops.runtime.standby import StandbyPool, StandbyTarget
-from stream_ops.runtime.task_failures import (
-    FailurePolicy,
-    FailureTracker,
-    TaskFailure,
-    describe_error,
-    is_resource_exhaustion,
-    mark_task_recovered,
-    quarantine_cleared,
-    record_task_failure,
-)
+from stream_ops.runtime.standby import StandbyPool
+from stream_ops.runtime.task_failures import FailurePolicy, describe_error
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
 from stream_ops.spark.session import create_spark_session
 from stream_ops.state.auto_snapshot import SnapshotPolicy
-from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two reads of a quarantined task's ``/errors`` record (has an operator cleared it?).
-QUARANTINE_CHECK_S = 2.0
 #: Seconds between two log lines about the same task waiting (busy owner, ZooKeeper trouble).
 WAIT_LOG_EVERY_S = 5.0
 
@@ -144,14 +136,6 @@ class WorkerSettings(BaseModel):
         return self.trigger_seconds if self.shuffle_trigger_seconds is None else self.shuffle_trigger_seconds
 
 
-class _Desired(NamedTuple):
-    """A task assigned to this worker in an ACTIVE topology."""
-
-    storm: StormRecord
-    assigned_at: float | None
-    """The task's start time in the assignment: another value means it was assigned anew."""
-
-
 class Worker:
     """Runs the tasks assigned to one slot until stopped.
 
@@ -192,16 +176,13 @@ class Worker:
         self._watched: set[str] = set()
         # When something was last logged about a task or topology that waits (see _may_log).
         self._busy_logged: dict[Hashable, float] = {}
-        self._failures = FailureTracker(settings.failures)
-        self._quarantine_checked: dict[tuple[str, int], float] = {}
-        # Quarantines whose /errors record could not be written yet (written again until it is).
-        self._unrecorded: dict[tuple[str, int], tuple[TaskFailure, float]] = {}
+        self._failed = FailedTasks(worker_id=self.worker_id, policy=settings.failures, store=lambda: self.store, clock=clock)
         self.store: ZkStore | None = None
         self.spark: SparkSession | None = None
         self._server: QueryServer | None = None
         self._standbys: StandbyPool | None = None
         self._owner_watches: set[tuple[str, int]] = set()
-        self._standby_targets: dict[tuple[str, int], StandbyTarget] = {}
+        self._assignments = AssignmentReader(worker_id=self.worker_id, cluster=cluster, plan_of=self._plan, may_log=self._may_log)
 
     # --- session state machine ---------------------------------------------------------------
 
@@ -357,178 +338,27 @@ class Worker:
 
     # --- reconciliation ----------------------------------------------------------------------
 
-    def _desired(self) -> dict[tuple[str, int], _Desired]:
-        """Every task assigned to this worker in an ACTIVE topology."""
-        assert self.store is not None
-        desired: dict[tuple[str, int], _Desired] = {}
-        for topology_id in self.store.children(ZkPaths.ASSIGNMENTS):
-            try:
-                desired.update(self._desired_of(topology_id))
-            except ValidationError as e:
-                if self._may_log(("records", topology_id)):
-                    logger.error(
-                        "topology %s: its records in ZooKeeper do not validate, none of its tasks runs here: %s",
-                        topology_id,
-                        e.errors()[0]["msg"],
-                    )
-        return desired
-
-    def _desired_of(self, topology_id: str) -> dict[tuple[str, int], _Desired]:
-        """The tasks of ``topology_id`` assigned to this worker, if it is ACTIVE."""
-        assert self.store is not None
-        found = self.store.get_json(ZkPaths.storm(topology_id))
-        if found is None:
-            return {}
-        storm = StormRecord.model_validate(found[0])
-        if storm.status != "ACTIVE":
-            return {}
-        assignment = read_assignment(self.store, topology_id)
-        if assignment is None:
-            return {}
-        record = assignment[0]
-        for task_id, standbys in record.standbys.items():
-            if self.worker_id in standbys and record.tasks.get(task_id) != self.worker_id:
-                self._want_standby((topology_id, int(task_id)), storm)
-        return {
-            (topology_id, int(task_id)): _Desired(storm, record.start_times.get(int(task_id)))
-            for task_id, worker_id in record.tasks.items()
-            if worker_id == self.worker_id
-        }
-
-    def _want_standby(self, key: tuple[str, int], storm: StormRecord) -> None:
-        """Note that this worker keeps a standby replica of ``key``'s store (see :mod:`.standby`)."""
-        try:
-            plan = self._plan(storm)
-            task = plan.task(key[1])
-            stage = plan.stage(task.stage)
-            layout = TopologyLayout(self.cluster, key[0])
-            self._standby_targets[key] = StandbyTarget(
-                store_dir=layout.local_store_dir(self.worker_id, key[1]),
-                queue=StateTopicQueue(layout.state_topic(stage), task.queue),
-                snapshot_dir=layout.snapshot_dir(stage, task.queue),
-            )
-        except StreamOpsError as e:
-            if self._may_log(("standby", key)):
-                logger.warning("standby of task %s/%d not kept: %s", key[0], key[1], e)
-
     def _reconcile(self) -> None:
-        self._standby_targets = {}
-        desired = self._desired()
+        assert self.store is not None
+        desired, standbys = self._assignments.read(self.store)
         if self._standbys is not None:
-            self._standbys.update(self._standby_targets)
+            self._standbys.update(standbys)
         now = time.monotonic()
         for key, runner in list(self._runners.items()):
             if key not in desired:
                 self._stop_runner(key)
             elif not runner.is_running():
                 reason = runner.failure() or "the streaming query stopped without an error"
-                self._task_failed(key, desired[key].assigned_at, f"query failed: {reason}")
+                self._failed.failed(key, desired[key].assigned_at, f"query failed: {reason}")
                 self._stop_runner(key)
-            elif self._failures.recovered(key, now=now):
-                self._task_recovered(key)
-        self._forget_unassigned(desired)
+            elif self._failed.recovered(key, now):
+                self._failed.mark_recovered(key)
+        self._failed.forget_unassigned(desired.keys())
         for key, want in sorted(desired.items()):
             if key in self._runners or len(self._runners) >= self.settings.capacity:
                 continue
-            if self._may_start(key, want.assigned_at, now):
+            if self._failed.may_start(key, want.assigned_at, now):
                 self._start_runner(key, want.storm, want.assigned_at)
-
-    def _forget_unassigned(self, desired: dict[tuple[str, int], _Desired]) -> None:
-        """Drop the failure state of tasks no longer assigned here (a new assignment starts clean)."""
-        self._failures.retain(desired.keys())
-        for bookkeeping in (self._quarantine_checked, self._unrecorded):
-            for key in [k for k in bookkeeping if k not in desired]:
-                del bookkeeping[key]
-
-    # --- failed tasks ------------------------------------------------------------------------
-
-    def _may_start(self, key: tuple[str, int], assigned_at: float | None, now: float) -> bool:
-        """Whether ``key`` may be started now: not backing off, not quarantined (or cleared)."""
-        if self._failures.may_start(key, now=now, assigned_at=assigned_at):
-            return True
-        failure = self._failures.get(key)
-        return failure is not None and failure.quarantined and self._quarantine_lifted(key, now)
-
-    def _quarantine_lifted(self, key: tuple[str, int], now: float) -> bool:
-        """Whether an operator cleared ``key``'s ``/errors`` record (read at most every few seconds)."""
-        assert self.store is not None
-        if now - self._quarantine_checked.get(key, float("-inf")) < QUARANTINE_CHECK_S:
-            return False
-        self._quarantine_checked[key] = now
-        if key in self._unrecorded:
-            self._record_failure(key, *self._unrecorded[key])
-            return False
-        if not quarantine_cleared(self.store, key):
-            return False
-        self._failures.clear(key)
-        del self._quarantine_checked[key]
-        logger.info("task %s/%d: quarantine lifted (its /errors record was cleared); starting it again", *key)
-        return True
-
-    def _task_failed(self, key: tuple[str, int], assigned_at: float | None, reason: str) -> None:
-        """Count a failure of ``key``: log it once, back off or quarantine, record it in ZooKeeper."""
-        now = time.monotonic()
-        failure = self._failures.failed(key, reason, now=now, assigned_at=assigned_at)
-        policy = self.settings.failures
-        if failure.quarantined:
-            wait_s = 0.0
-            logger.error(
-                "task %s/%d failed %d times in a row, quarantined: %s. This worker no longer starts it; once the "
-                "cause is fixed, delete /errors/%s/%d in ZooKeeper or resubmit the topology",
-                key[0],
-                key[1],
-                failure.failures,
-                reason,
-                key[0],
-                key[1],
-            )
-        else:
-            wait_s = failure.retry_at - now  # a full disk backs off less and is never quarantined
-            logger.error(
-                "task %s/%d failed (%s): %s; next try in %g s",
-                key[0],
-                key[1],
-                "out of disk space: never quarantined, it starts again once there is room"
-                if is_resource_exhaustion(reason)
-                else f"{failure.failures} of {policy.quarantine_after} before quarantine",
-                reason,
-                wait_s,
-            )
-        self._record_failure(key, failure, wait_s)
-
-    def _record_failure(self, key: tuple[str, int], failure: TaskFailure, wait_s: float) -> None:
-        """Write ``failure`` to ``/errors/{id}/{task}``; a quarantine not written is written again later."""
-        assert self.store is not None
-        try:
-            record_task_failure(
-                self.store,
-                key,
-                failure,
-                worker_id=self.worker_id,
-                policy=self.settings.failures,
-                wait_s=wait_s,
-                clock=self.clock,
-            )
-        except StreamOpsError as e:
-            logger.warning("task %s/%d: failure not recorded in ZooKeeper: %s", key[0], key[1], e)
-            if failure.quarantined:
-                self._unrecorded[key] = (failure, wait_s)
-            return
-        self._unrecorded.pop(key, None)
-
-    def _task_recovered(self, key: tuple[str, int]) -> None:
-        """``key`` has run long enough after failures: reset its count in ZooKeeper too."""
-        assert self.store is not None
-        logger.info(
-            "task %s/%d has run %g s without failing; its failure count is reset",
-            key[0],
-            key[1],
-            self.settings.failures.healthy_after_s,
-        )
-        try:
-            mark_task_recovered(self.store, key)
-        except StreamOpsError as e:
-            logger.warning("task %s/%d: recovery not recorded in ZooKeeper: %s", key[0], key[1], e)
 
     def _may_log(self, topic: Hashable) -> bool:
         """Whether to log about ``topic`` now (at most every ``WAIT_LOG_EVERY_S``)."""
@@ -587,10 +417,10 @@ class Worker:
             return
         except Exception as e:
             logger.debug("task %s/%d: start failure", topology_id, task_id, exc_info=True)
-            self._task_failed(key, assigned_at, f"start failed: {describe_error(e)}")
+            self._failed.failed(key, assigned_at, f"start failed: {describe_error(e)}")
             return
         self._busy_logged.pop(key, None)
-        self._failures.started(key, now=time.monotonic())
+        self._failed.started(key, time.monotonic())
         self._runners[key] = runner
         logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, runner.ownership.epoch)  # type: ignore[union-attr]
 

@@ -83,6 +83,7 @@ def test_failing_state_beside_a_healthy_topology(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="stream_ops.runtime.worker")
+    caplog.set_level(logging.INFO, logger="stream_ops.runtime.failed_tasks")
     healthy = build_wordcount(tmp_path / "wordcount", queues=2)
     unopenable_db, locked_db = tmp_path / "unopenable-db", tmp_path / "locked-db"
     unopenable = build_failing(
@@ -124,7 +125,7 @@ def test_failing_state_beside_a_healthy_topology(
     assert "query failed" in locked_record.last.reason and "database is locked" in locked_record.last.reason
 
     # Each failure is logged in one line, without a traceback; the quarantine once.
-    lines = [r.getMessage() for r in caplog.records if r.name == "stream_ops.runtime.worker"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "stream_ops.runtime.failed_tasks"]
     assert sum(f"task {ids['unopenable']}/1 failed" in line for line in lines) == QUARANTINE_AFTER
     assert sum("quarantined" in line and ids["unopenable"] in line for line in lines) == 1
     assert not any(r.exc_info for r in caplog.records if r.name.startswith("stream_ops") and r.levelno >= logging.INFO)
