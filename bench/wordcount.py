@@ -68,6 +68,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stream_ops import OpaqueMapState, TransactionalMapState
+from stream_ops.compute import decision, row_processes
+from stream_ops.compute.settings import ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES, ROW_PROCESSES_CONF
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import QueryError
@@ -75,8 +77,6 @@ from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.runtime.worker import WorkerSettings
-from stream_ops.spark import compiler, driver_batches
-from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES, ROW_PROCESSES_CONF
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
 
@@ -323,21 +323,27 @@ processes (counted by :func:`count_arrow_batches`)."""
 
 
 def count_arrow_batches() -> None:
-    """Count the source batches that take the Arrow path (``compiler.arrow_batch``), and those
-    of them whose per-record operations run in local processes (``driver_batches.row_processes``)."""
-    real = compiler.arrow_batch
-    real_pool = driver_batches.row_processes
+    """Count the source batches that take an Arrow path (``decision.arrow_batch`` and
+    ``decision.row_processes_batch``), and those of them whose per-record operations run in
+    local processes (``row_processes.row_processes``)."""
+    real, real_in_processes = decision.arrow_batch, decision.row_processes_batch
+    real_pool = row_processes.row_processes
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         ARROW_BATCHES[0] += 1
         return real(*args, **kwargs)
 
+    def counted_in_processes(*args: Any, **kwargs: Any) -> Any:
+        ARROW_BATCHES[0] += 1
+        return real_in_processes(*args, **kwargs)
+
     def pooled(processes: int) -> Any:
         ARROW_BATCHES[1] += 1
         return real_pool(processes)
 
-    compiler.arrow_batch = counted
-    driver_batches.row_processes = pooled
+    decision.arrow_batch = counted
+    decision.row_processes_batch = counted_in_processes
+    row_processes.row_processes = pooled
 
 
 def measure_file_fsync(work: Path, *, lines: int, repeats: int) -> tuple[float, float]:

@@ -1,13 +1,13 @@
 """The entry point of a process that runs per-record operations for a worker
-(:mod:`stream_ops.spark.row_processes`): ``python -m stream_ops.spark.row_process_main``."""
+(:mod:`stream_ops.compute.row_processes`): ``python -m stream_ops.spark.row_process_main``."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-import stream_ops.spark.compiler  # noqa: F401 - what every stage function needs, loaded before the first slice
-from stream_ops.spark.row_processes import serve
+import stream_ops.compute.stage_function  # noqa: F401 - what every stage function needs, loaded before the first slice
+from stream_ops.compute.row_processes import serve
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Source batches computed on the driver: small ones parsed by Spark and collected
-(``spark/driver_batches.py``), FileTopic batches read in Arrow (``spark/arrow_source_batches.py``).
+(``compute/collect_on_driver.py``), FileTopic batches read in Arrow (``compute/arrow_read.py``).
 
 The same batches, bad records included, through Spark's Python workers, through the driver and
 (clean ones) read in Arrow give the same outputs, partials, dead letters and input counts for
@@ -11,6 +11,7 @@ and a replayed batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +23,18 @@ from pyspark.sql import DataFrame
 from runners import crash_after_publish, make_runner, pause_commits
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology, TransactionalMapState
+from stream_ops.compute import arrow_read, batch_inputs, collect_on_driver, decision
+from stream_ops.compute import row_processes as row_processes_module
+from stream_ops.compute.arrow_read import ArrowRefusal
+from stream_ops.compute.decision import BatchFacts, ComputePath, batch_path, choose_path, source_batch
+from stream_ops.compute.settings import (
+    ARROW_BATCH_BYTES_CONF,
+    DRIVER_BATCH_BYTES_CONF,
+    ROW_PROCESSES_CONF,
+    SessionSettings,
+    driver_batch_bytes,
+    row_processes_setting,
+)
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -31,12 +44,7 @@ from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.sources.base import schema_ddl
-from stream_ops.spark import arrow_source_batches, compiler, driver_batches
-from stream_ops.spark import row_processes as row_processes_module
-from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
 from stream_ops.spark.callback_sink import BatchFrame
-from stream_ops.spark.compiler import source_batch
-from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF, driver_batch_bytes
 from stream_ops.topics.shuffle_files import read_partials
 from stream_ops.topology.plan import OperationSpec, build_plan
 
@@ -112,7 +120,10 @@ def test_the_driver_path_gives_what_the_spark_path_gives(spark, tmp_path, monkey
         raise AssertionError("partials known to fit the driver were grouped by Spark")
 
     with monkeypatch.context() as patched:  # Spark's workers compute, the driver groups their partials
-        patched.setattr(compiler, "groups_on_driver", lambda df: True)
+        real_choice = decision.choose_path
+        patched.setattr(
+            decision, "choose_path", lambda facts: dataclasses.replace(real_choice(facts), group_partials_on_driver=True)
+        )
         patched.setattr(DataFrame, "groupBy", no_shuffle)
         assert _canonical(source_batch(batch, stage, on_driver=False)) == in_spark
 
@@ -123,6 +134,12 @@ def test_the_driver_path_gives_what_the_spark_path_gives(spark, tmp_path, monkey
     on_driver = _canonical(source_batch(batch, stage, on_driver=True))
     assert on_driver == in_spark
     assert in_spark[1], "the batch has dead letters"
+
+
+def _arrow_input(df, stage):
+    """The batch's path when it is read in Arrow (its table, its choice), None when Spark parses it."""
+    path = batch_path(df, stage)
+    return path if path.table is not None else None
 
 
 def _source_df(spark, files, fields):
@@ -165,13 +182,15 @@ def test_the_arrow_path_gives_what_the_spark_path_gives(spark, tmp_path, monkeyp
     in_spark = _canonical(source_batch(df, stage, on_driver=False))
     results = []
     pools: list[int] = []
-    real_pool = driver_batches.row_processes
-    monkeypatch.setattr(driver_batches, "row_processes", lambda n: pools.append(n) or real_pool(n))
+    real_pool = row_processes_module.row_processes
+    monkeypatch.setattr(row_processes_module, "row_processes", lambda n: pools.append(n) or real_pool(n))
     _no_spark_job(monkeypatch)
     # a batch above the driver-batch limit: its per-record operations run in local processes
     conf = {DRIVER_BATCH_BYTES_CONF: "0", ROW_PROCESSES_CONF: str(processes)} if processes else {}
     with _spark_conf(spark, conf):
-        compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
+        batch_inputs.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(
+            df, 4
+        )
     assert _canonical(results[0]) == in_spark
     assert any(in_spark[0].values()) and in_spark[2] >= 4, "the batch has outputs and input rows"
     runs_per_record = any(op.kind in ("each", "map", "filter") for op in stage.operations)
@@ -205,7 +224,7 @@ def test_the_arrow_path_isolates_the_rows_a_batch_function_fails_on(spark, tmp_p
     on_driver = _canonical(source_batch(df, stage, on_driver=True))
     results = []
     _no_spark_job(monkeypatch)
-    compiler.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
+    batch_inputs.noting_input_bytes(lambda batch, _: results.append(source_batch(batch, stage)), tmp_path / "checkpoint")(df, 4)
     assert _canonical(results[0]) == on_driver
     assert [json.loads(letter)["record"]["sentence"] for letter in on_driver[1]] == ["you you"]
 
@@ -230,7 +249,9 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
         for key, value in (conf or {}).items():
             spark.conf.set(key, str(value))
         try:
-            noting = compiler.noting_input_bytes(lambda df, _: seen.update({label: arrow_input(df, stage)}), tmp_path / label)
+            noting = batch_inputs.noting_input_bytes(
+                lambda df, _: seen.update({label: _arrow_input(df, stage)}), tmp_path / label
+            )
             noting(_source_df(spark, files, fields), 0)
         finally:
             for key in conf or {}:
@@ -250,12 +271,12 @@ def test_the_arrow_path_leaves_to_spark_what_it_cannot_reproduce(spark, tmp_path
     assert seen["at the limit"] is not None and seen["at the limit"].table.to_pylist() == [{"w": "a"}, {"w": "b"}]
     for label, processes in (("per record, small", 0), ("per record, large, local processes", 2)):
         assert seen[label] is not None and seen[label].table.num_rows == 1, label
-        assert seen[label].processes == processes, label
+        assert seen[label].choice.processes == processes, label
 
 
 def test_a_per_record_source_stage_starts_its_local_processes_with_its_query(spark, tmp_path, monkeypatch):
     started: list[int] = []
-    monkeypatch.setattr(arrow_source_batches, "row_processes", started.append)
+    monkeypatch.setattr(decision, "row_processes", started.append)
     for split_with, conf, expected in [
         ("row", {ROW_PROCESSES_CONF: "2"}, [2]),
         ("row", {ROW_PROCESSES_CONF: "0"}, []),
@@ -265,7 +286,7 @@ def test_a_per_record_source_stage_starts_its_local_processes_with_its_query(spa
         started.clear()
         stage = build_plan(build_wordcount(tmp_path / "in", queues=1, split_with=split_with)).stage(0)
         with _spark_conf(spark, conf):
-            arrow_source_batches.start_row_processes(spark, stage)
+            decision.start_row_processes(spark, stage)
         assert started == expected, (split_with, conf)
 
 
@@ -316,10 +337,14 @@ def test_small_batches_of_a_query_run_on_the_driver_and_count_exactly(spark, zk_
     on_driver: list[int] = []
     in_arrow: list[int] = []
     in_processes: list[int] = []
-    real_driver_rows, real_arrow_batch, real_pool = compiler.driver_rows, compiler.arrow_batch, driver_batches.row_processes
-    monkeypatch.setattr(compiler, "driver_rows", lambda df, fn, agg: on_driver.append(1) or real_driver_rows(df, fn, agg))
-    monkeypatch.setattr(compiler, "arrow_batch", lambda *a, **k: in_arrow.append(1) or real_arrow_batch(*a, **k))
-    monkeypatch.setattr(driver_batches, "row_processes", lambda n: in_processes.append(n) or real_pool(n))
+    real_driver_rows, real_pool = collect_on_driver.driver_rows, row_processes_module.row_processes
+    real_arrow_batch, real_processes_batch = decision.arrow_batch, decision.row_processes_batch
+    monkeypatch.setattr(
+        collect_on_driver, "driver_rows", lambda df, fn, agg: on_driver.append(1) or real_driver_rows(df, fn, agg)
+    )
+    monkeypatch.setattr(decision, "arrow_batch", lambda *a, **k: in_arrow.append(1) or real_arrow_batch(*a, **k))
+    monkeypatch.setattr(decision, "row_processes_batch", lambda *a, **k: in_arrow.append(1) or real_processes_batch(*a, **k))
+    monkeypatch.setattr(row_processes_module, "row_processes", lambda n: in_processes.append(n) or real_pool(n))
     planned = _count_planned_batches(monkeypatch)
     topic = FileTopic(tmp_path / "in", queues=1)
     topic.create()
@@ -412,9 +437,9 @@ def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):
     seen: dict[int, bool] = {}
 
     def decide(df, batch_id):
-        seen[batch_id] = compiler.computes_on_driver(df)
+        seen[batch_id] = _computes_on_driver(df)
 
-    noting = compiler.noting_input_bytes(decide, tmp_path / "checkpoint")
+    noting = batch_inputs.noting_input_bytes(decide, tmp_path / "checkpoint")
     for limit in ("1000", "999"):
         spark.conf.set(DRIVER_BATCH_BYTES_CONF, limit)
         try:
@@ -423,19 +448,27 @@ def test_a_batch_is_small_by_its_files_in_the_file_source_log(spark, tmp_path):
         finally:
             spark.conf.unset(DRIVER_BATCH_BYTES_CONF)
         assert seen == {4: limit == "1000", 5: False}
-    assert not compiler.computes_on_driver(batch), "noted only while its callback runs"
+    assert not _computes_on_driver(batch), "noted only while its callback runs"
+
+
+def _computes_on_driver(df: DataFrame) -> bool:
+    """Whether the batch ``df`` is collected to the driver once an Arrow read gave it back."""
+    noted = batch_inputs.noted_input(df)
+    stage = build_plan(build_wordcount("/nonexistent/in", queues=1)).stage(0)
+    facts = BatchFacts(
+        stage, noted.bytes if noted else None, SessionSettings(df.sparkSession), arrow_refusal=ArrowRefusal.LINES_NEED_SPARK
+    )
+    return choose_path(facts).path is ComputePath.COLLECT_ON_DRIVER
 
 
 def test_sql_that_fails_to_compile_to_arrow_runs_in_spark(spark, monkeypatch, caplog):
-    from stream_ops.spark import arrow_source_batches
-
     def broken(*args, **kwargs):
         raise RuntimeError("analysis went wrong")
 
-    monkeypatch.setattr(arrow_source_batches, "compile_arrow_sql", broken)
-    monkeypatch.setattr(arrow_source_batches, "_COMPILED", {})
+    monkeypatch.setattr(arrow_read, "compile_arrow_sql", broken)
+    monkeypatch.setattr(arrow_read, "_COMPILED", {})
     op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
-    assert arrow_source_batches._compiled(spark, {"s": "string"}, [op]) is None
+    assert arrow_read._compiled(spark, {"s": "string"}, [op]) is None
     assert "compiling them to Arrow failed: analysis went wrong" in caplog.text
 
 
@@ -443,22 +476,20 @@ def test_sql_is_compiled_to_arrow_once_for_every_batch_of_a_query(spark, monkeyp
     """Each foreachBatch callback gets a new SparkSession object; the compiled SQL outlives it."""
     from pyspark.sql import SparkSession
 
-    from stream_ops.spark import arrow_source_batches
-
     calls = []
-    real = arrow_source_batches.compile_arrow_sql
-    monkeypatch.setattr(arrow_source_batches, "compile_arrow_sql", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(arrow_source_batches, "_COMPILED", {})
+    real = arrow_read.compile_arrow_sql
+    monkeypatch.setattr(arrow_read, "compile_arrow_sql", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(arrow_read, "_COMPILED", {})
     op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
     batch_sessions = [
         SparkSession(spark.sparkContext, spark._jsparkSession) for _ in range(3)
     ]  # as ForeachBatchFunction makes them
-    compiled = {id(arrow_source_batches._compiled(session, {"s": "string"}, [op])) for session in batch_sessions}
+    compiled = {id(arrow_read._compiled(session, {"s": "string"}, [op])) for session in batch_sessions}
     assert len(calls) == 1 and len(compiled) == 1
     ansi = spark.conf.get("spark.sql.ansi.enabled")
     spark.conf.set("spark.sql.ansi.enabled", "false" if ansi == "true" else "true")
     try:
-        arrow_source_batches._compiled(spark, {"s": "string"}, [op])
+        arrow_read._compiled(spark, {"s": "string"}, [op])
     finally:
         spark.conf.set("spark.sql.ansi.enabled", ansi)
     assert len(calls) == 2, "a setting that changes what the SQL means compiles it anew"

@@ -1,4 +1,4 @@
-"""Differential tests of stream_ops.spark.sql_arrow: every translated SQL operation gives in
+"""Differential tests of stream_ops.compute.sql_arrow: every translated SQL operation gives in
 Arrow exactly the rows, values and types Spark gives on the same records, and what has no
 exact translation is refused (at compile time, or per batch with None)."""
 
@@ -16,9 +16,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.arrow_types import ARROW_TYPES
+from stream_ops.compute.sql_arrow import compile_arrow_sql
 from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.sql_analysis import SqlKind, analyse
-from stream_ops.spark.sql_arrow import compile_arrow_sql
 from stream_ops.topology.plan import OperationSpec
 
 Op = tuple[SqlKind, Sequence[str]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from stream_ops.compute.stage_function import OutputPlan, stage_rows
 from stream_ops.errors import AggregatorInputError
 from stream_ops.operators.aggregators import Max, Min, Sum
-from stream_ops.spark.compiler import _OutputPlan, _stage_rows
 
 
 @pytest.mark.parametrize("aggregator", [Sum("n"), Min("n"), Max("n")])
@@ -27,7 +27,7 @@ def test_sum_refuses_a_value_that_is_not_a_number() -> None:
 
 
 def test_a_null_sum_field_is_a_dead_letter_in_the_source_stage_not_a_null_partial() -> None:
-    run = _stage_rows((), [_OutputPlan(0, -1, ("word",), Sum("n").to_spec())], "typed", "long")
+    run = stage_rows((), [OutputPlan(0, -1, ("word",), Sum("n").to_spec())], "typed", "long")
     batch = pa.RecordBatch.from_pylist(
         [
             {"word": "a", "n": None, "_corrupt_record": None},

@@ -8,10 +8,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from stream_ops.compute import stage_function
+from stream_ops.compute.stage_function import OutputPlan, _python_count, stage_rows
 from stream_ops.operators import Count
 from stream_ops.operators.record_pipeline import RecordPipeline
-from stream_ops.spark import compiler
-from stream_ops.spark.compiler import _OutputPlan, _python_count, _stage_rows
 from stream_ops.topology.plan import OperationSpec
 
 RECORDS = [
@@ -34,7 +34,7 @@ class _MixedBatch:
 
 
 def _run(key_fields: tuple[str, ...]) -> tuple[list[tuple[str, int]], list[str], int]:
-    run = _stage_rows((), [_OutputPlan(0, -1, key_fields, Count().to_spec())], "typed", "long")
+    run = stage_rows((), [OutputPlan(0, -1, key_fields, Count().to_spec())], "typed", "long")
     out = pa.Table.from_batches(list(run(iter([_MixedBatch()])))).to_pylist()  # type: ignore[list-item]
     partials = sorted((r["key"], r["value"]) for r in out if r["key"] is not None)
     dead = [json.loads(r["dead"])["error"].split(":")[0] for r in out if r["dead"] is not None]
@@ -43,9 +43,9 @@ def _run(key_fields: tuple[str, ...]) -> tuple[list[tuple[str, int]], list[str],
 
 @pytest.mark.parametrize("key_fields", [("w",), ("w", "n")])
 def test_the_count_tally_equals_the_combine_path(monkeypatch, key_fields):
-    assert _python_count([_OutputPlan(0, -1, key_fields, Count().to_spec())], "typed") is not None
+    assert _python_count([OutputPlan(0, -1, key_fields, Count().to_spec())], "typed") is not None
     tallied = _run(key_fields)
-    monkeypatch.setattr(compiler, "_python_count", lambda outputs, mode: None)
+    monkeypatch.setattr(stage_function, "_python_count", lambda outputs, mode: None)
     assert tallied == _run(key_fields)
     assert tallied[1] == ["partials"] and tallied[2] == len(RECORDS)
     assert (r'["a",1]' if len(key_fields) == 2 else '["a"]', 2) in tallied[0]
@@ -69,9 +69,9 @@ def _run_each(*, sql_first: bool = False) -> tuple[list[tuple[str, int]], list[A
             kind="select_expr", function="", fields=None, exprs=("sentence", "n"), out={"sentence": "string", "n": "long"}
         ),
     )
-    run = _stage_rows(
+    run = stage_rows(
         (*head, each) if sql_first else (each,),
-        [_OutputPlan(0, 1 if sql_first else 0, ("word",), Count().to_spec())],
+        [OutputPlan(0, 1 if sql_first else 0, ("word",), Count().to_spec())],
         "typed",
         "long",
     )
@@ -91,8 +91,8 @@ def _run_each(*, sql_first: bool = False) -> tuple[list[tuple[str, int]], list[A
 @pytest.mark.parametrize("sql_first", [False, True], ids=["each", "select_expr then each"])
 def test_counting_the_values_an_each_emits_equals_counting_its_records(monkeypatch, sql_first):
     columns: list[int] = []
-    real_column_slots = compiler._column_slots
-    monkeypatch.setattr(compiler, "_column_slots", lambda *a: columns.append(1) or real_column_slots(*a))
+    real_column_slots = stage_function._column_slots
+    monkeypatch.setattr(stage_function, "_column_slots", lambda *a: columns.append(1) or real_column_slots(*a))
     by_column = _run_each(sql_first=sql_first)
     assert columns == [1], "the values were read from the input column"
     assert by_column[0] == [('[""]', 1), ('["a"]', 2), ('["b"]', 2), ('[["x",1]]', 2)]
@@ -109,5 +109,5 @@ def test_counting_the_values_an_each_emits_equals_counting_its_records(monkeypat
     assert _run_each(sql_first=sql_first) == by_column
     monkeypatch.setattr(RecordPipeline, "field_values", lambda self, field: None)
     assert _run_each(sql_first=sql_first) == by_column
-    monkeypatch.setattr(compiler, "_python_count", lambda outputs, mode: None)
+    monkeypatch.setattr(stage_function, "_python_count", lambda outputs, mode: None)
     assert _run_each(sql_first=sql_first) == by_column

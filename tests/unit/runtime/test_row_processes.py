@@ -1,5 +1,5 @@
 """The local processes that run a large Arrow-read batch's per-record operations
-(``spark/row_processes.py``): real child interpreters, really killed.
+(``compute/row_processes.py``): real child interpreters, really killed.
 
 They give what the driver's thread gives for a real stage function (dead letters included),
 report a function that raises or a process that dies as :class:`RowProcessError` and carry on
@@ -23,10 +23,10 @@ import pyarrow as pa
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops.compute import stage_function
+from stream_ops.compute.row_processes import RowProcesses
 from stream_ops.errors import RowProcessError
 from stream_ops.examples.wordcount import split
-from stream_ops.spark import compiler
-from stream_ops.spark.row_processes import RowProcesses
 from stream_ops.topology.plan import build_plan
 
 
@@ -37,7 +37,7 @@ def _word_count_rows():
         Count(), out="c", state=OpaqueMapState
     )
     stage = build_plan(topology).stage(0)
-    return compiler._stage_rows(stage.operations, compiler._output_plans(stage), "typed", "long")
+    return stage_function.stage_rows(stage.operations, stage_function.output_plans(stage), "typed", "long")
 
 
 def _sentences(n: int) -> list[pa.RecordBatch]:
@@ -196,7 +196,7 @@ _PARENT = textwrap.dedent(
     """
     import os, sys, time
     import pyarrow as pa
-    from stream_ops.spark.row_processes import RowProcesses
+    from stream_ops.compute.row_processes import RowProcesses
     from test_row_processes import printing
     pool = RowProcesses(2)
     pool.run(printing, [pa.record_batch({"x": list(range(100))})], max_records=10)

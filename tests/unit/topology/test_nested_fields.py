@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology
+from stream_ops.compute.stage_function import OutputPlan, stage_rows
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators import JoinBolt
-from stream_ops.spark.compiler import _OutputPlan, _stage_rows
 from stream_ops.topology.field_paths import path_type, value_at, value_or_none
 from stream_ops.topology.plan import build_plan
 
@@ -62,7 +62,7 @@ def test_group_by_join_and_sinks_accept_nested_fields(tmp_path):
 
 
 def test_a_source_stage_groups_by_a_nested_field_without_dead_letters():
-    run = _stage_rows((), [_OutputPlan(0, -1, ("user.id",), Count().to_spec())], "typed", "long")
+    run = stage_rows((), [OutputPlan(0, -1, ("user.id",), Count().to_spec())], "typed", "long")
     batch = pa.RecordBatch.from_pylist(
         [
             {"user": {"id": 1, "name": "a"}, "_corrupt_record": None},

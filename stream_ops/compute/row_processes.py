@@ -1,11 +1,12 @@
-"""Per-record Python operations of a large Arrow-read source batch, run in local processes.
+"""Path 3: the per-record Python operations of a large Arrow-read source batch, run in local processes.
 
-A FileTopic source batch read in Arrow on the driver (:mod:`stream_ops.spark.arrow_source_batches`)
+A FileTopic source batch read in Arrow on the driver (:mod:`stream_ops.compute.arrow_read`)
 whose stage runs Python per record (``each``, ``map``, ``filter``, ``peek``) would run it on the
 driver's one thread, so a large one used to stay in Spark: parsed by Jackson in the JVM and sent to
 Spark's Python workers row by row, on the same cores. On a local-mode worker this pool does what
 Spark's Python workers do without the JVM's share: the driver parses with pyarrow, and
-``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table.
+``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table
+(:func:`row_processes_batch`; :mod:`stream_ops.compute.decision` says which batches).
 
 Each process is ``python -m stream_ops.spark.row_process_main`` with the driver's ``sys.path``,
 started with the pool (when the first query that needs it starts). It serves one slice at a
@@ -39,16 +40,16 @@ import threading
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import pyarrow as pa
 from pyspark import cloudpickle
 
+from stream_ops.compute.results import SourceBatchResult, StageRun, grouped_rows, source_result
+from stream_ops.compute.stage_function import StageRows
 from stream_ops.errors import RowProcessError
+from stream_ops.topology.plan import StageSpec
 from stream_ops.topology_env import topology_environment
-
-if TYPE_CHECKING:
-    from stream_ops.spark.driver_batches import StageRows
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +243,18 @@ def row_processes(processes: int) -> RowProcesses:
         if _POOL is None:
             _POOL = RowProcesses(processes)
         return _POOL
+
+
+def row_processes_batch(
+    batches: Sequence[pa.RecordBatch], stage: StageSpec, run: StageRun, *, processes: int
+) -> SourceBatchResult:
+    """The source batch ``batches`` (read in Arrow, its SQL operations done) computed by the
+    stage's function in this process's pool of ``processes`` processes, each seeing batches of
+    at most the largest of ``batches``."""
+    max_records = max((batch.num_rows for batch in batches), default=0) or 1
+    produced = row_processes(processes).run(run.rows, batches, max_records=max_records)
+    rows = grouped_rows(pa.Table.from_batches(produced), run.aggregator) if produced else []
+    return source_result(rows, stage, run)
 
 
 def _write_frame(stream: IO[bytes], data: bytes) -> None:

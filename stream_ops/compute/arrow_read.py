@@ -1,0 +1,96 @@
+"""A FileTopic source batch read in Arrow on the driver, its SQL operations run as Arrow compute.
+
+A FileTopic batch's files are known before its callback runs (the file-source log entries its
+offsets span, :mod:`stream_ops.compute.batch_inputs`). Rather than have Spark parse them (Jackson,
+row by row, in the JVM) and hand the rows to Python, the driver reads them with pyarrow's
+multi-threaded JSON reader (:mod:`stream_ops.sources.arrow_json`) and runs the stage's Spark
+SQL operations as Arrow compute (:mod:`stream_ops.compute.sql_arrow`). Paths 1 and 3 of
+:mod:`stream_ops.compute.decision` start here.
+
+Either part may answer "not sure": a line Spark would mark corrupt or coerce, an expression
+or a value outside the translated subset (:class:`ArrowRefusal`). The batch then runs in Spark
+exactly as before, so this path never decides what a record means; it only skips the JVM where
+the answer is known to be Spark's own.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from stream_ops.compute.sql_arrow import COLLATION_CONF, ArrowSql, compile_arrow_sql
+from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS
+from stream_ops.sources.arrow_json import read_json_lines
+from stream_ops.topology.plan import OperationSpec, StageSpec
+
+logger = logging.getLogger(__name__)
+
+_COMPILED: dict[tuple[object, ...], ArrowSql | None] = {}
+_COMPILED_LOCK = threading.Lock()
+
+
+class ArrowRefusal(enum.Enum):
+    """Why the Arrow read gave a batch back to Spark."""
+
+    SQL_NOT_TRANSLATED = "its SQL operations have no exact Arrow translation"
+    LINES_NEED_SPARK = "its files hold a line only Spark's JSON reader reads as Spark does"
+    VALUES_NEED_SPARK = "its values need Spark's SQL operations"
+
+
+def read_in_arrow(files: Sequence[Path], stage: StageSpec, spark: SparkSession) -> pa.Table | ArrowRefusal:
+    """The source batch of ``files`` read in Arrow, after the stage's SQL operations, or why
+    Spark must compute it instead."""
+    source = stage.source
+    assert source is not None, f"stage {stage.name} reads no source"
+    sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
+    compiled = _compiled(spark, source.fields, sql) if sql else None
+    if sql and compiled is None:
+        return ArrowRefusal.SQL_NOT_TRANSLATED
+    table = read_json_lines(files, source.fields)
+    if table is None:
+        logger.debug("stage %s: a batch's files need Spark's JSON reader", stage.name)
+        return ArrowRefusal.LINES_NEED_SPARK
+    if compiled is not None:
+        table = compiled.apply(table)
+        if table is None:
+            logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
+            return ArrowRefusal.VALUES_NEED_SPARK
+    return table
+
+
+def table_batches(table: pa.Table, stage: StageSpec, *, max_records: int) -> list[pa.RecordBatch]:
+    """A batch read in Arrow as the Arrow batches the stage's function sees: at most
+    ``max_records`` rows each when the stage has batch functions, as in Spark's workers; else
+    the whole table as one batch (its per-batch partials are then the batch's)."""
+    if not any(op.kind in BATCH_OPERATIONS for op in stage.operations):
+        max_records = max(table.num_rows, 1)
+    return table.combine_chunks().to_batches(max_chunksize=max_records)
+
+
+def _compiled(spark: SparkSession, fields: dict[str, str], sql: Sequence[OperationSpec]) -> ArrowSql | None:
+    """The SQL operations compiled to Arrow once per process for their fields, expressions and
+    the settings that change what they mean (not per session: a ``foreachBatch`` callback gets
+    a new SparkSession object each batch, and compiling, a Spark analysis, took 30-75 ms)."""
+    key = (
+        tuple(fields.items()),
+        tuple((op.kind, op.exprs) for op in sql),
+        spark.conf.get("spark.sql.ansi.enabled", None),
+        spark.conf.get(COLLATION_CONF, None),
+    )
+    with _COMPILED_LOCK:
+        if key not in _COMPILED:
+            try:
+                _COMPILED[key] = compile_arrow_sql(spark, fields, sql)
+            except Exception as e:  # noqa: BLE001 - Spark runs what Arrow cannot; it reports real errors
+                logger.warning("SQL operations %s run in Spark: compiling them to Arrow failed: %s", [op.exprs for op in sql], e)
+                _COMPILED[key] = None
+            else:
+                if _COMPILED[key] is None:
+                    logger.info("SQL operations %s run in Spark: no exact Arrow translation", [op.exprs for op in sql])
+        return _COMPILED[key]

@@ -1,0 +1,91 @@
+"""The Spark settings that bound where a source batch is computed, and their readers.
+
+Each is read from the session when a rule needs it (:class:`SessionSettings`), never before:
+a setting that is not a whole number raises :class:`~stream_ops.errors.ConfigError` only where
+the decision uses it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from stream_ops.spark.settings import whole_number_setting
+
+DRIVER_BATCH_BYTES_CONF = "spark.stream_ops.driverBatchBytes"
+"""Spark setting: the largest total input size (bytes) of a source batch computed on the
+driver; 0 turns the driver path off."""
+DEFAULT_DRIVER_BATCH_BYTES = 1 << 20
+"""Its value when the session does not set it (see ``spark/session.py`` for the measurement)."""
+
+ARROW_BATCH_BYTES_CONF = "spark.stream_ops.arrowBatchBytes"
+"""Spark setting: the largest total input size (bytes) of a source batch read in Arrow on the
+driver; 0 turns the Arrow path off."""
+DEFAULT_ARROW_BATCH_BYTES = 128 << 20
+"""Its value when the session does not set it. A batch takes about 5x its input size of driver
+memory at its peak (the file bytes, the parsed table, split columns and groups: 24 MB of word
+count input peaked at 88 MB of Arrow memory besides its 24 MB of bytes)."""
+
+ROW_PROCESSES_CONF = "spark.stream_ops.rowProcesses"
+"""Spark setting: how many local processes run the per-record Python operations of a source
+batch read in Arrow that is above :data:`DRIVER_BATCH_BYTES_CONF`; 0 leaves such batches to
+Spark. Unset: the cores of a local master (``local[N]``), else 0 (a cluster's executors have
+more cores than the driver's machine)."""
+
+MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+"""Spark's bound on the rows of one Arrow batch given to ``mapInArrow``; the Arrow path gives
+the stage's batch functions batches of the same size."""
+
+
+def bytes_setting(spark: SparkSession, name: str, default: int) -> int:
+    """The session's setting ``name``, a number of bytes (``default`` when it is not set).
+
+    Raises:
+        ConfigError: the setting is not a whole number of bytes (at least 0).
+    """
+    value = whole_number_setting(spark, name, meaning="a number of bytes (0 turns it off)")
+    return default if value is None else value
+
+
+def driver_batch_bytes(spark: SparkSession) -> int:
+    """The session's :data:`DRIVER_BATCH_BYTES_CONF` (:func:`bytes_setting`)."""
+    return bytes_setting(spark, DRIVER_BATCH_BYTES_CONF, DEFAULT_DRIVER_BATCH_BYTES)
+
+
+def arrow_batch_bytes(spark: SparkSession) -> int:
+    """The session's :data:`ARROW_BATCH_BYTES_CONF` (:func:`bytes_setting`)."""
+    return bytes_setting(spark, ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES)
+
+
+def row_processes_setting(spark: SparkSession) -> int:
+    """The session's :data:`ROW_PROCESSES_CONF`.
+
+    Raises:
+        ConfigError: the setting is not a whole number of processes.
+    """
+    processes = whole_number_setting(spark, ROW_PROCESSES_CONF, meaning="a number of processes (0 leaves them to Spark)")
+    if processes is None:
+        master = spark.conf.get("spark.master", "") or ""
+        return spark.sparkContext.defaultParallelism if master.startswith("local") else 0
+    return processes
+
+
+def max_records_per_batch(spark: SparkSession) -> int:
+    """Spark's ``maxRecordsPerBatch`` (rows per Arrow batch; 0 or less: no bound)."""
+    value = int(spark.conf.get(MAX_RECORDS_CONF, "10000") or 10000)
+    return value if value > 0 else 1 << 62
+
+
+class SessionSettings:
+    """A session's path settings, each read when asked (the decision's ``PathSettings``)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+
+    def arrow_batch_bytes(self) -> int:
+        return arrow_batch_bytes(self._spark)
+
+    def driver_batch_bytes(self) -> int:
+        return driver_batch_bytes(self._spark)
+
+    def row_processes(self) -> int:
+        return row_processes_setting(self._spark)
