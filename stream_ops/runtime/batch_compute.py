@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
+from stream_ops.compute.decision import keyed_batch, records_batch, source_batch
 from stream_ops.operators.record_pipeline import run_batch
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.stage_processors import StageProcessor
 from stream_ops.runtime.state_reader import StateReader
 from stream_ops.runtime.task_state import TaskState
-from stream_ops.spark.compiler import keyed_batch, records_batch, source_batch
 from stream_ops.topology.plan import ShuffleSpec, StageSpec
 
 

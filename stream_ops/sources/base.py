@@ -210,7 +210,7 @@ class SourceKind(ABC):
         asset_kinds: the kinds of its Dagster asset.
         arrow_readable: whether a batch's input is JSON-lines files that Spark's PERMISSIVE
             JSON reader reads against the source's fields, so the Arrow fast path
-            (:mod:`stream_ops.spark.arrow_source_batches`) may parse them on the driver.
+            (:mod:`stream_ops.compute.arrow_read`) may parse them on the driver.
     """
 
     name: str

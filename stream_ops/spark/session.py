@@ -24,7 +24,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.adaptive.enabled": "false",
     # A source batch whose input files total at most this many bytes is collected in one job
-    # and its Python operations run on the driver (spark/driver_batches.py): 5 lines of a word
+    # and its Python operations run on the driver (compute/collect_on_driver.py): 5 lines of a word
     # count took 46 ms instead of 351 ms through mapInArrow and a groupBy, 10,000 lines (350 kB)
     # 158 ms instead of 838 ms (local[2], load ~2-3). Above it the executors work in parallel
     # and the driver's Python thread (shared by every task of the worker) stays free.

@@ -15,6 +15,7 @@ import pytest
 from runners import crash_after_publish, make_runner, pause_commits
 
 from stream_ops import FileTopic, Max, Min, Sum, Topology, TransactionalMapState
+from stream_ops.compute import decision
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -23,7 +24,6 @@ from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
-from stream_ops.spark import compiler
 from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
@@ -52,9 +52,9 @@ def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
 def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk_config, tmp_path, monkeypatch):
     cluster = ClusterConfig(root=tmp_path / "cluster")
     combined: list[int] = []
-    real_combine = compiler.combine_partials
+    real_combine = decision.combine_partials
     monkeypatch.setattr(
-        compiler, "combine_partials", lambda table, agg: combined.append(table.num_rows) or real_combine(table, agg)
+        decision, "combine_partials", lambda table, agg: combined.append(table.num_rows) or real_combine(table, agg)
     )
     planned: list[int] = []
     frame_jdf = BatchFrame._jdf
@@ -126,7 +126,7 @@ def test_the_arrow_combine_gives_what_spark_gives(spark, tmp_path, aggregator):
     ]
 
     df = spark.read.schema(f"key string, value {value_type}").parquet(*[str(f) for f in files])
-    by_spark, read_by_spark = compiler.keyed_batch(df, stage)
+    by_spark, read_by_spark = decision.keyed_batch(df, stage)
     by_arrow, read_by_arrow = combine_partials(read_partials(files, value_type), aggregator_from_spec(stage.state.aggregator))
     assert read_by_arrow == read_by_spark == 4
     assert sorted(map(repr, by_arrow)) == sorted(map(repr, by_spark))

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from stream_ops import TransactionalMapState
+from stream_ops.compute import decision
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -168,6 +169,6 @@ def test_a_chained_json_file_reads_in_spark_as_the_records_it_was_given(spark, t
     files = [str(p) for p in topic.files(0)]
     assert [previous_txid(Path(f)) for f in files] == [-1, 0]
     read = spark.read.schema(schema_ddl({"stream": "string", "key": "string", "record": "string"})).json(files)
-    assert sorted(compiler.records_batch(read)) == sorted(
+    assert sorted(decision.records_batch(read)) == sorted(
         [("words", line["key"], json.loads(line["record"])) for line in lines] * 2
     )
