@@ -23,11 +23,12 @@ from typing import Any
 
 import dagster as dg
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.kafka.sink_options import KafkaSinkSpec
 from stream_ops.orchestration.markdown import cell
 from stream_ops.orchestration.markdown import table as markdown_table
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.sinks import AssetMetadata, committed_files, committed_markers
+from stream_ops.sinks import committed_files, committed_markers
 from stream_ops.sinks.kafka import kafka_asset_metadata
 from stream_ops.topology.plan import Plan, SinkSpec
 

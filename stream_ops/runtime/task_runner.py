@@ -90,8 +90,8 @@ from stream_ops.errors import (
     TaskStoppingError,
     ZooKeeperUnavailableError,
 )
+from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.kafka.shuffle_options import KafkaShuffle
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.operators.aggregators import Count, Max, Min, Sum, aggregator_from_spec
 from stream_ops.operators.record_pipeline import as_fields, run_batch
@@ -127,8 +127,8 @@ from stream_ops.state.value_columns import ChangeColumns
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import shuffle_file_rows
 from stream_ops.topics.staged_output import StagedOutput
-from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import PersistSpec, Plan, ShuffleSpec, StageSpec, TaskSpec
 
 if TYPE_CHECKING:

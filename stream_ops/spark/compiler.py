@@ -37,6 +37,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
+from stream_ops.helpers.field_paths import value_at
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
@@ -49,7 +51,6 @@ from stream_ops.operators.record_pipeline import (
     needs_driver,
 )
 from stream_ops.sources import CORRUPT_COLUMN, source_kind
-from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.arrow_source_batches import (
     arrow_input,
     groups_on_driver,
@@ -69,7 +70,6 @@ from stream_ops.spark.driver_batches import (
 from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
 from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, round_wait_ms, shuffle_suffix, uses_queue_source
 from stream_ops.topics.shuffle_files import read_partials
-from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from stream_ops.arrow_types import ARROW_TYPES
-from stream_ops.sources.base import schema_ddl
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.topology.plan import OperationSpec
 
 logger = logging.getLogger(__name__)

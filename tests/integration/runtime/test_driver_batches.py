@@ -25,12 +25,13 @@ from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology, Transact
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import ConfigError, OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount, split, split_batch
 from stream_ops.hashing import encode_key
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
-from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import arrow_source_batches, compiler, driver_batches
 from stream_ops.spark import row_processes as row_processes_module
 from stream_ops.spark.arrow_source_batches import ARROW_BATCH_BYTES_CONF, ROW_PROCESSES_CONF, arrow_input, row_processes_setting
@@ -38,7 +39,7 @@ from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.compiler import source_batch
 from stream_ops.spark.driver_batches import DRIVER_BATCH_BYTES_CONF, driver_batch_bytes
 from stream_ops.topics.shuffle_files import read_partials
-from stream_ops.topology.plan import OperationSpec, build_plan
+from stream_ops.topology.plan import OperationSpec
 
 SCHEMA = "sentence string, n long, _corrupt_record string"
 ROWS = [

@@ -20,9 +20,9 @@ from stream_ops import FileTopic, Max, Min, Sum, Topology, TransactionalMapState
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.operators.aggregators import aggregator_from_spec
@@ -33,7 +33,7 @@ from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.topics.file_topic import batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
-from stream_ops.topology.plan import build_plan
+from stream_ops.topology.layout import TopologyLayout
 
 BATCHES = [["how", "are", "you", "how"], ["you", "you", "nice"], ["how", "day"]]
 

@@ -18,9 +18,10 @@ from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.nimbus.submission import submit
-from stream_ops.sinks import DeliveredBatchWriter, SinkContext, SinkKind, SinkWriter, register_sink_kind
+from stream_ops.sinks import DeliveredBatchWriter
 from stream_ops.sinks import base as sink_base
 from stream_ops.topology.plan import SinkSpec
+from stream_ops.topology.sink_kinds import SinkContext, SinkKind, SinkWriter, register_sink_kind
 
 SOURCE_SCHEMA = "sentence string, _corrupt_record string"
 

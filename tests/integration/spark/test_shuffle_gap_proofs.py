@@ -22,14 +22,14 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
-from stream_ops.sources.base import schema_ddl
 from stream_ops.spark import compiler, shuffle_queue
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, previous_txid
+from stream_ops.topology.layout import TopologyLayout
 
 UPSTREAM = 0
 """The source task publishing by hand into the keyed stage's two queues."""

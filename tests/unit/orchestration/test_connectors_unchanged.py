@@ -48,8 +48,8 @@ def snapshot() -> dict[str, Any]:
     """What the golden file holds, computed from the code as it is now."""
     os.environ["STREAM_OPS_HOME"] = HOME
     os.environ["STREAM_OPS_KAFKA"] = "kafka:9092"
+    from stream_ops.dsl.build_plan import build_plan
     from stream_ops.orchestration.assets import topology_assets
-    from stream_ops.topology.plan import build_plan
 
     plans = {}
     for name in EXAMPLES:

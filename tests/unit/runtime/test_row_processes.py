@@ -23,11 +23,11 @@ import pyarrow as pa
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import RowProcessError
 from stream_ops.examples.wordcount import split
 from stream_ops.spark import compiler
 from stream_ops.spark.row_processes import RowProcesses
-from stream_ops.topology.plan import build_plan
 
 
 def _word_count_rows():

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from stream_ops import FileTopic, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.sinks import SinkContext, SinkKind, SinkWriter, register_sink_kind, sink_kinds
 from stream_ops.sinks import base as sink_base
-from stream_ops.topology.plan import SinkSpec, build_plan
+from stream_ops.topology.plan import SinkSpec
+from stream_ops.topology.sink_kinds import SinkContext, SinkKind, SinkWriter, register_sink_kind, sink_kinds
 
 
 class _NoWriterKind(SinkKind):

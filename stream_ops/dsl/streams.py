@@ -25,23 +25,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from stream_ops.dsl.definition_checks import check_name as _check_name
+from stream_ops.dsl.definition_checks import check_queues as _check_queues
+from stream_ops.dsl.definition_checks import state_type as _state_type
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.kafka.sink_options import DEFAULT_ID_PREFIX, DEFAULT_PROGRESS_TOPIC, kafka_sink_spec
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
-from stream_ops.operators.windows import WindowDef
-from stream_ops.sinks.base import sink_kind
 from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.definition_checks import check_name as _check_name
-from stream_ops.topology.definition_checks import check_queues as _check_queues
-from stream_ops.topology.definition_checks import state_type as _state_type
-from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
 from stream_ops.topology.queue_counts import LaterCount, QueueCount, largest
+from stream_ops.topology.sink_kinds import sink_kind
 from stream_ops.topology.sink_paths import clashes, sink_directory
+from stream_ops.topology.windows import WindowDef
 
 if TYPE_CHECKING:
-    from stream_ops.topology.windowed import WindowedStream, WindowNode
+    from stream_ops.dsl.windowed import WindowedStream, WindowNode
 
 SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
@@ -759,7 +759,7 @@ class Stream:
             >>> counts = (events.window(Tumbling(60), time="event", timestamp_field="ts", lag=5)
             ...           .group_by("user").aggregate(Count(), out="clicks"))
         """
-        from stream_ops.topology.windowed import WindowedStream
+        from stream_ops.dsl.windowed import WindowedStream
 
         what = self._what("window")
         try:
