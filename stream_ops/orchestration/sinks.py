@@ -3,7 +3,7 @@
 Every sink of a plan (``to_parquet``, ``to_topic``, ``to_kafka``, ``sink``, ``print``, any
 registered kind) is an external asset (:class:`dagster.AssetSpec`) downstream of the stream
 assets of the stages that write it, so the lineage graph runs from sources to sinks. Its kinds,
-description and metadata come from its sink kind (:meth:`stream_ops.sinks.SinkKind.asset`);
+description and metadata come from its sink kind (:meth:`stream_ops.topology.sink_kinds.SinkKind.asset`);
 its key and group from the translator. A Parquet sink is *materialized* by the
 heartbeat sensor whenever a task committed new files: the metadata gives the committed rows
 and files, the last txid per task and a preview of the newest file, read from the sink's

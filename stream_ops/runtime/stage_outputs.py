@@ -9,7 +9,7 @@ files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`) when its plan 
 (``StageSpec.shuffle_format``), else as JSON lines like whole records.
 
 Sinks are written by their kinds (:mod:`stream_ops.sinks`): per sink, the task's
-:class:`~stream_ops.sinks.SinkWriter` stages the batch's records and, after the publish,
+:class:`~stream_ops.topology.sink_kinds.SinkWriter` stages the batch's records and, after the publish,
 delivers what the published batches owe (a function sink calls the user's function, a Kafka
 sink writes one transaction per batch, ``print`` logs the lines, only as the verified owner and
 after the fenced deliveries).

@@ -124,7 +124,7 @@ class SinkSpec(_Frozen):
     ``arity`` 2 for ``fn(txid, records)`` or 3 for ``fn(txid, records, partition)``);
     ``print``: records to the worker log after each commit; ``kafka``: each committed batch in
     one Kafka transaction (``kafka`` holds the options, see :mod:`stream_ops.kafka.sink`).
-    ``format`` is a registered sink kind (:func:`stream_ops.sinks.sink_kind`), which checks the
+    ``format`` is a registered sink kind (:func:`stream_ops.topology.sink_kinds.sink_kind`), which checks the
     spec; a kind's own settings beyond these fields go in ``options`` (JSON values only).
     """
 
