@@ -38,13 +38,13 @@ from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import submit
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.task_stats import COMMIT_STEPS
 from stream_ops.state.auto_snapshot import SnapshotPolicy
+from stream_ops.topology.layout import TopologyLayout
 
 STEPS = ("state", "state topic", "zookeeper", "publish", "commit", "rocksdb", "waited")
 

@@ -68,15 +68,15 @@ import pyspark
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import QueryError, StreamOpsError
 from stream_ops.examples.wordcount import build_wordcount
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import LocalStack, WorkerProcess
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.runtime.query_client import query_state
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
-from stream_ops.topology.plan import build_plan
+from stream_ops.topology.layout import TopologyLayout
 
 REBUILT_RE = re.compile(r"task (\S+)/(\d+): state rebuilt from the state topic, (\d+) keys in ([\d.]+) s")
 TAIL_RE = re.compile(

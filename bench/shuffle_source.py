@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.hashing import encode_key
-from stream_ops.sources.base import schema_ddl
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.spark.checkpoint import batch_input_files
 from stream_ops.spark.session import create_spark_session
 from stream_ops.spark.shuffle_queue import batch_files, read_before, read_queue_stream, retire_read

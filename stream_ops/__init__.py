@@ -12,13 +12,16 @@ The public API for writing topologies::
 
 from typing import TYPE_CHECKING
 
+# A plan checks each SinkSpec against the kind registered under its format
+# (stream_ops.topology.sink_kinds); the built-in kinds register when this package is imported.
+import stream_ops.sinks  # noqa: F401 (imported for its registrations)
+from stream_ops.dsl.streams import GroupedStream, StateHandle, Stream, Topology
 from stream_ops.errors import StreamOpsError, TopologyDefinitionError
 from stream_ops.operators.aggregators import CombinerAggregator, Count, Max, Min, Sum
-from stream_ops.operators.windows import Duration, Records, Session, Sliding, Tumbling
 from stream_ops.state.map_states import MapState, OpaqueMapState, TransactionalMapState
 from stream_ops.state.values import OpaqueValue, TransactionalValue
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.dsl import GroupedStream, StateHandle, Stream, Topology
+from stream_ops.topology.windows import Duration, Records, Session, Sliding, Tumbling
 
 __all__ = [
     "CombinerAggregator",

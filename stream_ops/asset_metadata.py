@@ -1,6 +1,6 @@
 """One metadata entry of a connector's Dagster asset, as plain data.
 
-Sources (:class:`~stream_ops.sources.SourceAsset`) and sinks (:class:`~stream_ops.sinks.SinkAsset`)
+Sources (:class:`~stream_ops.sources.SourceAsset`) and sinks (:class:`~stream_ops.topology.sink_kinds.SinkAsset`)
 describe themselves with it; only :mod:`stream_ops.orchestration` imports dagster and turns it
 into a ``dagster.MetadataValue``.
 """

@@ -473,9 +473,9 @@ def _parse_conf(items: tuple[str, ...], option: str = "--conf") -> dict[str, Any
 @pass_ctx
 def submit(obj: _Context, topology_ref: str, workers: int, conf: tuple[str, ...], standby_replicas: int, wait_s: float) -> None:
     """Submit a topology given as pkg.module:attribute; prints its id."""
+    from stream_ops.dsl.loading import load_topology
     from stream_ops.nimbus.submission import submit as submit_topology
     from stream_ops.nimbus.waiting import wait_until_running
-    from stream_ops.topology.loading import load_topology
 
     topology = load_topology(topology_ref)
     with obj.store() as store:
@@ -1055,9 +1055,9 @@ def _topology_ref(given: str | None, kafka: bool) -> str:
 
 def _example(home: Path, topology_ref: str, repeat: int) -> tuple[Any, Any, list[str]]:
     """The topology to demo, its input topic and the sentences to feed (from the project dir)."""
+    from stream_ops.dsl.loading import load_topology
     from stream_ops.errors import TopologyDefinitionError, TopologyLoadError
     from stream_ops.topology.functions import resolve_function
-    from stream_ops.topology.loading import load_topology
 
     os.environ["STREAM_OPS_HOME"] = str(home)
     if os.getcwd() not in sys.path:

@@ -27,6 +27,7 @@ import ctypes
 import functools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,12 +37,44 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, ClassVar, Self
 
-from stream_ops.errors import StreamOpsError
+from stream_ops.errors import JavaNotFoundError, StreamOpsError
 
 logger = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def find_java() -> str:
+    """Locate the ``java`` executable.
+
+    ``$JAVA_HOME/bin/java`` wins when it exists; otherwise ``java`` on ``PATH``.
+
+    Returns:
+        The path of the java executable.
+
+    Raises:
+        JavaNotFoundError: No Java runtime was found.
+
+    Example:
+        >>> find_java()  # doctest: +SKIP
+        '/usr/bin/java'
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+        logger.warning("JAVA_HOME=%s has no executable bin/java; looking on PATH", java_home)
+    found = shutil.which("java")
+    if found:
+        return found
+    raise JavaNotFoundError(
+        "No Java runtime found: the embedded ZooKeeper needs Java 17 or newer. Install it "
+        "(e.g. `apt-get install openjdk-17-jre-headless` or `brew install openjdk@17`) and put "
+        "`java` on PATH, or set JAVA_HOME to the JDK/JRE directory."
+        + (f" (JAVA_HOME={java_home} has no bin/java)" if java_home else "")
+    )
 
 
 @functools.cache

@@ -31,6 +31,8 @@ from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.cluster_state import find_topology
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
+from stream_ops.dsl.streams import Topology
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError, StreamOpsError, WorkerError
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.producing import produce_json, read_json_records
@@ -45,8 +47,6 @@ from stream_ops.runtime.query_client import query_state
 from stream_ops.sources import KafkaTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
-from stream_ops.topology.dsl import Topology
-from stream_ops.topology.plan import build_plan
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ class ProcessView:
     def kind(self) -> str:
         """What the process is in a worker's tree, by its command line."""
         for marker, kind in (
-            ("stream_ops.spark.row_process_main", "row process"),
+            ("stream_ops.compute.row_process_main", "row process"),
             ("pyspark.daemon", "Spark Python worker"),
             ("pyspark.worker", "Spark Python worker"),
             ("org.apache.spark.deploy.SparkSubmit", "Spark JVM"),

@@ -8,7 +8,7 @@ Spark's Python workers do without the JVM's share: the driver parses with pyarro
 ``processes`` Python processes run the stage's ``mapInArrow`` function over slices of the table
 (:func:`row_processes_batch`; :mod:`stream_ops.compute.decision` says which batches).
 
-Each process is ``python -m stream_ops.spark.row_process_main`` with the driver's ``sys.path``,
+Each process is ``python -m stream_ops.compute.row_process_main`` with the driver's ``sys.path``,
 started with the pool (when the first query that needs it starts). It serves one slice at a
 time over its stdin and stdout: the function (cloudpickled, as Spark ships it) and the slice as
 an Arrow IPC stream (a pickled slice would carry its whole table's buffers), the batches it
@@ -57,7 +57,7 @@ SLICES_PER_PROCESS = 4
 """Slices a batch is cut into per process: two tasks' batches at once still share the processes
 evenly, and a slow slice holds up only a quarter of a process's share."""
 
-CHILD_MODULE = "stream_ops.spark.row_process_main"
+CHILD_MODULE = "stream_ops.compute.row_process_main"
 """What each process runs (``python -m``): :func:`serve` on its stdin and stdout."""
 
 _FRAME = struct.Struct("!Q")

@@ -9,13 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from stream_ops.spark.settings import whole_number_setting
-
-DRIVER_BATCH_BYTES_CONF = "spark.stream_ops.driverBatchBytes"
-"""Spark setting: the largest total input size (bytes) of a source batch computed on the
-driver; 0 turns the driver path off."""
-DEFAULT_DRIVER_BATCH_BYTES = 1 << 20
-"""Its value when the session does not set it (see ``spark/session.py`` for the measurement)."""
+from stream_ops.spark.settings import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF, whole_number_setting
 
 ARROW_BATCH_BYTES_CONF = "spark.stream_ops.arrowBatchBytes"
 """Spark setting: the largest total input size (bytes) of a source batch read in Arrow on the

@@ -58,7 +58,7 @@ from stream_ops.compute.sql_arrow_expressions import (
     broadcast,
     plan_tree,
 )
-from stream_ops.sources.base import schema_ddl
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.topology.plan import OperationSpec
 
 logger = logging.getLogger(__name__)

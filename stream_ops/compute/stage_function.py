@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.hashing import encode_key
+from stream_ops.helpers.field_paths import value_at
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.arrow_batches import apply_isolating, arrow_schema
 from stream_ops.operators.record_pipeline import (
@@ -32,7 +33,6 @@ from stream_ops.operators.record_pipeline import (
     needs_driver,
 )
 from stream_ops.sources import CORRUPT_COLUMN
-from stream_ops.topology.field_paths import value_at
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
 

@@ -8,7 +8,7 @@ with :mod:`~stream_ops.coordination.cluster_state`, and run a local server with
 """
 
 from stream_ops.coordination.election import LeaderElection, election_contenders
-from stream_ops.coordination.embedded import EmbeddedZooKeeper, find_java
+from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.lock import hold_lock
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.session import ConnectionState
@@ -25,7 +25,6 @@ __all__ = [
     "decode_json",
     "election_contenders",
     "encode_json",
-    "find_java",
     "hold_lock",
     "serve_forever",
     "watch_children",

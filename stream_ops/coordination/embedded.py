@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError
-from stream_ops.jvm_server import JvmServer
+from stream_ops.errors import ZooKeeperServerError
+from stream_ops.jvm_server import JvmServer, find_java
 from stream_ops.ports import free_port, port_is_free
 
 logger = logging.getLogger(__name__)
@@ -95,38 +94,6 @@ appender.console.layout.pattern = %d{ISO8601} %-5p [%t] %c{1}: %m%n
 rootLogger.level = info
 rootLogger.appenderRef.console.ref = console
 """
-
-
-def find_java() -> str:
-    """Locate the ``java`` executable.
-
-    ``$JAVA_HOME/bin/java`` wins when it exists; otherwise ``java`` on ``PATH``.
-
-    Returns:
-        The path of the java executable.
-
-    Raises:
-        JavaNotFoundError: No Java runtime was found.
-
-    Example:
-        >>> find_java()  # doctest: +SKIP
-        '/usr/bin/java'
-    """
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-        logger.warning("JAVA_HOME=%s has no executable bin/java; looking on PATH", java_home)
-    found = shutil.which("java")
-    if found:
-        return found
-    raise JavaNotFoundError(
-        "No Java runtime found: the embedded ZooKeeper needs Java 17 or newer. Install it "
-        "(e.g. `apt-get install openjdk-17-jre-headless` or `brew install openjdk@17`) and put "
-        "`java` on PATH, or set JAVA_HOME to the JDK/JRE directory."
-        + (f" (JAVA_HOME={java_home} has no bin/java)" if java_home else "")
-    )
 
 
 def pyspark_jars_dir() -> Path:

@@ -52,12 +52,12 @@ from stream_ops.coordination.embedded import (
     DEFAULT_JVM_OPTIONS,
     LOG4J_FILE_NAME,
     MAX_SESSION_TIMEOUT_MS,
-    find_java,
     four_letter_word,
     pyspark_jars_dir,
     zookeeper_classpath,
 )
 from stream_ops.errors import ZooKeeperServerError
+from stream_ops.jvm_server import find_java
 
 __all__ = [
     "EnsembleServer",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+logger = logging.getLogger(__name__)
 
 TopologyStatusName = Literal["ACTIVE", "INACTIVE", "REBALANCING", "KILLED"]
 
@@ -196,3 +199,15 @@ class ErrorRecord(_Record):
     def last(self) -> TaskError | None:
         """The most recent error, if any."""
         return self.errors[-1] if self.errors else None
+
+
+def parse_error_record(path: str, value: Any) -> ErrorRecord:
+    """The error record stored at ``path``, or an empty one when the node holds something else
+    (its worker then rewrites it)."""
+    if value is None:
+        return ErrorRecord()
+    try:
+        return ErrorRecord.model_validate(value)
+    except ValidationError as e:
+        logger.warning("%s does not hold an error record (%s); it is rewritten", path, e.errors()[0]["msg"])
+        return ErrorRecord()

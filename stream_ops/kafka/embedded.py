@@ -32,9 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stream_ops.coordination.embedded import find_java
 from stream_ops.errors import JavaNotFoundError, KafkaServerError
-from stream_ops.jvm_server import JvmServer
+from stream_ops.jvm_server import JvmServer, find_java
 from stream_ops.kafka.client import client_config, ensure_topic, topic_partitions
 from stream_ops.kafka.jars import broker_jars
 from stream_ops.ports import free_port

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stream_ops.errors import KafkaShuffleError
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.shuffle_options import KafkaShuffle
-from stream_ops.sources.base import schema_ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stream_ops.errors import KafkaSinkError, TopologyDefinitionError
+from stream_ops.helpers.field_paths import path_type
 from stream_ops.kafka.client import resolve_env_settings
-from stream_ops.topology.field_paths import path_type
 
 DEFAULT_PROGRESS_TOPIC = "stream-ops-sink-progress"
 """The compacted topic where each sink task records, in its delivery transactions, the last txid

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stream_ops.topology.field_paths import value_or_none
+from stream_ops.helpers.field_paths import value_or_none
 
 HEADER_TOPOLOGY = "stream-ops-topology"
 HEADER_TASK = "stream-ops-task"

@@ -21,10 +21,10 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import CoordinationError, LockTimeoutError
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.state.snapshot import CompactionResult
 from stream_ops.state.state_log import open_state_log
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan, StageSpec
 
 logger = logging.getLogger(__name__)

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from stream_ops.coordination.paths import ZkPaths
+
+# read_task_error's rule for a stored error record (an unreadable one counts as empty).
 from stream_ops.coordination.records import (
     AssignmentRecord,
     ErrorRecord,
@@ -44,13 +46,11 @@ from stream_ops.coordination.records import (
     TaskRecord,
     TransactionalRecord,
     WorkerRecord,
+    parse_error_record,
 )
 from stream_ops.coordination.store import DEFAULT_BATCH_CONCURRENCY, ZkStore, ZnodeStat, decode_json
 from stream_ops.errors import TopologyNotFoundError
 from stream_ops.nimbus.monitor import HeartbeatTracker, heartbeat_fingerprint
-
-# read_task_error's rule for a stored error record (an unreadable one counts as empty).
-from stream_ops.runtime.task_failures import _parse as parse_error_record
 
 Health = Literal["healthy", "degraded", "down", "inactive"]
 HeartbeatAgeBasis = Literal["observed", "worker_clock"]

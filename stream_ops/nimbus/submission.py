@@ -17,13 +17,14 @@ from stream_ops.coordination.cluster_state import find_topology_id, list_topolog
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord, TaskRecord, TopologyStatusName, TransactionalRecord
 from stream_ops.coordination.store import ZkStore, encode_json
+from stream_ops.dsl.build_plan import build_plan
+from stream_ops.dsl.streams import Topology
 from stream_ops.errors import StreamOpsError, SubmissionError
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.nimbus.code_archive import build_code_archive
 from stream_ops.nimbus.dist_store import load_submission, write_submission
-from stream_ops.topology.dsl import Topology
-from stream_ops.topology.plan import Plan, build_plan
+from stream_ops.topology.layout import TopologyLayout
+from stream_ops.topology.plan import Plan
 from stream_ops.topology.sink_paths import clashes, sink_directories
 
 __all__ = [

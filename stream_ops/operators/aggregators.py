@@ -32,13 +32,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Number
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.errors import AggregatorInputError, TopologyDefinitionError
-
-if TYPE_CHECKING:
-    from stream_ops.topology.code_scope import CodeScope
+from stream_ops.topology.code_scope import CODE_KEY, CodeScope
+from stream_ops.topology.functions import object_ref, resolve_object
 
 USER = "user"
 """The ``kind`` of a user aggregator's plan description (combiner or reducer)."""
@@ -58,8 +57,6 @@ def _field_value(record: Mapping[str, Any], field: str, aggregator: str, *, nume
 
 def _user_spec(aggregator: CombinerAggregator | ReducerAggregator) -> dict[str, Any]:
     """``{"kind": "user", "ref": ...}``: a reference a worker resolves from the shipped code."""
-    from stream_ops.topology.functions import object_ref  # the topology package imports this module
-
     return {"kind": USER, "ref": object_ref(aggregator, what=f"aggregator {type(aggregator).__name__}")}
 
 
@@ -353,9 +350,6 @@ def aggregator_from_spec(spec: Mapping[str, Any], scope: CodeScope | None = None
     """
     kind = spec.get("kind")
     if kind == USER:
-        from stream_ops.topology.code_scope import CODE_KEY  # the topology package imports this module
-        from stream_ops.topology.functions import resolve_object
-
         ref = spec.get("ref")
         if not isinstance(ref, Mapping) or not isinstance(ref.get("class"), str):
             raise TopologyDefinitionError(f"user aggregator description {dict(spec)!r} has no 'ref' naming a class")

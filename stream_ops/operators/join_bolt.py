@@ -4,7 +4,7 @@ A :class:`JoinBolt` is built like Storm's (``org.apache.storm.bolt.JoinBolt``): 
 and its join field, then one ``join`` / ``left_join`` per further stream, naming the stream it
 joins against (the *prior* stream, which must already be part of the join), then ``select``
 to choose the output fields, and a window (Storm's ``withWindow`` / ``withTumblingWindow``,
-on the window model of :mod:`stream_ops.operators.windows`: count or time, tumbling or
+on the window model of :mod:`stream_ops.topology.windows`: count or time, tumbling or
 sliding, processing or event time with a lag and a late tuple stream).
 :meth:`JoinBolt.execute` joins the records of one complete window;
 :class:`~stream_ops.operators.window_buffer.WindowBuffer` cuts a record stream into such
@@ -68,9 +68,9 @@ from typing import Any, Literal
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.hashing import normalise_key_value
+from stream_ops.helpers.field_paths import lookup
 from stream_ops.operators.window_buffer import WindowBuffer, WindowItem
-from stream_ops.operators.windows import Duration, Records, Sliding, Tumbling, WindowDef, as_length
-from stream_ops.topology.field_paths import lookup
+from stream_ops.topology.windows import Duration, Records, Sliding, Tumbling, WindowDef, as_length
 
 JoinType = Literal["inner", "left", "right", "outer"]
 JOIN_TYPES: tuple[str, ...] = ("inner", "left", "right", "outer")
@@ -287,8 +287,8 @@ class JoinBolt:
 
     def with_window(self, length: Any, slide: Any = None) -> JoinBolt:
         """Join each window of ``length`` every ``slide`` (Storm's ``withWindow``): both a
-        :class:`~stream_ops.operators.windows.Duration` (or seconds) or both
-        :class:`~stream_ops.operators.windows.Records`; without ``slide``, a tumbling window."""
+        :class:`~stream_ops.topology.windows.Duration` (or seconds) or both
+        :class:`~stream_ops.topology.windows.Records`; without ``slide``, a tumbling window."""
         length = as_length(length, "JoinBolt.with_window(length)")
         slide = length if slide is None else as_length(slide, "JoinBolt.with_window(slide)")
         Sliding(length, slide)  # checks the pair
@@ -423,7 +423,7 @@ class JoinBolt:
 
     def window_buffer(self, now: float, *, channels: Sequence[str] = ()) -> WindowBuffer:
         """A new, empty window buffer for this bolt's window (its watermark waiting for the
-        upstream ``channels``, see :class:`~stream_ops.operators.windows.Watermark`).
+        upstream ``channels``, see :class:`~stream_ops.topology.windows.Watermark`).
 
         Raises:
             TopologyDefinitionError: no window was configured.

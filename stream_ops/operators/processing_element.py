@@ -128,7 +128,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_ops.errors import StateError, TopologyDefinitionError, TopologyLoadError
-from stream_ops.topology.field_paths import value_or_none
+from stream_ops.helpers.field_paths import value_or_none
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_ops.errors import QueryRequestError, StreamOpsError
-from stream_ops.topology.field_paths import value_at, value_or_none
+from stream_ops.helpers.field_paths import value_at, value_or_none
 from stream_ops.topology.functions import resolve_function
 from stream_ops.topology.plan import OperationSpec
 

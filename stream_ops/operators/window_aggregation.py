@@ -5,7 +5,7 @@ the window's records, so a long window costs one value per key. Each batch retur
 results of the windows it closed, the late records and the records that could not be used.
 Its state is a set of entries (:meth:`changes` gives what a batch wrote and deleted), so a
 task stores only the windows a batch touched, and :meth:`restore` rebuilds everything from
-the entries after a move. See :mod:`stream_ops.operators.windows` for the window rules.
+the entries after a move. See :mod:`stream_ops.topology.windows` for the window rules.
 
 Entry keys (tuples, under the task's store):
 
@@ -19,7 +19,7 @@ Entry keys (tuples, under the task's store):
 
 Example:
     >>> from stream_ops.operators.aggregators import Count
-    >>> from stream_ops.operators.windows import Tumbling, WindowDef
+    >>> from stream_ops.topology.windows import Tumbling, WindowDef
     >>> window = WindowDef.build(Tumbling(10), time="event", timestamp_field="ts", idle_timeout=None)
     >>> agg = WindowedAggregation(window, ("user",), Count(), "n", now=0.0, channels=["0/0"])
     >>> agg.process([{"user": "ann", "ts": 3}, {"user": "ann", "ts": 12}], now=0.0, progress=[("0/0", 12.0)]).results
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_ops.hashing import encode_key
+from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.aggregators import CombinerAggregator
-from stream_ops.operators.windows import LATE, WINDOW_END, WINDOW_START, Watermark, WindowDef
-from stream_ops.topology.field_paths import value_or_none
+from stream_ops.topology.windows import LATE, WINDOW_END, WINDOW_START, Watermark, WindowDef
 
 Record = dict[str, Any]
 EntryKey = tuple[Any, ...]

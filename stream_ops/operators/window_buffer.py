@@ -4,12 +4,12 @@ Where :class:`~stream_ops.operators.window_aggregation.WindowedAggregation` keep
 aggregates, a join needs each window's records, so :class:`WindowBuffer` keeps them, as
 Storm's windowed bolts do, and hands every complete window over as ``(stream, record)``
 pairs in arrival order. Count windows count records of all streams together (Storm's
-``Count.of``); time windows follow :mod:`stream_ops.operators.windows` (epoch aligned,
+``Count.of``); time windows follow :mod:`stream_ops.topology.windows` (epoch aligned,
 tumbling or sliding, processing or event time with a watermark and late records). A window
 without records is never returned. The buffer is JSON task state (:meth:`state`).
 
 Example:
-    >>> from stream_ops.operators.windows import Sliding, WindowDef
+    >>> from stream_ops.topology.windows import Sliding, WindowDef
     >>> buffer = WindowBuffer(WindowDef.build(Sliding(10, 5)), now=0.0)
     >>> buffer.add([("a", {"n": 1})], now=3.0).windows
     []
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_ops.errors import StateError
-from stream_ops.operators.windows import LATE, Watermark, WindowDef
+from stream_ops.topology.windows import LATE, Watermark, WindowDef
 
 WindowItem = tuple[str, Mapping[str, Any]]
 """One record of a window: ``(stream name, record)``."""

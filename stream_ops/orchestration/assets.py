@@ -41,6 +41,8 @@ import dagster as dg
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.records import StormRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
+from stream_ops.dsl.streams import Topology
 from stream_ops.errors import StreamOpsError, TopologyDefinitionError
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.status import TopologyStatus, describe_topology
@@ -56,8 +58,7 @@ from stream_ops.orchestration.sinks import ParquetSinkWatch, sink_asset_specs
 from stream_ops.orchestration.state import state_assets
 from stream_ops.orchestration.stream_observer import build_stream_observer
 from stream_ops.orchestration.translator import StreamOpsTranslator, stage_summary
-from stream_ops.topology.dsl import Topology
-from stream_ops.topology.plan import Plan, StageSpec, build_plan
+from stream_ops.topology.plan import Plan, StageSpec
 
 __all__ = [
     "STREAM_CLUSTER_RESOURCE_KEY",

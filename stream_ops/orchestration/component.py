@@ -52,6 +52,8 @@ from dagster.components.component_scaffolding import scaffold_component
 from pydantic import BaseModel, Field, PrivateAttr
 
 from stream_ops.config import DEFAULT_CHROOT, DEFAULT_ZOOKEEPER
+from stream_ops.dsl.loading import load_topology
+from stream_ops.dsl.streams import Topology
 from stream_ops.errors import TopologyLoadError
 from stream_ops.orchestration.assets import (
     STREAM_CLUSTER_RESOURCE_KEY,
@@ -74,8 +76,6 @@ from stream_ops.orchestration.resources import (
 )
 from stream_ops.orchestration.translator import StreamOpsTranslator, source_key
 from stream_ops.sources import SourceSpec
-from stream_ops.topology.dsl import Topology
-from stream_ops.topology.loading import load_topology
 
 __all__ = [
     "StreamTopologyComponent",

@@ -23,6 +23,7 @@ from typing import Any
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
+from stream_ops.dsl.streams import Topology
 from stream_ops.orchestration.assets import (
     STREAM_CLUSTER_RESOURCE_KEY,
     ZOOKEEPER_RESOURCE_KEY,
@@ -48,7 +49,6 @@ from stream_ops.orchestration.sensors import (
 )
 from stream_ops.orchestration.stream_observer import ObserveJob, build_observe_job
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.topology.dsl import Topology
 
 __all__ = [
     "StreamClusterDefinitions",

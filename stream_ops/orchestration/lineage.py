@@ -17,7 +17,7 @@ inputs that would get the same key (e.g. ``/a/input/sentences`` and ``/b/input/s
 
 Example:
     >>> from stream_ops.examples.wordcount import build_wordcount
-    >>> from stream_ops.topology.plan import build_plan
+    >>> from stream_ops.dsl.build_plan import build_plan
     >>> plan = build_plan(build_wordcount("/data/sentences"))
     >>> [spec.key.to_user_string() for spec in source_asset_specs(plan).values()]
     ['stream_ops/topic/data/sentences']

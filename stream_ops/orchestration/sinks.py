@@ -3,7 +3,7 @@
 Every sink of a plan (``to_parquet``, ``to_topic``, ``to_kafka``, ``sink``, ``print``, any
 registered kind) is an external asset (:class:`dagster.AssetSpec`) downstream of the stream
 assets of the stages that write it, so the lineage graph runs from sources to sinks. Its kinds,
-description and metadata come from its sink kind (:meth:`stream_ops.sinks.SinkKind.asset`);
+description and metadata come from its sink kind (:meth:`stream_ops.topology.sink_kinds.SinkKind.asset`);
 its key and group from the translator. A Parquet sink is *materialized* by the
 heartbeat sensor whenever a task committed new files: the metadata gives the committed rows
 and files, the last txid per task and a preview of the newest file, read from the sink's
@@ -23,11 +23,12 @@ from typing import Any
 
 import dagster as dg
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.kafka.sink_options import KafkaSinkSpec
 from stream_ops.orchestration.markdown import cell
 from stream_ops.orchestration.markdown import table as markdown_table
 from stream_ops.orchestration.translator import StreamOpsTranslator
-from stream_ops.sinks import AssetMetadata, committed_files, committed_markers
+from stream_ops.sinks import committed_files, committed_markers
 from stream_ops.sinks.kafka import kafka_asset_metadata
 from stream_ops.topology.plan import Plan, SinkSpec
 

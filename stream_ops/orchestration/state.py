@@ -44,7 +44,6 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import ConfigError, StreamOpsError
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import find_topology_id, read_storm
@@ -55,6 +54,7 @@ from stream_ops.orchestration.translator import StreamOpsTranslator
 from stream_ops.state.kafka_state_topic import TOPIC_PREFIX, KafkaStateTopic
 from stream_ops.state.snapshot import CompactionResult, SnapshotInfo, read_snapshot
 from stream_ops.state.state_log import open_state_log
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan, StageSpec
 
 __all__ = [

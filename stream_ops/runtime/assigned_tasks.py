@@ -15,9 +15,9 @@ from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StreamOpsError
-from stream_ops.layout import TopologyLayout
 from stream_ops.runtime.standby import StandbyTarget
 from stream_ops.state.state_topic import StateTopicQueue
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)

@@ -12,12 +12,12 @@ import logging
 import time
 from typing import Any
 
-from stream_ops.layout import TopologyLayout
 from stream_ops.operators.trident_state import State
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.runtime.user_state_commit import UserStateCommits
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import PersistSpec, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)

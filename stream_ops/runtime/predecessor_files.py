@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from stream_ops.layout import TopologyLayout
 from stream_ops.spark.shuffle_queue import tick_file_prefix
 from stream_ops.topics.staged_output import StagedOutput
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import StageSpec, TaskSpec
 
 

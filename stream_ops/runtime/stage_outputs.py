@@ -9,7 +9,7 @@ files (:class:`~stream_ops.topics.shuffle_files.PartialsShuffle`, ``StageSpec.sh
 whole records as JSON lines.
 
 Sinks are written by their kinds (:mod:`stream_ops.sinks`): per sink, the task's
-:class:`~stream_ops.sinks.SinkWriter` stages the batch's records and, after the publish,
+:class:`~stream_ops.topology.sink_kinds.SinkWriter` stages the batch's records and, after the publish,
 delivers what the published batches owe (a function sink calls the user's function, a Kafka
 sink writes one transaction per batch, ``print`` logs the lines, only as the verified owner and
 after the fenced deliveries).
@@ -29,17 +29,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stream_ops.hashing import encode_key, partition_for
-from stream_ops.layout import TopologyLayout
+from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.windows import event_time_of
 from stream_ops.runtime.stage_processors import progress_row
-from stream_ops.sinks import AfterPublish, SinkContext, SinkWriter
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.shuffle_files import PartialsShuffle
 from stream_ops.topics.staged_output import StagedOutput
-from stream_ops.topology.field_paths import value_or_none
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import PersistSpec, Plan, RecordsSpec, ShuffleSpec, SinkSpec, StageSpec, TaskSpec
+from stream_ops.topology.sink_kinds import AfterPublish, SinkContext, SinkWriter
+from stream_ops.topology.windows import event_time_of
 
 if TYPE_CHECKING:
     from stream_ops.kafka.shuffle_options import KafkaShuffle
@@ -169,7 +169,7 @@ class StageOutputs:
     def _report_progress(self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]]) -> None:
         """Tell every queue of an event-time window stage the largest event time this batch
         sent to the stage, so each window task's watermark waits for the slowest upstream task
-        (see :class:`~stream_ops.operators.windows.Watermark`). Written in the same files as the
+        (see :class:`~stream_ops.topology.windows.Watermark`). Written in the same files as the
         records, so a report is never published before the records it covers."""
         assert spec.progress is not None
         field, unit = spec.progress["timestamp_field"], spec.progress["timestamp_unit"]

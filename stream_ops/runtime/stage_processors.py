@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.join_bolt import JoinBolt
-from stream_ops.operators.windows import WindowDef
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
+from stream_ops.topology.windows import WindowDef
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ triggers fire when no data arrives (a micro-batch only runs when a file arrives)
 
 PROGRESS_STREAM = "__progress__"
 """Stream tag of the rows in which an upstream task reports the largest event time it sent to
-an event-time window stage (see :class:`~stream_ops.operators.windows.Watermark`)."""
+an event-time window stage (see :class:`~stream_ops.topology.windows.Watermark`)."""
 
 Row = tuple[str, str | None, dict[str, Any]]
 """One shuffled row: (input stream tag, encoded key, record)."""

@@ -11,11 +11,11 @@ import time
 from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.runtime.task_state import TaskState, open_task_state
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.state.state_log import open_state_log
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)

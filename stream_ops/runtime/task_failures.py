@@ -45,10 +45,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from stream_ops.coordination.paths import ZkPaths
-from stream_ops.coordination.records import ErrorRecord, TaskError
+from stream_ops.coordination.records import ErrorRecord, TaskError, parse_error_record
 from stream_ops.coordination.store import ZkStore
 
 __all__ = [
@@ -237,17 +237,6 @@ def describe_error(error: BaseException) -> str:
 # --- /errors/{id}/{task} ----------------------------------------------------------------------
 
 
-def _parse(path: str, value: Any) -> ErrorRecord:
-    """A stored record, or an empty one when the node holds something else (it is then rewritten)."""
-    if value is None:
-        return ErrorRecord()
-    try:
-        return ErrorRecord.model_validate(value)
-    except ValidationError as e:
-        logger.warning("%s does not hold an error record (%s); it is rewritten", path, e.errors()[0]["msg"])
-        return ErrorRecord()
-
-
 def record_task_failure(
     store: ZkStore,
     key: TaskKey,
@@ -280,7 +269,7 @@ def record_task_failure(
     entry = TaskError(time=now, worker_id=worker_id, reason=failure.reason, attempt=failure.failures)
 
     def append(value: Any) -> dict[str, Any]:
-        record = _parse(path, value)
+        record = parse_error_record(path, value)
         return ErrorRecord(
             errors=[*record.errors, entry][-policy.kept_errors :],
             consecutive_failures=failure.failures,
@@ -298,7 +287,7 @@ def mark_task_recovered(store: ZkStore, key: TaskKey) -> None:
 
     def reset(value: Any) -> dict[str, Any]:
         return (
-            _parse(path, value)
+            parse_error_record(path, value)
             .model_copy(update={"consecutive_failures": 0, "quarantined": False, "retry_at": None})
             .to_json_obj()
         )
@@ -311,7 +300,7 @@ def read_task_error(store: ZkStore, key: TaskKey) -> ErrorRecord | None:
     """The error record of one task, or None if it has none."""
     path = ZkPaths.task_errors(*key)
     found = store.get_json(path)
-    return None if found is None else _parse(path, found[0])
+    return None if found is None else parse_error_record(path, found[0])
 
 
 def read_task_errors(store: ZkStore, topology_id: str) -> dict[int, ErrorRecord]:

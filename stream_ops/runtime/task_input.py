@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from stream_ops.coordination.records import BatchInput
 from stream_ops.kafka.shuffle_options import KafkaShuffle
-from stream_ops.layout import TopologyLayout
 from stream_ops.runtime.stage_processors import TICK_STREAM
 from stream_ops.sources import SourceLag, source_kind
 from stream_ops.sources.base import files_newer_than
@@ -27,6 +26,7 @@ from stream_ops.spark.shuffle_queue import (
     unread_files,
 )
 from stream_ops.topics.shuffle_files import shuffle_file_rows
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import StageSpec, TaskSpec
 
 if TYPE_CHECKING:

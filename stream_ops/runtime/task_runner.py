@@ -81,12 +81,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from stream_ops.compute.stage_query import start_stage_query
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StateError, TaskStoppingError, ZooKeeperUnavailableError
 from stream_ops.kafka.shuffle_options import KafkaShuffle
-from stream_ops.layout import TopologyLayout
 from stream_ops.operators.trident_state import State
 from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
 from stream_ops.runtime.batch_staging import BatchStaging
@@ -106,10 +106,10 @@ from stream_ops.runtime.task_state import TaskState
 from stream_ops.runtime.task_stats import TaskStats
 from stream_ops.runtime.user_state_commit import UserStateCommits
 from stream_ops.sources import SourceLag
-from stream_ops.spark.compiler import start_stage_query
 from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_object
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stream_ops.layout import TopologyLayout
+from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.record_pipeline import as_fields
 from stream_ops.operators.trident_state import Collector, State
 from stream_ops.topics.file_topic import batch_file_name
-from stream_ops.topology.field_paths import value_or_none
 from stream_ops.topology.functions import resolve_object
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import PersistSpec, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)

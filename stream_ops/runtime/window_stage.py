@@ -11,10 +11,10 @@ import logging
 
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.window_aggregation import WindowedAggregation
-from stream_ops.operators.windows import WindowDef
 from stream_ops.runtime.stage_processors import ProcessorOutput, Row, data_rows, late_letters, progress_reports
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
+from stream_ops.topology.windows import WindowDef
 
 logger = logging.getLogger(__name__)
 

@@ -56,7 +56,6 @@ from stream_ops.errors import (
     ZnodeExistsError,
     ZooKeeperUnavailableError,
 )
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.assignment import hand_over_to_standbys
 from stream_ops.runtime.assigned_tasks import AssignmentReader
 from stream_ops.runtime.failed_tasks import FailedTasks
@@ -70,6 +69,7 @@ from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
 from stream_ops.spark.session import create_spark_session
 from stream_ops.state.auto_snapshot import SnapshotPolicy
+from stream_ops.topology.layout import TopologyLayout
 from stream_ops.topology.plan import Plan
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import logging
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from stream_ops.sinks.base import AfterPublish, Record, SinkContext, SinkWriter
+from stream_ops.topology.sink_kinds import AfterPublish, Record, SinkContext, SinkWriter
 
 if TYPE_CHECKING:
     from stream_ops.topics.staged_output import StagedOutput

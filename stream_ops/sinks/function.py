@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.sinks.base import Record, SinkContext, SinkKind, SinkWriter
 from stream_ops.sinks.delivered import DeliveredBatchWriter
 from stream_ops.topology.functions import resolve_function
+from stream_ops.topology.sink_kinds import Record, SinkContext, SinkKind, SinkWriter
 
 if TYPE_CHECKING:
     from stream_ops.topology.plan import SinkSpec

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.kafka.sink_options import KafkaSinkSpec
-from stream_ops.sinks.base import AssetMetadata, Record, SinkAsset, SinkContext, SinkKind, SinkWriter
 from stream_ops.sinks.delivered import DeliveredBatchWriter
+from stream_ops.topology.sink_kinds import Record, SinkAsset, SinkContext, SinkKind, SinkWriter
 
 if TYPE_CHECKING:
     from stream_ops.kafka.sink import KafkaSinkWriter

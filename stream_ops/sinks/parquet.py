@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.sinks.base import Record, SinkAsset, SinkContext, SinkKind, SinkWriter
 from stream_ops.sinks.parquet_sink import ParquetSink
+from stream_ops.topology.sink_kinds import Record, SinkAsset, SinkContext, SinkKind, SinkWriter
 from stream_ops.topology.sink_paths import sink_owner
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.durable_files import fsync_dir, fsync_dirs, fsync_file, make_dirs
 from stream_ops.errors import TopicError
+from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.topics.publishing import publish_file
-from stream_ops.topology.field_paths import value_or_none
 
 STAGING = "_staging"
 COMMITTED = "_committed"

@@ -14,8 +14,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from stream_ops.sinks.base import AfterPublish, Record, SinkContext, SinkKind, SinkWriter
 from stream_ops.sinks.delivered import DeliveredBatchWriter
+from stream_ops.topology.sink_kinds import AfterPublish, Record, SinkContext, SinkKind, SinkWriter
 
 if TYPE_CHECKING:
     from stream_ops.topology.plan import SinkSpec

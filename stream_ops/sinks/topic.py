@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.hashing import partition_for
-from stream_ops.sinks.base import Record, SinkContext, SinkKind, SinkWriter
 from stream_ops.topics.file_topic import FileTopic
+from stream_ops.topology.sink_kinds import Record, SinkContext, SinkKind, SinkWriter
 from stream_ops.topology.sink_paths import sink_owner
 
 if TYPE_CHECKING:

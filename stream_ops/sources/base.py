@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import SourceError, TopologyDefinitionError
+from stream_ops.helpers.field_paths import SCALAR_TYPES
 from stream_ops.registry import Registry
 
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
 CORRUPT_COLUMN = "_corrupt_record"
 """The string column a PERMISSIVE JSON or CSV read fills with a line that does not parse."""
 
-SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean")
-# Equal to stream_ops.topology.field_paths.SCALAR_TYPES (a test keeps them equal); not imported
-# from there so that the topology DSL can import this package without an import cycle.
 _NESTED = re.compile(r"^(struct|map|array)<.*>$", re.DOTALL)
 
 SchemaArg = Mapping[str, str] | Sequence[str]
@@ -48,11 +46,6 @@ def is_scalar_type(typ: object) -> bool:
 def is_nested_type(typ: object) -> bool:
     """Whether ``typ`` is nested Spark DDL (``struct<...>``, ``map<...>``, ``array<...>``)."""
     return isinstance(typ, str) and bool(_NESTED.match(typ.strip()))
-
-
-def schema_ddl(fields: Mapping[str, str]) -> str:
-    """Spark DDL such as ``sentence string, n long``."""
-    return ", ".join(f"`{name}` {typ}" for name, typ in fields.items())
 
 
 def schema_fields(schema: SchemaArg, what: str, *, nested: bool = True) -> dict[str, str]:
@@ -346,17 +339,6 @@ def files_newer_than(directory: Path, since_ms: int) -> list[Path]:
         if entry.is_file() and stat.st_mtime_ns // 1_000_000 > since_ms:
             newer.append(entry)
     return sorted(newer)
-
-
-def count_lines(path: Path) -> int:
-    """Lines of a text file: its newlines, plus one for a last line without one."""
-    lines = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
-    return lines + (last != b"\n")
 
 
 # --- the registry --------------------------------------------------------------------------

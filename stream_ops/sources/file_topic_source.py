@@ -11,16 +11,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stream_ops.helpers.line_counts import count_lines
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
     SourceAsset,
     SourceKind,
     SourceLag,
     SourceSpec,
-    count_lines,
     directory_key_parts,
     files_newer_than,
-    schema_ddl,
 )
 from stream_ops.topics.file_topic import FileTopic
 

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import KafkaServerError, SourceError, TopologyDefinitionError
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.client import OffsetReader, partition_count, resolve_env_settings
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
@@ -65,7 +66,6 @@ from stream_ops.sources.base import (
     SourceKind,
     SourceLag,
     SourceSpec,
-    schema_ddl,
     schema_fields,
 )
 

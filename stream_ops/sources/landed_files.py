@@ -33,6 +33,8 @@ import pyarrow.parquet as pq
 
 from stream_ops.durable_files import make_dirs
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.line_counts import count_lines
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
     SchemaArg,
@@ -40,11 +42,9 @@ from stream_ops.sources.base import (
     SourceKind,
     SourceLag,
     SourceSpec,
-    count_lines,
     directory_key_parts,
     files_newer_than,
     is_nested_type,
-    schema_ddl,
     schema_fields,
 )
 

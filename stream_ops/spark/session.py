@@ -9,10 +9,10 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from stream_ops.compute.settings import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF
 from stream_ops.durable_files import DEFAULT_UMASK
 from stream_ops.spark.jvm_classes import jvm_classes_jar, with_jvm_classes
 from stream_ops.spark.local_fs import UMASK_KEY, bind_local_fs, checkpoint_umask
+from stream_ops.spark.settings import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF
 
 logger = logging.getLogger(__name__)
 

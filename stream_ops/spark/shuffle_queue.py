@@ -45,7 +45,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.errors import CommittedBatchLostError, ShuffleSourceUnavailableError, TopicError
-from stream_ops.sources.base import schema_ddl
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.spark.jvm_classes import loadable
 from stream_ops.spark.settings import whole_number_setting

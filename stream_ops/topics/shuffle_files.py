@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.durable_files import fsync_dirs
 from stream_ops.errors import CommittedBatchLostError, TopicError
-from stream_ops.sources.base import count_lines
+from stream_ops.helpers.line_counts import count_lines
 from stream_ops.topics.file_topic import (
     PREVIOUS_TXID_KEY,
     FileTopic,

@@ -1,18 +1,8 @@
-"""Topology DSL and planning (pure Python: no Spark, no ZooKeeper)."""
+"""A topology as it is submitted and run: its plan (stages, tasks, validation), the stage and sink
+kinds a plan is checked against, the window model, where its files live, and the code its
+references resolve in (pure Python: no Spark, no ZooKeeper). The DSL that builds one is
+:mod:`stream_ops.dsl`."""
 
-from stream_ops.topology.dsl import GroupedStream, StateHandle, Stream, Topology, state_kind_of
-from stream_ops.topology.loading import load_topology
-from stream_ops.topology.plan import Plan, StageSpec, TaskSpec, build_plan
+from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
 
-__all__ = [
-    "GroupedStream",
-    "Plan",
-    "StageSpec",
-    "StateHandle",
-    "Stream",
-    "TaskSpec",
-    "Topology",
-    "build_plan",
-    "load_topology",
-    "state_kind_of",
-]
+__all__ = ["Plan", "StageSpec", "TaskSpec"]

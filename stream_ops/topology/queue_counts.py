@@ -5,7 +5,7 @@ A stage has as many tasks as queues. Most counts are known as the topology is wr
 ``queues=`` takes its stream's). A Kafka topic's partition count is not: the brokers know it,
 and defining a topology must not need them. Such a source's count is a :class:`LaterCount`,
 and so is every count inherited from it (the largest of several inputs' counts as well);
-:func:`~stream_ops.topology.plan.build_plan` asks the sources for their counts
+:func:`~stream_ops.dsl.build_plan.build_plan` asks the sources for their counts
 (:meth:`~stream_ops.sources.base.SourceKind.resolve_spec`) and :func:`resolve` turns each
 count into a number.
 

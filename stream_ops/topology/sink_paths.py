@@ -2,7 +2,7 @@
 
 A ``to_parquet`` sink owns its directory (its batch files, ``_staging/`` and ``_committed/``)
 and a ``to_topic`` sink its topic's queue directories: every sink whose kind
-``writes_directory`` (:class:`stream_ops.sinks.SinkKind`). Two sinks on one directory, or on
+``writes_directory`` (:class:`stream_ops.topology.sink_kinds.SinkKind`). Two sinks on one directory, or on
 directories one inside the other, would read or overwrite each other's files (a reader of a
 Parquet sink reads every ``*.parquet`` below its root). So a topology refuses a second sink on
 a directory another of its sinks uses (when the sink is defined) and a submit refuses one a

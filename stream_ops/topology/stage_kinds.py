@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from stream_ops.registry import Registry
+from stream_ops.topology.windows import WindowDef
 
 if TYPE_CHECKING:
     from stream_ops.topology.plan import StageSpec
@@ -94,8 +95,6 @@ def _describe_process(stage: StageSpec) -> str:
 
 
 def _describe_window(stage: StageSpec) -> str:
-    from stream_ops.operators.windows import WindowDef
-
     spec = stage.window_aggregate
     if spec is None:
         return "a windowed aggregate"

@@ -48,6 +48,7 @@ from stream_ops.coordination.cluster_state import read_assignment
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import OwnerRecord, TransactionalRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
 from stream_ops.local_stack import LocalStack, WorkerProcess, expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
@@ -57,7 +58,6 @@ from stream_ops.runtime.processes import spawn, stop_process, worker_command
 from stream_ops.runtime.task_failures import clear_task_errors, read_task_errors
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
-from stream_ops.topology.dsl import Topology
 
 logger = logging.getLogger("nemesis")
 

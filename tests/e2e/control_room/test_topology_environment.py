@@ -46,7 +46,7 @@ def _kind():
     for marker, kind in (
         ("pyspark.daemon", "spark_python_worker"),
         ("pyspark.worker", "spark_python_worker"),
-        ("stream_ops.spark.row_process_main", "row_process"),
+        ("stream_ops.compute.row_process_main", "row_process"),
         ("stream_ops.cli", "worker"),
     ):
         if marker in cmdline:

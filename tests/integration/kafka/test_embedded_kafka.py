@@ -12,10 +12,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stream_ops import Count, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import KafkaServerError, SourceError
 from stream_ops.kafka.embedded import EmbeddedKafka, random_cluster_id
 from stream_ops.sources import KafkaTopic, source_spec
-from stream_ops.topology.plan import build_plan
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.offsets import EndOffsets
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus import submit
 from stream_ops.orchestration import StreamClusterResource, StreamOpsTranslator, ZooKeeperResource, build_definitions
 from stream_ops.orchestration.consumer_lag import CONSUMER_LAG, kafka_source_watches
@@ -38,7 +38,8 @@ from stream_ops.state import OpaqueValue
 from stream_ops.state.kafka_state_topic import KafkaStateLog, KafkaStateTopic
 from stream_ops.state.state_log import open_state_log
 from stream_ops.state.state_topic import encode_items
-from stream_ops.topology.plan import Plan, build_plan
+from stream_ops.topology.layout import TopologyLayout
+from stream_ops.topology.plan import Plan
 
 TIMEOUT_S = 120
 TRANSLATOR = StreamOpsTranslator()

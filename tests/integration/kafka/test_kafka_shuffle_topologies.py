@@ -17,9 +17,9 @@ from topic_reader import read_messages
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology, Tumbling
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.shuffle_options import KafkaShuffle
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import submit
+from stream_ops.topology.layout import TopologyLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runners import read_parquet

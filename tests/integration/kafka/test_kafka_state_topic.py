@@ -27,7 +27,6 @@ from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.kafka.client import ensure_topic
 from stream_ops.kafka.embedded import EmbeddedKafka
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.compaction import compact_queue_locked
 from stream_ops.nimbus.submission import submit
 from stream_ops.runtime.standby import StandbyPool, StandbyTarget
@@ -36,6 +35,7 @@ from stream_ops.state import RocksDBBackingMap, TransactionalValue
 from stream_ops.state.kafka_state_topic import KafkaStateLog, KafkaStateTopic
 from stream_ops.state.snapshot import latest_snapshot
 from stream_ops.state.state_topic import StateTopicQueue, encode_items
+from stream_ops.topology.layout import TopologyLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runners import make_runner, pause_commits

@@ -17,10 +17,10 @@ from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import TransactionalRecord
 from stream_ops.kafka.embedded import EmbeddedKafka
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.sources import KafkaTopic
+from stream_ops.topology.layout import TopologyLayout
 
 TIMEOUT_S = 120
 

@@ -17,10 +17,10 @@ from stream_ops.cli import main
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.loading import load_topology
 from stream_ops.errors import SourceError
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import kafka_source
-from stream_ops.topology.loading import load_topology
 
 MODULE = """
 from stream_ops import Count, OpaqueMapState, Topology

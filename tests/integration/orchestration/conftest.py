@@ -16,9 +16,9 @@ from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import HeartbeatRecord, OwnerRecord, TransactionalRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.orchestration import StreamClusterResource, ZooKeeperResource
-from stream_ops.topology.dsl import Topology
 
 WORKERS = ("127.0.0.1:6700", "127.0.0.1:6701")
 

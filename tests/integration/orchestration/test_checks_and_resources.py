@@ -10,6 +10,7 @@ import pytest
 
 from stream_ops.config import QueryConfig
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.status import TaskStatus
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import (
@@ -21,7 +22,6 @@ from stream_ops.orchestration import (
 )
 from stream_ops.orchestration.checks import stalled_from_observations
 from stream_ops.spark.jvm_classes import jvm_classes_jar
-from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
 KEYED = dg.AssetKey(["stream_ops", "wordcount", "count"])

@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import (
     OBSERVE_JOB_NAME,
@@ -18,7 +19,6 @@ from stream_ops.orchestration import (
     ZooKeeperResource,
     build_definitions,
 )
-from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
 KEYED = dg.AssetKey(["stream_ops", "wordcount", "count"])

@@ -11,6 +11,7 @@ import pytest
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.submission import deactivate, kill, submit
 from stream_ops.orchestration import (
@@ -27,7 +28,6 @@ from stream_ops.orchestration import (
     workers_to_launch,
 )
 from stream_ops.ports import free_port
-from stream_ops.topology.dsl import Topology
 
 SOURCE = dg.AssetKey(["stream_ops", "wordcount", "sentences"])
 KEYED = dg.AssetKey(["stream_ops", "wordcount", "count"])

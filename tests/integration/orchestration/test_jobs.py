@@ -10,6 +10,7 @@ import pytest
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import find_topology_id, read_storm, submit
@@ -20,7 +21,6 @@ from stream_ops.orchestration import (
     build_rebalance_schedule,
     rebalance_run_config,
 )
-from stream_ops.topology.dsl import Topology
 
 WORKERS = ("127.0.0.1:6700", "127.0.0.1:6701")  # the slots sim_workers registers
 

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from stream_ops.cli import main
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StandbyRecord
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.nimbus.assignment import read_assignment
 from stream_ops.nimbus.status import describe_topology
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import observe_topology
-from stream_ops.topology.plan import build_plan
 
 
 def test_standbys_show_in_the_assignment_the_status_and_the_observations(

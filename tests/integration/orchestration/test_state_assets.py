@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from stream_ops.coordination.store import ZkStore
-from stream_ops.layout import TopologyLayout
+from stream_ops.dsl.build_plan import build_plan
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.submission import submit
 from stream_ops.orchestration import (
     StreamClusterResource,
@@ -24,8 +25,8 @@ from stream_ops.orchestration import (
     topology_assets,
 )
 from stream_ops.state import OpaqueValue, StateTopicQueue, read_snapshot
-from stream_ops.topology.dsl import Topology
-from stream_ops.topology.plan import Plan, build_plan
+from stream_ops.topology.layout import TopologyLayout
+from stream_ops.topology.plan import Plan
 
 STATE_KEY = dg.AssetKey(["stream_ops", "wordcount", "count_state"])
 KEYED_STAGE = 1  # the word count's "count" stage; its tasks are 2 (queue 0) and 3 (queue 1)

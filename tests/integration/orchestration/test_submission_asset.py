@@ -10,6 +10,7 @@ import pytest
 
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.nimbus.submission import find_topology_id, submit
 from stream_ops.orchestration import (
     StreamClusterResource,
@@ -17,7 +18,6 @@ from stream_ops.orchestration import (
     ZooKeeperResource,
     topology_assets,
 )
-from stream_ops.topology.dsl import Topology
 
 TOPOLOGY_ID = re.compile(r"^wordcount-\d+-\d+$")
 

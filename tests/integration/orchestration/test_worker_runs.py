@@ -34,6 +34,7 @@ from pyspark.sql import SparkSession
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.streams import Topology
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus.assignment import live_workers
@@ -51,7 +52,6 @@ from stream_ops.orchestration.worker_process import worker_launch
 from stream_ops.ports import free_port
 from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
 from stream_ops.topics.producer import produce
-from stream_ops.topology.dsl import Topology
 
 HEARTBEAT_TIMEOUT_S = 3.0
 WORKER_RUN = worker_run_config()

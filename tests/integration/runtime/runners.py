@@ -10,10 +10,10 @@ import duckdb
 
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.submission import read_storm
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
+from stream_ops.topology.layout import TopologyLayout
 
 
 def make_runner(

@@ -29,7 +29,6 @@ from stream_ops.compute.arrow_read import ArrowRefusal
 from stream_ops.compute.decision import BatchFacts, ComputePath, batch_path, choose_path, source_batch
 from stream_ops.compute.settings import (
     ARROW_BATCH_BYTES_CONF,
-    DRIVER_BATCH_BYTES_CONF,
     ROW_PROCESSES_CONF,
     SessionSettings,
     driver_batch_bytes,
@@ -38,15 +37,17 @@ from stream_ops.compute.settings import (
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import ConfigError, OwnershipLostError
 from stream_ops.examples.wordcount import build_wordcount, split, split_batch
 from stream_ops.hashing import encode_key
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.nimbus.submission import submit
 from stream_ops.sources import CORRUPT_COLUMN
-from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.callback_sink import BatchFrame
+from stream_ops.spark.settings import DRIVER_BATCH_BYTES_CONF
 from stream_ops.topics.shuffle_files import read_partials
-from stream_ops.topology.plan import OperationSpec, build_plan
+from stream_ops.topology.plan import OperationSpec
 
 SCHEMA = "sentence string, n long, _corrupt_record string"
 ROWS = [

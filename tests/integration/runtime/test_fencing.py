@@ -22,10 +22,10 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import OwnershipLostError, StateNotReadyError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
 from stream_ops.nimbus.dist_store import load_submission
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
+from stream_ops.topology.layout import TopologyLayout
 
 BATCHES = [["how", "are", "you", "how"], ["you", "you", "nice"], ["how", "day"]]
 

@@ -19,6 +19,7 @@ from stream_ops.compute import decision
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
@@ -27,7 +28,6 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.spark.callback_sink import BatchFrame
 from stream_ops.spark.checkpoint import batch_offsets
 from stream_ops.topics.shuffle_files import PartialsShuffle, read_partials
-from stream_ops.topology.plan import build_plan
 
 BATCHES = [["how", "are", "you", "how"], ["you", "you", "nice"], ["how", "day"]]
 

@@ -14,11 +14,11 @@ import zipfile
 from pathlib import Path
 
 from stream_ops.coordination.records import StormRecord
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus.dist_store import load_submission, write_submission
 from stream_ops.runtime.owned_dirs import Owner, this_process
 from stream_ops.runtime.user_code import CODE_DIRS, PrivateArchives
-from stream_ops.topology.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -18,9 +18,10 @@ from stream_ops.config import ClusterConfig
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.nimbus.submission import submit
-from stream_ops.sinks import DeliveredBatchWriter, SinkContext, SinkKind, SinkWriter, register_sink_kind
-from stream_ops.sinks import base as sink_base
+from stream_ops.sinks import DeliveredBatchWriter
+from stream_ops.topology import sink_kinds as sink_kinds_module
 from stream_ops.topology.plan import SinkSpec
+from stream_ops.topology.sink_kinds import SinkContext, SinkKind, SinkWriter, register_sink_kind
 
 SOURCE_SCHEMA = "sentence string, _corrupt_record string"
 
@@ -60,7 +61,7 @@ class JsonLinesKind(SinkKind):
 
 @pytest.fixture
 def jsonl_kind(monkeypatch):
-    monkeypatch.setattr(sink_base, "_KINDS", sink_base._KINDS.copy())  # registered for this test only
+    monkeypatch.setattr(sink_kinds_module, "_KINDS", sink_kinds_module._KINDS.copy())  # registered for this test only
     register_sink_kind(JsonLinesKind())
     monkeypatch.setattr(JsonLinesWriter, "fail_txids", set())
     return JsonLinesWriter

@@ -28,13 +28,13 @@ from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import StateError, StateNotReadyError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus.submission import submit
 from stream_ops.runtime.task_failures import read_task_error
 from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topics.producer import produce
+from stream_ops.topology.layout import TopologyLayout
 
 PROBE = [("how",), ("you",)]
 

@@ -27,6 +27,7 @@ from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import StormRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import SubmissionIntegrityError, WorkerError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.nimbus import live_workers, reassign, submit
@@ -36,7 +37,6 @@ from stream_ops.ports import free_port
 from stream_ops.runtime.user_code import PrivateArchives
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.topology.functions import resolve_function
-from stream_ops.topology.plan import build_plan
 
 
 def _zip(files: dict[str, str]) -> bytes:

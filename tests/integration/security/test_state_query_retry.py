@@ -26,6 +26,7 @@ from stream_ops.config import QueryConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.records import AssignmentRecord, WorkerRecord
 from stream_ops.coordination.store import ZkStore
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import (
     QueryTLSError,
     QueryUnavailableError,
@@ -40,7 +41,7 @@ from stream_ops.ports import free_port
 from stream_ops.runtime.query_client import QueryAccess, get_keys
 from stream_ops.runtime.query_server import QueryLimits, QueryServer
 from stream_ops.runtime.state_reader import LookupRetry, StateReader
-from stream_ops.topology.plan import Plan, StageSpec, build_plan
+from stream_ops.topology.plan import Plan, StageSpec
 
 TOKEN = "query-token-of-the-retry-tests-0123456"
 TOPOLOGY_ID = "wc-ask-1-1700000000"

@@ -14,9 +14,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.sources.arrow_json import read_json_lines
-from stream_ops.sources.base import schema_ddl
 
 FIELDS = {"s": "string", "n": "long", "i": "int", "d": "double", "b": "boolean"}
 

@@ -8,12 +8,12 @@ from click.testing import CliRunner
 
 from stream_ops.cli import main
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, live_workers, submit
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.state.snapshot import latest_snapshot
 from stream_ops.topics.producer import produce
+from stream_ops.topology.layout import TopologyLayout
 
 
 def test_compact_then_move_rebuilds_exact_state(worker_pool, zk_store, zk_config, tmp_path, wait_until):

@@ -17,20 +17,20 @@ from collections import Counter
 from pathlib import Path
 
 from stream_ops import TransactionalMapState
-from stream_ops.compute import decision
+from stream_ops.compute import decision, stage_query
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import encode_key
-from stream_ops.layout import TopologyLayout
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.nimbus.submission import read_storm, submit
 from stream_ops.runtime.task_runner import RunnerSettings, TaskRunner
 from stream_ops.runtime.user_code import load_user_code
-from stream_ops.sources.base import schema_ddl
-from stream_ops.spark import compiler, shuffle_queue
+from stream_ops.spark import shuffle_queue
 from stream_ops.topics.file_topic import FileTopic, batch_file_name
 from stream_ops.topics.shuffle_files import PartialsShuffle, previous_txid
+from stream_ops.topology.layout import TopologyLayout
 
 UPSTREAM = 0
 """The source task publishing by hand into the keyed stage's two queues."""
@@ -99,14 +99,14 @@ def test_skipped_txids_are_read_across_and_a_lost_one_stops_the_task(spark, zk_c
             _publish(shuffle, 2, 0, counted[4:])
 
             read: list[tuple[int, list[str]]] = []  # (batch, its files) each time a batch finds its files
-            real_batch_files = compiler.batch_files
+            real_batch_files = stage_query.batch_files
 
             def noting_batch_files(checkpoint: Path, batch_id: int, input_dir: Path, suffix: str) -> list[Path]:
                 files = real_batch_files(checkpoint, batch_id, input_dir, suffix)
                 read.append((batch_id, [p.name for p in files]))
                 return files
 
-            monkeypatch.setattr(compiler, "batch_files", noting_batch_files)
+            monkeypatch.setattr(stage_query, "batch_files", noting_batch_files)
 
             # Batch 0 reads txids 0-2 (1 vouched for by the file of 2), commits, and "crashes".
             real_publish = TaskRunner._publish

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.compute.sql_arrow import compile_arrow_sql
-from stream_ops.sources.base import schema_ddl
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.spark.sql_analysis import SqlKind, analyse
 from stream_ops.topology.plan import OperationSpec
 

@@ -150,7 +150,7 @@ def _run_with_a_failing_record(spark, zk_config, tmp_path, cluster):
 
 def _partials(spark, topology: Topology, rows: list[tuple]):
     from stream_ops.compute.decision import source_batch
-    from stream_ops.topology.plan import build_plan
+    from stream_ops.dsl.build_plan import build_plan
 
     result = source_batch(spark.createDataFrame(rows, SOURCE), build_plan(topology).stage(0))
     return sorted(result.outputs[0]), sorted(d["record"] for d in result.dead_letters), result.input_rows

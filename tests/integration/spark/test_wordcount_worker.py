@@ -9,12 +9,12 @@ import pytest
 from stream_ops import MapState, OpaqueMapState, TransactionalMapState
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.examples.wordcount import SAMPLE_SENTENCES, build_wordcount
-from stream_ops.layout import TopologyLayout
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
 from stream_ops.nimbus import describe_topology, submit
 from stream_ops.runtime.worker import Worker
 from stream_ops.state.state_topic import StateTopicQueue
 from stream_ops.topics.producer import produce
+from stream_ops.topology.layout import TopologyLayout
 
 
 @pytest.fixture

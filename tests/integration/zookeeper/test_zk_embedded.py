@@ -13,16 +13,10 @@ import pytest
 
 from stream_ops.config import ZooKeeperConfig
 from stream_ops.coordination import embedded
-from stream_ops.coordination.embedded import (
-    EmbeddedZooKeeper,
-    find_java,
-    four_letter_word,
-    pyspark_jars_dir,
-    zookeeper_classpath,
-)
+from stream_ops.coordination.embedded import EmbeddedZooKeeper, four_letter_word, pyspark_jars_dir, zookeeper_classpath
 from stream_ops.coordination.store import ZkStore
 from stream_ops.errors import JavaNotFoundError, ZooKeeperServerError, ZooKeeperUnavailableError
-from stream_ops.jvm_server import serve_forever
+from stream_ops.jvm_server import find_java, serve_forever
 
 
 def _wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:

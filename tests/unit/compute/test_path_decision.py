@@ -13,9 +13,10 @@ import pytest
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology
 from stream_ops.compute.arrow_read import ArrowRefusal
 from stream_ops.compute.decision import BatchFacts, ComputePath, PathChoice, Reason, choose_path
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount, split
 from stream_ops.sources.definitions import RateSource
-from stream_ops.topology.plan import StageSpec, build_plan
+from stream_ops.topology.plan import StageSpec
 
 KB = 1 << 10
 

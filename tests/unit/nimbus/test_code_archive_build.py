@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import SubmissionError, TopologyLoadError
 from stream_ops.nimbus.code_archive import archive_modules, build_code_archive
-from stream_ops.topology.plan import build_plan
 
 
 @pytest.fixture

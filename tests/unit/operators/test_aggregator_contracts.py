@@ -20,6 +20,7 @@ from types import ModuleType
 import pytest
 
 from stream_ops import FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError, TopologyLoadError
 from stream_ops.operators import CombinerAggregator, Count, Max, Min, ReducerAggregator, Sum
 from stream_ops.operators.aggregators import (
@@ -30,7 +31,6 @@ from stream_ops.operators.aggregators import (
     check_aggregator,
 )
 from stream_ops.topology.code_scope import CodeScope
-from stream_ops.topology.plan import build_plan
 from stream_ops.topology.plan_code import bind_plan, plan_references
 
 AGGS = """\

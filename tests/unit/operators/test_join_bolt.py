@@ -7,8 +7,8 @@ import json
 import pytest
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.operators import Duration, JoinBolt, Records, WindowDef
-from stream_ops.operators.windows import Sliding, Tumbling
+from stream_ops.operators import JoinBolt
+from stream_ops.topology.windows import Duration, Records, Sliding, Tumbling, WindowDef
 
 # --- Storm's documented examples ---------------------------------------------------------
 

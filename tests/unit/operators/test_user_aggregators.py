@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from stream_ops import FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.operators import CombinerAggregator, Count, ReducerAggregator, Sum
 from stream_ops.operators.aggregators import ReducerCombiner, aggregator_from_spec, as_combiner
-from stream_ops.topology.plan import build_plan
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 
 from stream_ops.operators.aggregators import Count, Max, Sum
 from stream_ops.operators.window_aggregation import WindowBatch, WindowedAggregation
-from stream_ops.operators.windows import Records, Session, Sliding, Tumbling, WindowDef
+from stream_ops.topology.windows import Records, Session, Sliding, Tumbling, WindowDef
 
 CHANNEL = "0/0"
 """The one upstream task of these aggregations."""

@@ -9,7 +9,7 @@ import pytest
 
 from stream_ops.errors import StateError
 from stream_ops.operators.window_buffer import WindowBuffer
-from stream_ops.operators.windows import Records, Sliding, Tumbling, WindowDef
+from stream_ops.topology.windows import Records, Sliding, Tumbling, WindowDef
 
 
 def _add(buffer: WindowBuffer, stream: str, n: int, now: float):

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.operators.windows import Duration, Records, Session, Sliding, Tumbling, Watermark, WindowDef
+from stream_ops.topology.windows import Duration, Records, Session, Sliding, Tumbling, Watermark, WindowDef
 
 
 def test_lengths_accept_storm_forms_numbers_and_timedeltas():

@@ -1,6 +1,6 @@
 """Guard of issue 32's refactoring: plans and Dagster assets of every connector stay as they were.
 
-``golden/connectors.json`` was recorded before sinks became :class:`~stream_ops.sinks.SinkKind`
+``golden/connectors.json`` was recorded before sinks became :class:`~stream_ops.topology.sink_kinds.SinkKind`
 entries: the plan JSON of every example topology and of one topology with each of the five
 sinks, the asset graph (keys, kinds, groups, deps, descriptions) of the code location ``definitions.defs``,
 and the sink assets' descriptions and metadata. Any difference is a behaviour change.
@@ -48,8 +48,8 @@ def snapshot() -> dict[str, Any]:
     """What the golden file holds, computed from the code as it is now."""
     os.environ["STREAM_OPS_HOME"] = HOME
     os.environ["STREAM_OPS_KAFKA"] = "kafka:9092"
+    from stream_ops.dsl.build_plan import build_plan
     from stream_ops.orchestration.assets import topology_assets
-    from stream_ops.topology.plan import build_plan
 
     plans = {}
     for name in EXAMPLES:

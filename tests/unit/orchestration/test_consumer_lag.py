@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from stream_ops import Count, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.kafka.offsets import EndOffsets
 from stream_ops.nimbus.status import TaskStatus
 from stream_ops.orchestration import StreamOpsTranslator
@@ -27,7 +28,6 @@ from stream_ops.orchestration.consumer_lag import (
 from stream_ops.orchestration.kafka_offsets import TickOffsets
 from stream_ops.orchestration.sinks import sink_asset_specs
 from stream_ops.sources import KafkaTopic
-from stream_ops.topology.plan import build_plan
 
 KEY = dg.AssetKey(["stream_ops", "kafka", "words"])
 WATCH = KafkaSourceWatch(KEY, "wc", "words", "k:9092", "words", 3, threshold=100)

@@ -7,13 +7,13 @@ import json
 from collections import defaultdict
 
 from stream_ops.config import ClusterConfig
+from stream_ops.dsl import build_plan
 from stream_ops.examples.s4_parity import build_s4_parity
 from stream_ops.examples.windows import build_windows
 from stream_ops.hashing import partition_for
-from stream_ops.layout import TopologyLayout
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import PROGRESS_STREAM, progress_reports
-from stream_ops.topology import build_plan
+from stream_ops.topology.layout import TopologyLayout
 
 
 def _route(plan, stage_index, queue, records, tmp_path):

@@ -25,9 +25,9 @@ import pytest
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
 from stream_ops.compute import stage_function
 from stream_ops.compute.row_processes import RowProcesses
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import RowProcessError
 from stream_ops.examples.wordcount import split
-from stream_ops.topology.plan import build_plan
 
 
 def _word_count_rows():

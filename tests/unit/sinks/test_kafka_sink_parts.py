@@ -7,6 +7,7 @@ import json
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import KafkaSinkError, TopologyDefinitionError
 from stream_ops.kafka.progress import (
     NOTHING_DELIVERED,
@@ -24,7 +25,7 @@ from stream_ops.kafka.sink_options import (
     transactional_id,
 )
 from stream_ops.kafka.sink_records import HEADER_TASK, HEADER_TXID, batch_headers, batch_messages, encode_value
-from stream_ops.topology.plan import Plan, SinkSpec, build_plan
+from stream_ops.topology.plan import Plan, SinkSpec
 
 FIELDS = {"word": "string", "count": "long", "user": "struct<id:long,name:string>"}
 

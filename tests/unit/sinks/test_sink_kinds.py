@@ -7,10 +7,11 @@ import json
 import pytest
 
 from stream_ops import FileTopic, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.sinks import SinkContext, SinkKind, SinkWriter, register_sink_kind, sink_kinds
-from stream_ops.sinks import base as sink_base
-from stream_ops.topology.plan import SinkSpec, build_plan
+from stream_ops.topology import sink_kinds as sink_kinds_module
+from stream_ops.topology.plan import SinkSpec
+from stream_ops.topology.sink_kinds import SinkContext, SinkKind, SinkWriter, register_sink_kind, sink_kinds
 
 
 class _NoWriterKind(SinkKind):
@@ -41,7 +42,7 @@ def test_each_kind_refuses_a_spec_without_what_it_needs():
 
 
 def test_a_registered_kinds_options_go_into_the_plan_and_empty_ones_stay_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(sink_base, "_KINDS", sink_base._KINDS.copy())  # registered for this test only
+    monkeypatch.setattr(sink_kinds_module, "_KINDS", sink_kinds_module._KINDS.copy())  # registered for this test only
     register_sink_kind(_NoWriterKind())
     t = Topology("t")
     words = t.source("words", FileTopic(tmp_path / "in", 1), schema={"word": "string"})

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from stream_ops import Count, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import KafkaServerError, SourceError, TopologyDefinitionError
-from stream_ops.operators.windows import Tumbling
 from stream_ops.sources import KafkaTopic, kafka_source
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.plan import build_plan
 from stream_ops.topology.queue_counts import LaterCount
+from stream_ops.topology.windows import Tumbling
 
 BOOTSTRAP = "127.0.0.1:9092"
 

@@ -76,8 +76,8 @@ def test_generated_rows_have_no_asset_and_no_key() -> None:
 
 
 def test_the_orchestration_layer_asks_the_kind() -> None:
+    from stream_ops.dsl.build_plan import build_plan
     from stream_ops.examples.kafka_wordcount import PARTITIONS, build_kafka_wordcount
-    from stream_ops.topology.plan import build_plan
 
     plan = build_plan(build_kafka_wordcount("k:9092", topic="words"))
     translator = StreamOpsTranslator()

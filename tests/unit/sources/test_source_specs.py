@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from stream_ops.errors import SourceError, TopologyDefinitionError
+from stream_ops.helpers.line_counts import count_lines
 from stream_ops.sources import (
     CORRUPT_COLUMN,
-    SCALAR_TYPES,
     CsvFiles,
     JsonFiles,
     ParquetFiles,
@@ -30,9 +30,8 @@ from stream_ops.sources import (
     source_spec,
 )
 from stream_ops.sources import base as source_base
-from stream_ops.sources.base import count_lines, files_newer_than
+from stream_ops.sources.base import files_newer_than
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.field_paths import SCALAR_TYPES as TOPOLOGY_SCALAR_TYPES
 
 NOW_MS = int(time.time() * 1000)
 
@@ -111,10 +110,6 @@ def test_a_spec_of_an_unknown_kind_or_bad_queues_is_refused() -> None:
         SourceSpec(kind="rate", queues=0, fields={"a": "string"})
     with pytest.raises(ValueError, match="JSON|json|valid"):
         SourceSpec(kind="rate", fields={"a": "string"}, options={"x": object()})
-
-
-def test_the_scalar_types_are_the_topologys() -> None:
-    assert SCALAR_TYPES == TOPOLOGY_SCALAR_TYPES
 
 
 def test_a_rate_source_has_fixed_fields_and_positive_counts() -> None:

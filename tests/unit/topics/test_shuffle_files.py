@@ -9,11 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import CommittedBatchLostError
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.shuffle_files import PartialsShuffle
-from stream_ops.topology.plan import Plan, build_plan
+from stream_ops.topology.plan import Plan
 
 
 @pytest.fixture

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyLoadError
 from stream_ops.examples.counter_pe import build_counter
 from stream_ops.examples.wordcount_db import build_wordcount_db
 from stream_ops.operators.record_pipeline import RecordPipeline
 from stream_ops.topology.code_scope import CodeScope, forbidden_top_level
 from stream_ops.topology.functions import resolve_function, resolve_object
-from stream_ops.topology.plan import OperationSpec, build_plan
+from stream_ops.topology.plan import OperationSpec
 from stream_ops.topology.plan_code import bind_plan, bound_places, check_references, plan_references
 
 OPS = """\

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.examples.wordcount import split
-from stream_ops.topology.plan import INPUT, Plan, RecordsSpec, ShuffleSpec, SinkSpec, build_plan
+from stream_ops.topology.plan import INPUT, Plan, RecordsSpec, ShuffleSpec, SinkSpec
 
 
 def is_long(sentence: str) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology, TransactionalMapState
+from stream_ops.dsl import build_plan
 from stream_ops.errors import TopicError, TopologyDefinitionError
 from stream_ops.examples.wordcount import build_wordcount, split
-from stream_ops.topology import build_plan
 
 
 def keep_long(record: dict) -> bool:

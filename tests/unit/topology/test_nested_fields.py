@@ -9,10 +9,10 @@ import pytest
 
 from stream_ops import Count, FileTopic, OpaqueMapState, Sum, Topology
 from stream_ops.compute.stage_function import OutputPlan, stage_rows
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.field_paths import path_type, value_at, value_or_none
 from stream_ops.operators import JoinBolt
-from stream_ops.topology.field_paths import path_type, value_at, value_or_none
-from stream_ops.topology.plan import build_plan
 
 SCHEMA = {"user": "struct<id:long,name:string,address:struct<city:string>>", "tags": "map<string,string>", "n": "long"}
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from stream_ops import Count, FileTopic, Min, OpaqueMapState, Topology
+from stream_ops.dsl import build_plan
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.examples.counter_pe import WordCounterPE, build_counter
 from stream_ops.examples.uuid_join import build_uuid_join
 from stream_ops.examples.wordcount import split
 from stream_ops.examples.wordcount_db import QueryWordCount, WordCountDB, WordCountUpdater, build_wordcount_db
 from stream_ops.operators import JoinBolt, Trigger
-from stream_ops.topology import build_plan
 
 
 def _two_sources(tmp_path):

@@ -10,10 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from stream_ops import TransactionalMapState
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.windows import build_windows
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.hashing import partition_for, stable_hash
-from stream_ops.topology import Plan, build_plan
+from stream_ops.topology import Plan
 
 
 def test_wordcount_plan_has_two_stages_and_one_task_per_queue(tmp_path):

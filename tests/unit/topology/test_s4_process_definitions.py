@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from stream_ops import FileTopic, Topology
+from stream_ops.dsl import build_plan
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.examples.s4_parity import AlertTotalPE, CardPE, build_s4_parity
 from stream_ops.operators import ProcessingElement, Trigger
-from stream_ops.topology import build_plan
 
 
 def test_the_s4_example_plans_prototype_streams_broadcast_outputs_and_a_singleton(tmp_path):

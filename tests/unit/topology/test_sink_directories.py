@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from stream_ops import FileTopic, Topology
+from stream_ops.dsl.build_plan import build_plan
 from stream_ops.errors import TopologyDefinitionError
-from stream_ops.topology.plan import build_plan
 from stream_ops.topology.sink_paths import clashes, sink_directories
 
 

@@ -1,5 +1,5 @@
 """The entry point of a process that runs per-record operations for a worker
-(:mod:`stream_ops.compute.row_processes`): ``python -m stream_ops.spark.row_process_main``."""
+(:mod:`stream_ops.compute.row_processes`): ``python -m stream_ops.compute.row_process_main``."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.compute.batch_inputs import batch_files_noted, noting_batch_files, noting_input_bytes
 from stream_ops.compute.decision import start_row_processes
+from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.sources import source_kind
-from stream_ops.sources.base import schema_ddl
 from stream_ops.spark.callback_sink import start_with_callback
 from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
 from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, round_wait_ms, shuffle_suffix, uses_queue_source

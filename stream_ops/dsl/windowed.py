@@ -2,7 +2,7 @@
 
 A windowed aggregate is a stage of its own: records are shuffled by the key fields into it
 (whole records, since each needs its own time), and each task keeps one partial aggregate per
-open (window, key) as task state. See :mod:`stream_ops.operators.windows` for the window rules.
+open (window, key) as task state. See :mod:`stream_ops.topology.windows` for the window rules.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stream_ops.dsl.definition_checks import check_name, check_queues, state_type
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.field_paths import path_type
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
-from stream_ops.operators.windows import WINDOW_END, WINDOW_START, WindowDef
-from stream_ops.topology.definition_checks import check_name, check_queues, state_type
-from stream_ops.topology.field_paths import path_type
 from stream_ops.topology.queue_counts import QueueCount
+from stream_ops.topology.windows import WINDOW_END, WINDOW_START, WindowDef
 
 if TYPE_CHECKING:  # the DSL imports this module; at run time streams come in as arguments
-    from stream_ops.topology.dsl import Stream
+    from stream_ops.dsl.streams import Stream
 
 
 @dataclass(frozen=True)

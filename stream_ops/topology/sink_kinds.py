@@ -20,9 +20,9 @@ from stream_ops.errors import TopologyDefinitionError
 from stream_ops.registry import Registry
 
 if TYPE_CHECKING:
-    from stream_ops.layout import TopologyLayout
     from stream_ops.topics.delivery_topic import DeliveryTopic
     from stream_ops.topics.staged_output import StagedOutput
+    from stream_ops.topology.layout import TopologyLayout
     from stream_ops.topology.plan import SinkSpec, StageSpec, TaskSpec
 
 Record = dict[str, Any]

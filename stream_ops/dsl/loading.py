@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from stream_ops.dsl.streams import Topology
 from stream_ops.errors import TopologyLoadError
-from stream_ops.topology.dsl import Topology
 from stream_ops.topology.functions import resolve_function
 
 

@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.field_paths import value_or_none
 
 TimeMode = Literal["processing", "event"]
 WindowKind = Literal["tumbling", "sliding", "session"]
@@ -381,8 +382,6 @@ class WindowDef:
 def event_time_of(record: Mapping[str, Any], timestamp_field: str, unit: str) -> float | None:
     """``record``'s event time in seconds from ``timestamp_field`` (in ``unit``: ``s`` or
     ``ms``), or None when it has no usable (finite, numeric) timestamp."""
-    from stream_ops.topology.field_paths import value_or_none
-
     value = value_or_none(record, timestamp_field)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

@@ -1,6 +1,6 @@
 """The topology DSL: ``Topology``, ``Stream``, ``GroupedStream``, ``StateHandle``.
 
-The DSL only builds a graph of nodes and checks it as it grows; ``stream_ops.topology.plan``
+The DSL only builds a graph of nodes and checks it as it grows; :mod:`stream_ops.dsl.build_plan`
 turns the graph into stages and tasks, and the runtime runs them. Every mistake a user can make
 here raises :class:`~stream_ops.errors.TopologyDefinitionError` at the line that makes it.
 
@@ -25,23 +25,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from stream_ops.dsl.definition_checks import check_name as _check_name
+from stream_ops.dsl.definition_checks import check_queues as _check_queues
+from stream_ops.dsl.definition_checks import state_type as _state_type
 from stream_ops.errors import TopologyDefinitionError
+from stream_ops.helpers.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.kafka.sink_options import DEFAULT_ID_PREFIX, DEFAULT_PROGRESS_TOPIC, kafka_sink_spec
 from stream_ops.operators.aggregators import CombinerAggregator, ReducerAggregator, as_combiner
-from stream_ops.operators.windows import WindowDef
-from stream_ops.sinks.base import sink_kind
+from stream_ops.operators.join_bolt import JoinBolt
+from stream_ops.operators.processing_element import ProcessingElement, Trigger, prototype_spec
 from stream_ops.sources import SourceSpec, source_spec
 from stream_ops.topics.file_topic import FileTopic
-from stream_ops.topology.definition_checks import check_name as _check_name
-from stream_ops.topology.definition_checks import check_queues as _check_queues
-from stream_ops.topology.definition_checks import state_type as _state_type
-from stream_ops.topology.field_paths import SCALAR_TYPES, is_known_type, path_type
 from stream_ops.topology.functions import function_ref, object_ref
 from stream_ops.topology.queue_counts import LaterCount, QueueCount, largest
+from stream_ops.topology.sink_kinds import sink_kind
 from stream_ops.topology.sink_paths import clashes, sink_directory
+from stream_ops.topology.windows import WindowDef
 
 if TYPE_CHECKING:
-    from stream_ops.topology.windowed import WindowedStream, WindowNode
+    from stream_ops.dsl.windowed import WindowedStream, WindowNode
 
 SPARK_TYPES = SCALAR_TYPES
 STATE_KINDS = ("transactional", "opaque", "non-transactional")
@@ -285,8 +287,6 @@ class Topology:
         Example:
             >>> joined = topology.join(bolt, spout1=words, spout2=stamps)
         """
-        from stream_ops.operators.join_bolt import JoinBolt
-
         what = f"join() in topology {self.name!r}"
         if not isinstance(bolt, JoinBolt):
             raise TopologyDefinitionError(f"{what}: expected a JoinBolt, got {type(bolt).__name__}")
@@ -393,8 +393,6 @@ class Topology:
         single: bool = False,
     ) -> Stream:
         """Add a processing-element stage reading ``inputs`` (name -> (stream, key field))."""
-        from stream_ops.operators.processing_element import ProcessingElement, Trigger, prototype_spec
-
         pe_class = pe if isinstance(pe, type) else type(pe)
         if not issubclass(pe_class, ProcessingElement):
             raise TopologyDefinitionError(f"{what}: {pe!r} is not a ProcessingElement subclass (or an instance of one)")
@@ -759,7 +757,7 @@ class Stream:
             >>> counts = (events.window(Tumbling(60), time="event", timestamp_field="ts", lag=5)
             ...           .group_by("user").aggregate(Count(), out="clicks"))
         """
-        from stream_ops.topology.windowed import WindowedStream
+        from stream_ops.dsl.windowed import WindowedStream
 
         what = self._what("window")
         try:
@@ -1109,7 +1107,7 @@ class Stream:
         ref = function_ref(fn, what=what)
         arity = _positional_arity(fn, what)
         queues = largest(tap.segment.queues for tap in self._taps)
-        # A count learned when the plan is built is checked then (plan.py:_check_sink_tasks).
+        # A count learned when the plan is built is checked then (build_plan.py:_check_sink_tasks).
         if arity == 2 and (len(self._taps) > 1 or (isinstance(queues, int) and queues > 1)):
             raise TopologyDefinitionError(
                 f"{what}: {ref} takes (txid, records), but this stream is written by several tasks whose txids repeat; "
@@ -1184,7 +1182,7 @@ class Stream:
         options: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
-        """Write the stream into a sink of a registered kind (:func:`stream_ops.sinks.register_sink_kind`).
+        """Write the stream into a sink of a registered kind (:func:`stream_ops.topology.sink_kinds.register_sink_kind`).
 
         The built-in kinds have their own methods (``to_parquet``, ``to_topic``, ``sink``,
         ``print``, ``to_kafka``); this one is for kinds registered by a package or a test. The
