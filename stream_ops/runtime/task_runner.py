@@ -64,6 +64,7 @@ Each step is one call: step 1's input check :mod:`.replayed_input`; step 2 :mod:
 State: :mod:`.user_state_commit`); step 4, step 6's RocksDB write and state queries
 :mod:`.state_store_writes`; step 5 :func:`~stream_ops.runtime.ownership.commit`; step 6's
 publish :class:`~stream_ops.runtime.stage_outputs.StageOutputs`; the input side :mod:`.task_input`.
+Each batch's step times are kept in ``stats.recent_batches`` (:mod:`.batch_timeline`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ from stream_ops.kafka.shuffle_options import KafkaShuffle
 from stream_ops.operators.trident_state import State
 from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
 from stream_ops.runtime.batch_staging import BatchStaging
+from stream_ops.runtime.batch_timeline import BatchTimer
 from stream_ops.runtime.computed_batch import ComputedBatch
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
@@ -413,6 +415,7 @@ class TaskRunner:
             txid = int(batch_id)
             self.stats.txid_in_flight = txid
             started = time.monotonic()
+            timer = BatchTimer(txid)
             # Step 1
             if self._already_committed(txid):
                 self.stats.txid_in_flight = None
@@ -423,14 +426,17 @@ class TaskRunner:
             spark_started = time.perf_counter()
             batch = compute_in_spark(df, self.stage)
             self.stats.spark_ms_total += (time.perf_counter() - spark_started) * 1000.0
+            timer.mark("spark")
             with self._state_section(txid):
-                rows_out = self._commit_batch(batch, txid)
+                rows_out = self._commit_batch(batch, txid, timer)
             self.stats.batch_done(batch.rows_in, rows_out, time.monotonic() - started, self.clock())
+            self.stats.recent_batches.add(timer.finish(rows_in=batch.rows_in, rows_out=rows_out))
 
-    def _commit_batch(self, batch: ComputedBatch, txid: int) -> int:
+    def _commit_batch(self, batch: ComputedBatch, txid: int, timer: BatchTimer | None = None) -> int:
         """Steps 2 (the driver's part) to 6 for a batch Spark computed, under the commit lock;
-        returns the number of output rows."""
+        returns the number of output rows. ``timer`` is marked at the end of each step."""
         assert self.ownership is not None
+        timer = timer or BatchTimer(txid)
         epoch = self.ownership.epoch
         # The previous batch's RocksDB write must be done before this one reads the state.
         self._store_writes.await_write()
@@ -447,11 +453,14 @@ class TaskRunner:
             clock=self.clock,
         )
         self.stats.state_ms_total += (time.perf_counter() - state_started) * 1000.0
+        timer.mark("state")
         # Step 3
         rows_out = self._staging.stage_batch(batch, txid, epoch, outputs=self.outputs, user_state=self.user_state)
+        timer.mark("stage")
         commit_started = time.perf_counter()
         # Step 4
         encoded = self._store_writes.append_changes(txid, epoch, self._map_update)
+        timer.mark("state_topic")
         zookeeper_started = time.perf_counter()
         # Step 5. From here a state query waits until the store holds this batch (or the commit
         # failed), so it never reads the store behind a commit ZooKeeper already shows.
@@ -462,9 +471,10 @@ class TaskRunner:
             self._store_writes.commit_failed(e, visible)
             raise
         publish_started = time.perf_counter()
+        timer.mark("zookeeper")
         # Step 6: RocksDB on the I/O thread, the rest here
         self._store_writes.write_committed(txid, epoch, encoded, visible)
-        self._publish_committed(txid, epoch)
+        self._publish_committed(txid, epoch, timer)
         if not self.stage.reads_source and self.kafka_shuffle is None:
             self._io.submit(self._input.retire_consumed, txid, self.ownership.epoch)
         done = time.perf_counter()
@@ -545,14 +555,17 @@ class TaskRunner:
             clock=self.clock,
         )
 
-    def _publish_committed(self, txid: int, epoch: int) -> None:
-        """Step 6: commit the user State, publish the staged files, commit the map state."""
+    def _publish_committed(self, txid: int, epoch: int, timer: BatchTimer) -> None:
+        """Step 6: commit the user State, publish the staged files, commit the map state, then
+        deliver what the published batches owe."""
         self._user_states.commit(self.user_state, txid, epoch)
         self._publish(txid, epoch)
         state = self.state
         if state is not None and state.map_state is not None:
             state.map_state.commit(txid)
+        timer.mark("publish")
         self._after_publish(txid)
+        timer.mark("deliver")
 
     def _after_publish(self, committed_txid: int) -> None:
         """What the published batches owe (sinks, Kafka shuffles), delivered as this owner: a

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from stream_ops.runtime.batch_timeline import RecentBatches
+
 COMMIT_STEPS = ("state_topic", "zookeeper", "publish", "rocksdb")
 """The parts of the commit path :attr:`TaskStats.commit_steps_ms` times; the RocksDB write runs
 on the task's I/O thread after the ZooKeeper commit (:mod:`stream_ops.runtime.task_runner`)."""
@@ -35,6 +37,9 @@ class TaskStats:
     """The commit path by step: state topic, ZooKeeper, publish (these sum to ``commit_ms_total``)
     and RocksDB (on the task's I/O thread, overlapping the publish and the next batch)."""
     started_at: float = field(default_factory=time.time)
+    recent_batches: RecentBatches = field(default_factory=RecentBatches)
+    """The step times of the task's last batches, each on its own
+    (:mod:`stream_ops.runtime.batch_timeline`): what a latency breakdown lines up per record."""
 
     def batch_done(self, rows_in: int, rows_out: int, seconds: float, now: float) -> None:
         """Count a finished batch of ``rows_in`` input and ``rows_out`` output rows that took
