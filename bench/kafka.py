@@ -25,9 +25,27 @@ the time from its produce call until its word's count 1 is read from the output 
 same clock: producer and consumer run in this process). p50/p99 over the probes. The first
 ``--warmup`` s of probes are not counted.
 
+**Where a probe's time goes (stream_ops).** Each probe is followed exactly through the topology:
+its input offset (the producer's delivery report) names the source task (the one reading its
+partition) and the source batch whose offset range, in Spark's progress report, holds it; the
+headers of its output message (task, txid) name the keyed batch that wrote its count. Their
+times come from Spark's progress reports (a batch's trigger start) and from the runtime's
+per-batch step times (``TaskStats.recent_batches``, :mod:`stream_ops.runtime.batch_timeline`),
+both polled every second while the run lasts. A probe's latency is split into consecutive
+parts that add up to it: the wait for the source batch's trigger, Spark's start of the batch
+(offsets, its log, planning), the source batch's read and compute, its shuffle files staged,
+its ZooKeeper commit, its publish (the shuffle visible to the keyed stage), the wait for the
+keyed batch's trigger, Spark's start of that batch, the keyed compute, its sink batch staged,
+the state-topic append, the ZooKeeper commit, the publish, the Kafka transaction (its records
+produced, then committed with their markers: split at the output message's create time) and
+the consumer's read. p50/p99 per part (each over the probes on its own, so they do not add up;
+the means do) next to the total. Plain Spark: the total only.
+
 It prints figures only (no speed asserts).
 
-Run: ``.venv/bin/python bench/kafka.py [--sentences 200000] [--rate 2000] [--duration 30]``
+Run: ``.venv/bin/python bench/kafka.py [--quick] [--sentences 200000] [--rate 2000] [--duration 30]
+[--engines plain stream_ops] [--skip throughput]``; ``--quick`` is 20k sentences and 15 s of probes
+after 3 s of warm-up (a few minutes in all).
 """
 
 from __future__ import annotations
@@ -36,6 +54,7 @@ import argparse
 import collections
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -44,6 +63,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +79,10 @@ from stream_ops.config import ClusterConfig
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.producing import produce_json
+from stream_ops.kafka.sink_records import HEADER_TASK, HEADER_TXID
 from stream_ops.nimbus import kill, submit
+from stream_ops.runtime.batch_timeline import BatchTimes
+from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.sources import KafkaTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,18 +90,32 @@ from harness import SPARK_MASTER, BenchRig, WorkerThread, wait_until  # the benc
 from wordcount import make_sentences  # the word count's input
 
 PARTITIONS = 2
+QUICK = {"sentences": 20_000, "duration": 15.0, "warmup": 3.0}
+"""``--quick``: the sizes of a run of a few minutes."""
+FULL = {"sentences": 200_000, "duration": 30.0, "warmup": 5.0}
 
 
 # --- reading the output ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Seen:
+    """A word's first output message: when this process read it (wall clock), the batch that
+    wrote it (stream_ops' headers; None for plain Spark) and the message's create time."""
+
+    at: float
+    task: int | None
+    txid: int | None
+    created_at: float | None
+
+
 class CountsReader:
     """Reads an output topic (``read_committed``) on a thread: the latest count per word, and
-    when each word was first seen (the probes' arrival times)."""
+    each word's first message (the probes' arrivals)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.latest: dict[str, int] = {}
-        self.first_seen: dict[str, float] = {}
+        self.first_seen: dict[str, Seen] = {}
         self.messages = 0
         settings = {"group.id": f"bench-{topic}", "isolation.level": "read_committed", "enable.auto.commit": False}
         self._consumer = Consumer(client_config(bootstrap, **settings, **{"fetch.wait.max.ms": 10}))
@@ -91,21 +128,23 @@ class CountsReader:
     def _run(self) -> None:
         while not self._stop.is_set():
             for message in self._consumer.consume(10_000, timeout=0.05):
-                if message.error() is not None or message.key() is None:
+                key, value = message.key(), message.value()
+                if message.error() is not None or key is None or value is None:
                     continue
-                now = time.monotonic()
-                word = message.key().decode("utf-8")
-                count = _count_of(message.value())
+                now = time.time()
+                word = key.decode("utf-8")
+                count = _count_of(value)
                 with self._lock:
                     self.messages += 1
                     self.latest[word] = count
-                    self.first_seen.setdefault(word, now)
+                    if word not in self.first_seen:
+                        self.first_seen[word] = _seen(message, now)
 
     def matches(self, expected: dict[str, int]) -> bool:
         with self._lock:
             return len(self.latest) >= len(expected) and all(self.latest.get(w) == n for w, n in expected.items())
 
-    def arrival(self, word: str) -> float | None:
+    def arrival(self, word: str) -> Seen | None:
         with self._lock:
             return self.first_seen.get(word)
 
@@ -113,6 +152,18 @@ class CountsReader:
         self._stop.set()
         self._thread.join(10)
         self._consumer.close()
+
+
+def _seen(message: Any, now: float) -> Seen:
+    headers = dict(message.headers() or [])
+    task, txid = headers.get(HEADER_TASK), headers.get(HEADER_TXID)
+    kind, created_ms = message.timestamp()
+    return Seen(
+        at=now,
+        task=int(task) if task is not None else None,
+        txid=int(txid) if txid is not None else None,
+        created_at=created_ms / 1000.0 if kind == 1 else None,  # 1: TIMESTAMP_CREATE_TIME
+    )
 
 
 def _count_of(value: bytes) -> int:
@@ -126,11 +177,13 @@ def _count_of(value: bytes) -> int:
 
 @dataclass
 class Engine:
-    """Starting and stopping one engine on an input topic, writing to an output topic."""
+    """Starting and stopping one engine on an input topic, writing to an output topic;
+    ``runners`` lists a stream_ops engine's running tasks (None for plain Spark)."""
 
     name: str
     start: Callable[[str, str], None]
     stop: Callable[[], None]
+    runners: Callable[[], list[TaskRunner]] | None = None
 
 
 def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, trigger_s: float) -> Engine:
@@ -170,6 +223,7 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, trigger_s
 def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka) -> Engine:
     """The stream_ops topology: KafkaTopic -> split -> persistent count -> new_values -> to_kafka."""
     running: list[str] = []
+    topology_ids: list[str] = []
 
     def start(input_topic: str, output_topic: str) -> None:
         name = f"kwc-{output_topic}"
@@ -178,15 +232,244 @@ def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka)
         words = t.source("sentences", source, schema={"sentence": "string"}).select_expr("explode(split(sentence, ' ')) AS word")
         counts = words.group_by("word").persistent_aggregate(Count(), out="count", state=OpaqueMapState)
         counts.new_values().to_kafka(kafka.bootstrap_servers, output_topic, key="word")
-        submit(rig.store, worker.cluster, t, workers=1)
+        topology_ids.append(submit(rig.store, worker.cluster, t, workers=1))
         running.append(name)
+
+    def until_stopped(_: float) -> None:
+        wait_until(lambda: not worker.worker.running_tasks, 60)
 
     def stop() -> None:
         for name in running:
-            kill(rig.store, name, wait_s=1.0, sleep=lambda _: wait_until(lambda: not worker.worker.running_tasks, 60))
+            kill(rig.store, name, wait_s=1.0, sleep=until_stopped)
         running.clear()
+        topology_ids.clear()
 
-    return Engine("stream_ops", start, stop)
+    def runners() -> list[TaskRunner]:
+        return [r for (tid, _), r in list(worker.worker._runners.items()) if tid in topology_ids]
+
+    return Engine("stream_ops", start, stop, runners)
+
+
+# --- where a probe's time goes (stream_ops) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparkBatch:
+    """One batch of a task's query, from Spark's progress report."""
+
+    txid: int
+    trigger_at: float
+    """Wall-clock start of the trigger that ran the batch."""
+    durations_ms: dict[str, float]
+    offsets: dict[int, tuple[int, int]]
+    """Kafka partition -> [start, end) offsets the batch read (a Kafka source's batch only)."""
+
+
+def _json_field(value: Any) -> Any:
+    """A progress report's offset field: a JSON string, or already decoded."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def spark_batch(progress: Any) -> SparkBatch:
+    """A progress report of a trigger that ran a batch, as a :class:`SparkBatch`."""
+    offsets: dict[int, tuple[int, int]] = {}
+    for source in progress["sources"] or []:
+        if "kafka" not in str(source["description"]).lower():
+            continue  # the shuffle queue's offsets
+        start, end = _json_field(source["startOffset"]), _json_field(source["endOffset"])
+        start = start if isinstance(start, dict) else {}  # null before the first batch
+        for topic, partitions in (end if isinstance(end, dict) else {}).items():
+            begin = start.get(topic) or {}
+            for partition, until in partitions.items():
+                offsets[int(partition)] = (int(begin.get(partition, 0)), int(until))
+    return SparkBatch(
+        txid=int(progress["batchId"]),
+        trigger_at=datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00")).timestamp(),
+        durations_ms={k: float(v) for k, v in (progress["durationMs"] or {}).items()},
+        offsets=offsets,
+    )
+
+
+class TaskTimelines:
+    """What a stream_ops topology's tasks did per batch, polled every ``interval_s`` on a thread
+    while a run lasts: Spark's progress reports and the runtime's step times, per (task, txid)."""
+
+    def __init__(self, runners: Callable[[], list[TaskRunner]], interval_s: float = 1.0) -> None:
+        self._runners = runners
+        self._interval_s = interval_s
+        self.spark: dict[tuple[int, int], SparkBatch] = {}
+        self.steps: dict[tuple[int, int], BatchTimes] = {}
+        self.source_task: dict[int, int] = {}
+        """Input partition -> the source task reading it."""
+        self.kind: dict[int, str] = {}
+        """Task id -> ``source`` or ``keyed``."""
+        self.kafka_shuffle = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="task-timelines", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Take what the running tasks hold now (older batches drop out of both records)."""
+        for runner in self._runners():
+            task = runner.task.task_id
+            query = runner.query
+            progress = list(query.recentProgress) if query is not None else []
+            with self._lock:
+                self.kind[task] = "source" if runner.stage.reads_source else "keyed"
+                if runner.stage.reads_source:
+                    self.source_task[runner.task.queue] = task
+                self.kafka_shuffle = self.kafka_shuffle or runner.kafka_shuffle is not None
+                for p in progress:
+                    if "addBatch" in (p["durationMs"] or {}):
+                        batch = spark_batch(p)
+                        self.spark[task, batch.txid] = batch
+                for times in runner.stats.recent_batches.snapshot():
+                    self.steps[task, times.txid] = times
+
+    def stop(self) -> None:
+        """Stop polling, after a last poll (once)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self.poll()
+
+    def source_batch(self, partition: int, offset: int) -> tuple[int, int] | None:
+        """(source task, txid) of the batch that read ``offset`` of ``partition``."""
+        task = self.source_task.get(partition)
+        with self._lock:
+            for (t, txid), batch in self.spark.items():
+                span = batch.offsets.get(partition)
+                if t == task and span is not None and span[0] <= offset < span[1]:
+                    return t, txid
+        return None
+
+
+PARTS = (
+    ("source trigger wait", "produce -> the source batch's trigger starts"),
+    ("source Spark start", "offsets, offset log, planning: trigger -> foreachBatch"),
+    ("source read+compute", "Kafka read, split, partials (runtime steps spark + state)"),
+    ("source shuffle staged", "the shuffle files written and fsynced (step 3)"),
+    ("source ZooKeeper commit", "steps 4 + 5"),
+    ("source publish", "the shuffle visible downstream (step 6: rename; or the Kafka shuffle transaction)"),
+    ("keyed trigger wait", "shuffle published -> the keyed batch's trigger starts (input wake)"),
+    ("keyed Spark start", "queue offsets, offset log, planning: trigger -> foreachBatch"),
+    ("keyed read+compute", "partials read and applied to the state (step 2)"),
+    ("keyed sink staged", "the sink batch written and fsynced (step 3)"),
+    ("state topic append", "step 4"),
+    ("ZooKeeper commit", "step 5"),
+    ("publish", "step 6 before the deliveries"),
+    ("Kafka txn: produce", "begin, the batch's records produced (-> the output message's create time)"),
+    ("Kafka txn: commit", "flush, progress record, commit and its markers"),
+    ("consumer read", "Kafka commit returned -> the read_committed consumer has the count"),
+)
+
+
+@dataclass
+class Breakdown:
+    """Per-probe latency parts in ms (:data:`PARTS`, adding up to ``total``)."""
+
+    parts: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name, _ in PARTS})
+    total: list[float] = field(default_factory=list)
+    unattributed: collections.Counter[str] = field(default_factory=collections.Counter)
+    stage_lines: list[str] = field(default_factory=list)
+    shuffle: str = ""
+
+
+def probe_parts(
+    sent_at: float, seen: Seen, src: tuple[SparkBatch, BatchTimes], dst: tuple[SparkBatch, BatchTimes]
+) -> list[float]:
+    """The consecutive parts of one probe's latency, seconds (:data:`PARTS` order)."""
+    (s_spark, s_steps), (k_spark, k_steps) = src, dst
+    s_end, k_end = s_steps.ends(), k_steps.ends()
+    sm, km = s_steps.steps_ms, k_steps.steps_ms
+    kafka_done = k_end["deliver"]
+    produced = seen.created_at if seen.created_at is not None else k_end["publish"]
+    produced = min(max(produced, k_end["publish"]), kafka_done)
+    return [
+        s_spark.trigger_at - sent_at,
+        s_steps.started_at - s_spark.trigger_at,
+        (sm["spark"] + sm["state"]) / 1000.0,
+        sm["stage"] / 1000.0,
+        (sm["state_topic"] + sm["zookeeper"]) / 1000.0,
+        (sm["publish"] + sm["deliver"]) / 1000.0,
+        k_spark.trigger_at - s_end["deliver"],
+        k_steps.started_at - k_spark.trigger_at,
+        (km["spark"] + km["state"]) / 1000.0,
+        km["stage"] / 1000.0,
+        km["state_topic"] / 1000.0,
+        km["zookeeper"] / 1000.0,
+        km["publish"] / 1000.0,
+        produced - k_end["publish"],
+        kafka_done - produced,
+        seen.at - kafka_done,
+    ]
+
+
+def breakdown(timelines: TaskTimelines, probes: Sequence[tuple[float, int, int | None, Seen]]) -> Breakdown:
+    """Split each probe (sent at, partition, offset, its first output message) into :data:`PARTS`."""
+    out = Breakdown()
+    for sent_at, partition, offset, seen in probes:
+        if offset is None or seen.task is None or seen.txid is None:
+            out.unattributed["no offset or output headers"] += 1
+            continue
+        source = timelines.source_batch(partition, offset)
+        if source is None:
+            out.unattributed["source batch not in the progress reports"] += 1
+            continue
+        keyed = (seen.task, seen.txid)
+        found = [(timelines.spark.get(b), timelines.steps.get(b)) for b in (source, keyed)]
+        if any(spark is None or steps is None or len(steps.steps_ms) < 7 for spark, steps in found):
+            out.unattributed["a batch's times were not recorded"] += 1
+            continue
+        (s_spark, s_steps), (k_spark, k_steps) = found
+        assert s_spark is not None and s_steps is not None and k_spark is not None and k_steps is not None
+        values = probe_parts(sent_at, seen, (s_spark, s_steps), (k_spark, k_steps))
+        for (name, _), value in zip(PARTS, values, strict=True):
+            out.parts[name].append(value * 1000.0)
+        out.total.append((seen.at - sent_at) * 1000.0)
+    return out
+
+
+def stage_lines(timelines: TaskTimelines, lo: float, hi: float) -> list[str]:
+    """Per stage, the batches that started in [lo, hi): how many, Spark's time per batch by
+    phase, and the runtime's steps (means, ms)."""
+    lines = []
+    for kind in ("source", "keyed"):
+        tasks = [t for t, k in timelines.kind.items() if k == kind]
+        spark = [b for (t, _), b in timelines.spark.items() if t in tasks and lo <= b.trigger_at < hi]
+        steps = [b for (t, _), b in timelines.steps.items() if t in tasks and lo <= b.started_at < hi]
+        if not spark or not steps:
+            lines.append(f"{kind} stage: no batches in the probe window")
+            continue
+        phases = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets", "triggerExecution")
+        spark_means = ", ".join(f"{k} {_mean([b.durations_ms.get(k, 0.0) for b in spark]):.0f}" for k in phases)
+        step_means = ", ".join(f"{k} {_mean([b.steps_ms.get(k, 0.0) for b in steps]):.1f}" for k in steps[0].steps_ms)
+        rows = _mean([float(b.rows_in) for b in steps])
+        per_s = len(spark) / max(len(tasks), 1) / (hi - lo)
+        lines.append(
+            f"{kind} stage ({len(tasks)} tasks): {per_s:.1f} batches/s per task, {rows:,.0f} rows in per batch; "
+            f"Spark per batch (ms, means): {spark_means}; foreachBatch by runtime step (ms, means): {step_means}"
+        )
+    return lines
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-1) of ``values`` (nan when empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -210,10 +493,10 @@ class Latency:
     rate: float
     probes_ms: list[float] = field(default_factory=list)
     lost: int = 0
+    breakdown: Breakdown | None = None
 
     def pct(self, q: float) -> float:
-        ordered = sorted(self.probes_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+        return pct(self.probes_ms, q)
 
 
 def run_throughput(
@@ -258,45 +541,64 @@ def run_latency(
     producer = Producer(client_config(kafka.bootstrap_servers, **{"linger.ms": 1}))
     rng = random.Random(7)
     result = Latency(engine.name, rate)
+    timelines = TaskTimelines(engine.runners) if engine.runners is not None else None
+    offsets: dict[str, int] = {}
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is None:
+            offsets[json.loads(message.value())["sentence"]] = message.offset()
+
     try:
         engine.start(input_topic, output_topic)
+        if timelines is not None:
+            timelines.start()
         # the first records start the tasks; the load begins when the first count comes out
         producer.produce(input_topic, json.dumps({"sentence": "start"}).encode(), partition=0)
         producer.produce(input_topic, json.dumps({"sentence": "start"}).encode(), partition=1)
         producer.flush(10)
         if not wait_until(lambda: reader.arrival("start") is not None, timeout_s, interval_s=0.05):
             raise SystemExit(f"{engine.name} ({tag}): no output within {timeout_s:.0f} s of the start")
-        sent: dict[str, float] = {}
-        began = time.monotonic()
+        sent: dict[str, tuple[float, int]] = {}
+        began = time.time()
         tick = 0.01
         next_probe = began
         n = 0
-        while (now := time.monotonic()) < began + warmup_s + duration_s:
+        while (now := time.time()) < began + warmup_s + duration_s:
             due = int((now - began) * rate) - n
             for _ in range(max(0, due)):
                 sentence = " ".join(rng.choice(vocabulary) for _ in range(6))
                 producer.produce(input_topic, json.dumps({"sentence": sentence}).encode(), partition=n % PARTITIONS)
                 n += 1
             if now >= next_probe:
-                word = f"probe{len(sent):06d}"
-                producer.produce(input_topic, json.dumps({"sentence": word}).encode(), partition=len(sent) % PARTITIONS)
+                word, partition = f"probe{len(sent):06d}", len(sent) % PARTITIONS
+                value = json.dumps({"sentence": word}).encode()
+                producer.produce(input_topic, value, partition=partition, on_delivery=delivered)
+                sent[word] = (time.time(), partition)
                 producer.poll(0)
-                sent[word] = time.monotonic()
                 next_probe += 1.0 / probe_rate
             producer.poll(0)
             time.sleep(tick)
         producer.flush(30)
         wait_until(lambda: all(reader.arrival(w) is not None for w in sent), timeout_s, interval_s=0.1)
-        for word, at in sent.items():
+        counted: list[tuple[float, int, int | None, Seen]] = []
+        for word, (at, partition) in sent.items():
             if at - began < warmup_s:
                 continue
             arrived = reader.arrival(word)
             if arrived is None:
                 result.lost += 1
             else:
-                result.probes_ms.append((arrived - at) * 1000.0)
+                result.probes_ms.append((arrived.at - at) * 1000.0)
+                counted.append((at, partition, offsets.get(word), arrived))
+        if timelines is not None:
+            timelines.stop()
+            result.breakdown = breakdown(timelines, counted)
+            result.breakdown.stage_lines = stage_lines(timelines, began + warmup_s, began + warmup_s + duration_s)
+            result.breakdown.shuffle = "Kafka (repartition topic)" if timelines.kafka_shuffle else "files (Parquet partials)"
         return result
     finally:
+        if timelines is not None:
+            timelines.stop()
         engine.stop()
         reader.close()
 
@@ -320,41 +622,74 @@ def report(
     )
     print(f"load:     1/5/15-min load average {_loads(loads[0])} at the start, {_loads(loads[-1])} at the end")
     print(f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines), stream_ops opaque state")
-    print()
-    plain = next((r for r in throughput if r.engine == "plain Spark"), None)
-    print(f"{'throughput':<14}{'seconds':>9}{'words/s':>12}{'vs plain':>10}{'out msgs':>10}")
-    for r in throughput:
-        ratio = f"{r.words_per_s / plain.words_per_s:.2f}x" if plain else "-"
-        print(f"{r.engine:<14}{r.seconds:>9.2f}{r.words_per_s:>12,.0f}{ratio:>10}{r.output_messages:>10,}")
-    print(
-        f"  {args.sentences:,} sentences ({throughput[0].words:,} words) in the input topic before the start; timed "
-        "from start()/submit until a read_committed consumer saw every final count"
-    )
-    print()
-    print(f"{'latency':<14}{'rate/s':>8}{'probes':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'lost':>6}")
+    if throughput:
+        print()
+        plain = next((r for r in throughput if r.engine == "plain Spark"), None)
+        print(f"{'throughput':<14}{'seconds':>9}{'words/s':>12}{'vs plain':>10}{'out msgs':>10}")
+        for t in throughput:
+            ratio = f"{t.words_per_s / plain.words_per_s:.2f}x" if plain else "-"
+            print(f"{t.engine:<14}{t.seconds:>9.2f}{t.words_per_s:>12,.0f}{ratio:>10}{t.output_messages:>10,}")
+        print(
+            f"  {args.sentences:,} sentences ({throughput[0].words:,} words) in the input topic before the start; timed "
+            "from start()/submit until a read_committed consumer saw every final count"
+        )
+    if latency:
+        print()
+        print(f"{'latency':<14}{'rate/s':>8}{'probes':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'lost':>6}")
+        for r in latency:
+            worst = max(r.probes_ms) if r.probes_ms else float("nan")
+            print(
+                f"{r.engine:<14}{r.rate:>8,.0f}{len(r.probes_ms):>8}{r.pct(0.5):>9.0f}{r.pct(0.99):>9.0f}{worst:>9.0f}{r.lost:>6}"
+            )
+        print(
+            f"  probe sentence (one new word) every {1 / args.probe_rate:g} s under {args.rate:g} sentences/s; latency = "
+            f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted"
+        )
     for r in latency:
-        worst = max(r.probes_ms) if r.probes_ms else float("nan")
-        print(f"{r.engine:<14}{r.rate:>8,.0f}{len(r.probes_ms):>8}{r.pct(0.5):>9.0f}{r.pct(0.99):>9.0f}{worst:>9.0f}{r.lost:>6}")
-    print(
-        f"  probe sentence (one new word) every {1 / args.probe_rate:g} s under {args.rate:g} sentences/s; latency = "
-        f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted"
-    )
+        if r.breakdown is not None:
+            report_breakdown(r)
+
+
+def report_breakdown(r: Latency) -> None:
+    """Where the probes' time went (:data:`PARTS`)."""
+    b = r.breakdown
+    assert b is not None
+    missing = ", ".join(f"{n} {why}" for why, n in b.unattributed.items()) or "none"
+    print()
+    print(f"where the time goes, {r.engine} ({len(b.total)} probes followed; not followed: {missing}; shuffle: {b.shuffle})")
+    print(f"{'part':<26}{'p50 ms':>8}{'p99 ms':>8}{'mean ms':>9}{'share':>7}  what")
+    total_mean = _mean(b.total)
+    for name, what in PARTS:
+        values = b.parts[name]
+        mean = _mean(values)
+        print(f"{name:<26}{pct(values, 0.5):>8.0f}{pct(values, 0.99):>8.0f}{mean:>9.1f}{mean / total_mean:>7.0%}  {what}")
+    print(f"{'total':<26}{pct(b.total, 0.5):>8.0f}{pct(b.total, 0.99):>8.0f}{total_mean:>9.1f}{1:>7.0%}  produce -> count read")
+    print("  p50/p99 per part over the probes, each on its own (they do not add up; the means do)")
+    for line in b.stage_lines:
+        print(f"  {line}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=200_000, help="input sentences of the throughput runs (~6 words)")
+    parser.add_argument("--quick", action="store_true", help="20k sentences, 15 s of probes after 3 s (unless given)")
+    parser.add_argument("--sentences", type=int, default=None, help="input sentences of the throughput runs (~6 words); 200k")
     parser.add_argument("--vocabulary", type=int, default=1_000, help="distinct words")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--rate", type=float, default=2_000, help="sentences/s of the latency runs")
     parser.add_argument("--probe-rate", type=float, default=5.0, help="probes/s of the latency runs")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of counted probes per engine")
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds of probes not counted")
+    parser.add_argument("--duration", type=float, default=None, help="seconds of counted probes per engine; 30")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds of probes not counted; 5")
     parser.add_argument("--skip", nargs="*", choices=["throughput", "latency"], default=[], help="parts to leave out")
+    parser.add_argument(
+        "--engines", nargs="+", choices=["plain", "stream_ops"], default=["plain", "stream_ops"], help="engines to run"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     loads = [os.getloadavg()]
@@ -365,6 +700,7 @@ def main() -> None:
             print(f"Kafka ready on {kafka.bootstrap_servers} in {kafka.started_in_s:.1f} s", flush=True)
             worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=args.trigger, max_files=100)
             engines = [plain_spark(rig.spark, kafka, rig.work, args.trigger), stream_ops_engine(rig, worker, kafka)]
+            engines = [e for e in engines if {"plain Spark": "plain", "stream_ops": "stream_ops"}[e.name] in args.engines]
             sentences = make_sentences(args.sentences, args.vocabulary, args.seed)
             expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
             warm = make_sentences(2_000, args.vocabulary, args.seed + 1)
