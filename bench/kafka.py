@@ -319,19 +319,34 @@ class TaskTimelines:
         """Take what the running tasks hold now (older batches drop out of both records)."""
         for runner in self._runners():
             task = runner.task.task_id
-            query = runner.query
-            progress = list(query.recentProgress) if query is not None else []
+            progress = self._new_progress(runner)
             with self._lock:
                 self.kind[task] = "source" if runner.stage.reads_source else "keyed"
                 if runner.stage.reads_source:
                     self.source_task[runner.task.queue] = task
                 self.kafka_shuffle = self.kafka_shuffle or runner.kafka_shuffle is not None
-                for p in progress:
-                    if "addBatch" in (p["durationMs"] or {}):
-                        batch = spark_batch(p)
-                        self.spark[task, batch.txid] = batch
+                for batch in progress:
+                    self.spark[task, batch.txid] = batch
                 for times in runner.stats.recent_batches.snapshot():
                     self.steps[task, times.txid] = times
+
+    def _new_progress(self, runner: TaskRunner) -> list[SparkBatch]:
+        """The runner's batches reported since the last poll, newest first: Spark's recent
+        reports read from the newest back to the first batch already taken, so a poll costs a
+        few calls into the JVM, not one per report held (``recentProgress`` converts them all)."""
+        query = runner.query
+        if query is None:
+            return []
+        reports = query._jsq.recentProgress()
+        out = []
+        for i in range(len(reports) - 1, -1, -1):
+            report = reports[i]
+            txid = int(report.batchId())
+            if (runner.task.task_id, txid) in self.spark:
+                break
+            if report.durationMs().containsKey("addBatch"):  # an idle trigger ran no batch
+                out.append(spark_batch(json.loads(report.json())))
+        return out
 
     def stop(self) -> None:
         """Stop polling, after a last poll (once)."""
@@ -360,8 +375,8 @@ PARTS = (
     ("source shuffle staged", "the shuffle files written and fsynced (step 3)"),
     ("source ZooKeeper commit", "steps 4 + 5"),
     ("source publish", "the shuffle visible downstream (step 6: rename; or the Kafka shuffle transaction)"),
-    ("keyed trigger wait", "shuffle published -> the keyed batch's trigger starts (input wake)"),
-    ("keyed Spark start", "queue offsets, offset log, planning: trigger -> foreachBatch"),
+    ("keyed trigger wait", "shuffle published -> the keyed batch's trigger (input wake: every source task published)"),
+    ("keyed Spark start", "queue offsets (the round wait), offset log, planning: trigger -> foreachBatch"),
     ("keyed read+compute", "partials read and applied to the state (step 2)"),
     ("keyed sink staged", "the sink batch written and fsynced (step 3)"),
     ("state topic append", "step 4"),
