@@ -37,23 +37,8 @@ crash, on storage that honours fsync; files lost anyway stop the task with an er
 (:class:`~stream_ops.errors.CommittedBatchLostError`, :class:`~stream_ops.errors.ReplayError`)
 instead of silently dropping a batch.
 
-Why RocksDB is written after the commit, not overlapped with the state-topic append: the
-local store must never hold a batch the state topic lacks, unless the next start rebuilds it.
-Written after step 5, RocksDB is at most the committed state, so a failure of either write
-costs little: a state-topic append that fails commits nothing and RocksDB is untouched; a
-RocksDB write that fails or is cut short by a crash (a write batch applies whole or not at
-all) leaves the store at an earlier committed marker, which the next start catches up from
-the state-topic tail (:func:`~stream_ops.runtime.task_state.open_task_state`); the running
-task catches it up the same way at once, or fails
-(:class:`~stream_ops.errors.StateStoreBehindError`). Written before or alongside step 4, the
-store could be ahead of the state topic and of ZooKeeper: a crash or a refused commit there
-means a full rebuild at the next start, and state queries would need a copy of every
-overwritten value to stay read-committed. Here they read RocksDB as it is: it never holds an
-uncommitted batch, and a lookup waits for a committed batch's write in flight.
-A lookup never answers from a store behind the committed txid: while that write is slower than
-``commit_wait_s``, is being caught up, or failed for good (and while ZooKeeper is not connected,
-so the task may have a new owner), it refuses with the retryable
-:class:`~stream_ops.errors.StateNotReadyError`.
+Why RocksDB is written after the commit, and why a lookup never answers from a store behind the
+committed txid: ``docs/design.md`` section 5.
 
 A ``print`` sink's records are staged and published like a function sink's batch
 (:mod:`stream_ops.runtime.stage_outputs`): logged after the commit, by the owner that still owns
