@@ -269,8 +269,15 @@ class RunResult:
 
 
 def _batch_progress(progress: Sequence[Any]) -> list[Any]:
-    """Progress reports of triggers that read input."""
+    """Progress reports of plain Spark's triggers that read input."""
     return [p for p in progress if int(p["numInputRows"]) > 0]
+
+
+def _ran_batch(progress: Sequence[Any]) -> list[Any]:
+    """Progress reports of a stream_ops task's triggers that ran a batch (idle triggers have no
+    addBatch). Not ``numInputRows``: Spark counts 0 input rows for a batch stream_ops computes
+    on the driver, since its DataFrame never runs."""
+    return [p for p in progress if "addBatch" in (p["durationMs"] or {})]
 
 
 def _progress_time(p: Any) -> float:
@@ -500,7 +507,7 @@ def run_stream_ops(
         if kind != "source":
             dropped += runner.stats.dead_letters
         if runner.query is not None:
-            with_input = _batch_progress(runner.query.recentProgress)
+            with_input = _ran_batch(runner.query.recentProgress)
             durations[kind].extend(p["durationMs"]["triggerExecution"] for p in with_input)
             if kind == "source" and with_input:
                 first_batch = min(first_batch, _progress_time(with_input[0]))
@@ -521,11 +528,11 @@ def run_stream_ops(
     # the batch's ZooKeeper commit, when its files have been renamed into place)
     commit_times: list[float] = []
     files_with_rows: set[Path] = set()
-    for m in committed_markers(out):
-        files = {out / f for f in m.get("files", [])}
+    for marker in sorted((out / COMMITTED).glob("*t*-x*.json")):  # named <owner>.t<task>-x<txid>.json
+        files = {out / f for f in json.loads(marker.read_text()).get("files", [])}
         if _count_rows(files, cache) > 0:
             files_with_rows |= files
-            commit_times.append((out / COMMITTED / f"t{m['task']:05d}-x{m['txid']:012d}.json").stat().st_mtime)
+            commit_times.append(marker.stat().st_mtime)
     table = pq.read_table([str(f) for f in sorted(files_with_rows)]) if files_with_rows else None
     rows, duplicates = _rows_of(table)
     return RunResult(
