@@ -13,7 +13,7 @@ the orders get a user id no user has, so they come out with nulls for ``name`` a
 Timed, each several times (best and median reported; rows/s from the median):
 
 * (a) ``JoinBolt.execute(window)`` on the prebuilt window list;
-* (b) a new ``TumblingWindow(count=N)``, ``add`` of every record (``now`` is a constant; a count
+* (b) a new ``WindowBuffer`` of ``Tumbling(Records(N))``, ``add`` of every record (``now`` is a constant; a count
   window ignores it), then ``execute`` of the window it closes, so the buffering is included;
 * (c) in the same process, ``local[2]`` (stream_ops' ``create_spark_session`` defaults):
   ``orders.join(users, "user_id"[, "left"]).select(...).collect()`` on DataFrames created once
@@ -51,8 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
-from stream_ops.operators.join_bolt import JoinBolt, TumblingWindow
+from stream_ops.operators.join_bolt import JoinBolt
+from stream_ops.operators.window_buffer import WindowBuffer
 from stream_ops.spark.session import create_spark_session
+from stream_ops.topology.windows import Records, Tumbling, WindowDef
 
 SPARK_MASTER = "local[2]"
 SELECT = "order_id, user_id, amount, name, city"
@@ -244,22 +246,22 @@ def bench_tumbling(data: Data, reps: int, warmup: int) -> Timing:
     count = data.records
 
     def run() -> list[list[Any]]:
-        buffer = TumblingWindow(count=count)
+        buffer = WindowBuffer(WindowDef.build(Tumbling(Records(count))), now=0.0)
         rows: list[list[Any]] = []
         windows = 0
         for stream, record in data.window:
-            for closed in buffer.add(stream, record, 0.0):
+            for closed in buffer.add([(stream, record)], 0.0).windows:
                 rows.extend(bolt.execute(closed))
                 windows += 1
         if windows != 1 or buffer.pending:
             raise SystemExit(
-                f"TumblingWindow(count={count}) closed {windows} windows, {buffer.pending} pending; expected 1 and 0"
+                f"a tumbling window of {count} records closed {windows} windows, {buffer.pending} pending; expected 1 and 0"
             )
         return rows
 
-    check(f"TumblingWindow + execute ({data.how})", run(), data.expected, ordered=True)
+    check(f"WindowBuffer + execute ({data.how})", run(), data.expected, ordered=True)
     seconds, cpu_s, out = timed(run, reps, warmup)
-    return Timing(f"(b) TumblingWindow(count={count}).add + execute", len(out), data.records, seconds, cpu_s)
+    return Timing(f"(b) WindowBuffer(Tumbling(Records({count}))).add + execute", len(out), data.records, seconds, cpu_s)
 
 
 # --- Spark -------------------------------------------------------------------------------
