@@ -408,7 +408,9 @@ def run_size(zookeeper: EmbeddedZooKeeper, home: Path, size: Size, args: Any) ->
         store.ensure_path(ZkPaths.WORKERS)
         for worker_id in WORKERS:
             host, _, port = worker_id.rpartition(":")
-            record = WorkerRecord(worker_id=worker_id, host=host, port=int(port), pid=1, capacity=1000, started_at=time.time())
+            record = WorkerRecord(
+                worker_id=worker_id, host=host, port=int(port), pid=1, capacity=1000, started_at=time.time(), tls=False
+            )
             store.create_json(ZkPaths.worker(worker_id), record.to_json_obj(), ephemeral=True)
         started = time.perf_counter()
         ids = [
