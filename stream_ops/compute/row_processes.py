@@ -197,16 +197,24 @@ class RowProcesses:
                 request, future = slices.waiting.popleft()
                 if slices.waiting:
                     self._turns.append(slices)  # its next slice after the other batches' next ones
-                process = self._all[index]
-                if not process.alive:
-                    logger.warning("row process %d exited (code %s); starting another", process.pid, process.exit_code)
-                    process = self._all[index] = _RowProcess()
+                process = self._replaced_if_dead(index)
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 future.set_result(process.call(request))
             except BaseException as e:  # noqa: BLE001 - handed to the batch's thread, which raises it
                 future.set_exception(e)
+                with self._changed:  # died in the slice: its successor starts now, not at this thread's next slice
+                    if not self._closed:
+                        self._replaced_if_dead(index)
+
+    def _replaced_if_dead(self, index: int) -> _RowProcess:
+        """Process ``index``, started anew if it exited (called holding ``_changed``)."""
+        process = self._all[index]
+        if not process.alive:
+            logger.warning("row process %d exited (code %s); starting another", process.pid, process.exit_code)
+            process = self._all[index] = _RowProcess()
+        return process
 
     @property
     def pids(self) -> list[int]:
