@@ -165,7 +165,8 @@ class ForwardMarker:
     when another writer created it first, reads again. Each version is therefore built on the
     one before it, so the newest holds every recorded txid and a value can only grow (a writer
     that was slow enough to create a number faster writers had passed and collected sees its
-    version is not the newest and merges again). A writer
+    version is not the newest and merges again; a reader that meets such a version reads
+    again). A writer
     that gives its owner ``epoch`` is refused (:meth:`advance` returns None, writing nothing)
     once a higher epoch has written. Older versions are deleted after each write; readers
     that meet a deleted one read again.
@@ -200,9 +201,14 @@ class ForwardMarker:
                 except OSError as e:
                     raise TopicError(f"{self._path(version)}: unreadable marker: {e}") from e
                 parsed = _parse_marker(text)
-                if parsed is not None:
+                if parsed is None:
+                    continue  # not a complete marker (a write cut short by an OS crash): the one before counts
+                # A version is deleted once one two above it exists, and a writer that read an
+                # older one may then create it again: what was read is the version as first
+                # written (on the line of newest versions) only while none two above it exists.
+                if max(self._versions(), default=-1) <= version + 1:
                     return MarkerState(parsed[0], parsed[1], newest)
-                # not a complete marker (a write cut short by an OS crash): the one before counts
+                break  # writers moved on: list again
             else:
                 return MarkerState({}, -1, newest)
         raise TopicError(f"{self.directory}: the marker {self.stem} kept changing while it was read; try again")

@@ -195,6 +195,22 @@ def test_a_writer_slow_enough_to_create_a_collected_version_merges_again(tmp_pat
     assert marker.read().txids == {"fast": 4, "slow": 7}
 
 
+def test_a_reader_never_returns_a_version_a_slow_writer_created_again(tmp_path, monkeypatch):
+    """A reader listed version 2 as the newest; before it opened the file, faster writers made
+    3 and 4 (collecting 2) and a slow writer that had read version 1 created 2 again, built on
+    1. The reader must not answer that: it is older than what version 2 first held."""
+    marker = ForwardMarker(tmp_path, "_m", durable=False)
+    for txid in range(5):
+        marker.advance({"fast": txid})
+    recycled = tmp_path / "_m-v000000000002.json"
+    assert not recycled.exists()
+    recycled.write_text(json.dumps({"epoch": -1, "txids": {"fast": 1, "slow": 7}}))
+    listings = iter([[2]])  # the listing taken while 2 was the newest
+    original = ForwardMarker._versions
+    monkeypatch.setattr(ForwardMarker, "_versions", lambda self: next(listings, None) or original(self))
+    assert marker.read().txids == {"fast": 4}
+
+
 def test_old_versions_and_crashed_writes_go_and_a_version_cut_short_is_not_read(tmp_path):
     marker = ForwardMarker(tmp_path, "_m", durable=False)
     for txid in range(4):
