@@ -19,7 +19,8 @@ decided and a replay of the batch reads the same records.
 
 A range that cannot be read exactly gives None, never other records: records below it gone
 (retention; Spark's ``failOnDataLoss`` decides what that means), a broker that does not answer
-in time, an unexpected offset. The caller then leaves the batch to Spark.
+in time, an unexpected offset. The caller then leaves the batch to Spark, and the partition's
+next batches for :data:`RETRY_AFTER_S`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ SPARK_ISOLATION_DEFAULT = "read_uncommitted"
 
 READ_TIMEOUT_S = 5.0
 """How long a read may go without progress before it gives the range up (to Spark)."""
+RETRY_AFTER_S = 60.0
+"""How long a partition whose read failed is left to Spark before the driver tries again (a
+broker it cannot reach, settings it lacks: no batch should wait for the timeout each time)."""
 _CONSUME_BATCH = 10_000
 _POLL_S = 0.2
 
@@ -72,6 +76,7 @@ class RangeReader:
     def __init__(self, *, timeout_s: float = READ_TIMEOUT_S) -> None:
         self._timeout_s = timeout_s
         self._consumers: dict[tuple[Any, ...], tuple[Any, threading.Lock]] = {}
+        self._failed_until: dict[tuple[Any, ...], float] = {}
         self._lock = threading.Lock()
 
     def read(
@@ -99,6 +104,9 @@ class RangeReader:
             return None
         if start == end:
             return SPARK_KAFKA_SCHEMA.empty_table()
+        key = self._key(bootstrap, topic, partition, isolation_level, dict(config or {}))
+        if time.monotonic() < self._failed_until.get(key, 0.0):
+            return None  # a read failed lately: Spark reads until RETRY_AFTER_S has passed
         consumer, lock = self._consumer(bootstrap, topic, partition, isolation_level, dict(config or {}))
         with lock:
             try:
@@ -110,6 +118,13 @@ class RangeReader:
                     logger.debug("%s-%d: unassign failed: %s", topic, partition, e)
         if messages is None:
             self._drop(bootstrap, topic, partition, isolation_level, dict(config or {}))
+            self._failed_until[key] = time.monotonic() + RETRY_AFTER_S
+            logger.warning(
+                "%s-%d: a batch was not read on the driver (see above); Spark reads its batches for %.0f s",
+                topic,
+                partition,
+                RETRY_AFTER_S,
+            )
             return None
         return _table(messages, topic, partition)
 

@@ -40,6 +40,12 @@ there is none) apply only when the task's checkpoint is new. ``fail_on_data_loss
 ``failOnDataLoss``, on by default) fails the task when records it has not read are gone
 (retention, a deleted topic) rather than skip them silently.
 
+Small batches on the driver: a batch whose offset range (as Spark logged it) spans at most
+``spark.stream_ops.kafkaDriverRecords`` offsets is read by :meth:`KafkaKind.read_offsets` with
+confluent-kafka (:mod:`stream_ops.kafka.range_reader`, the Spark source's ``isolation.level``,
+``client_config`` to reach the brokers) and computed without a Spark job; anything it cannot
+read exactly as Spark does (:mod:`stream_ops.sources.kafka_arrow`) is left to Spark.
+
 Lag: the partition's end offset (read from the broker) less the end offset of the last batch
 of the streaming query in this process that reads the partition.
 """
@@ -169,8 +175,9 @@ def kafka_spec(
             worker's environment when the task starts.
         client_config: librdkafka settings (``security.protocol``, ``sasl.username``,
             ``ssl.ca.location``, ...) for stream_ops' own reads of the topic: its partition
-            count when the plan is built and the end offsets behind the lag; ``env:NAME`` values
-            are read from the environment of the process that reads.
+            count when the plan is built, the end offsets behind the lag and small batches read
+            on the driver (:meth:`KafkaKind.read_offsets`); ``env:NAME`` values are read from
+            the environment of the process that reads.
 
     Raises:
         TopologyDefinitionError: a bad argument.
