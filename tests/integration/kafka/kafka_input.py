@@ -5,10 +5,11 @@ a real broker; and what a consumer with each isolation level reads of it."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stream_ops.kafka.client import client_config
 
@@ -73,3 +74,28 @@ def words(groups: list[tuple[str, list[Sent]]], *, committed_only: bool) -> list
                 continue
             found.extend(json.loads(sent.value)["sentence"].split(" "))
     return found
+
+
+def stable_end(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+    """Partition 0's end offset once every transaction in it is decided: its last stable offset
+    (what a ``read_committed`` reader, and so Spark planning a batch for one, sees as its end)
+    equal to its high watermark. Right after ``commit_transaction`` returns, the markers may
+    not be written yet."""
+    readers = {
+        level: Consumer(client_config(bootstrap, **{"group.id": f"test-end-{level}", "isolation.level": level}))
+        for level in ("read_uncommitted", "read_committed")
+    }
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends = {
+                level: reader.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+                for level, reader in readers.items()
+            }
+            if ends["read_uncommitted"] == ends["read_committed"]:
+                return int(ends["read_committed"])
+            assert time.monotonic() < deadline, f"transactions of {topic} still open: {ends}"
+            time.sleep(0.05)
+    finally:
+        for reader in readers.values():
+            reader.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_input import MIXED, produce, words
+from kafka_input import MIXED, produce, stable_end, words
 from paused_commit import SimulatedCrashError
 
 from stream_ops import Topology
@@ -112,11 +112,7 @@ def _halves(batches: DriverBatches, kafka: EmbeddedKafka) -> tuple[int, int]:
 
 
 def _end(kafka: EmbeddedKafka, topic: str) -> int:
-    from stream_ops.kafka.client import OffsetReader
-
-    marks = OffsetReader().watermarks(kafka.bootstrap_servers, topic, 0, timeout_s=10)
-    assert marks is not None
-    return marks[1]
+    return stable_end(kafka.bootstrap_servers, topic)
 
 
 def test_a_replay_after_a_crash_and_a_redelivered_batch_add_nothing(batches, kafka, monkeypatch):

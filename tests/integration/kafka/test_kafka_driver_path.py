@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_input import MIXED, NOT_UTF8, Sent, produce
+from kafka_input import MIXED, NOT_UTF8, Sent, produce, stable_end
 
-from stream_ops.kafka.client import OffsetReader
 from stream_ops.kafka.embedded import EmbeddedKafka
 
 SCRIPT = Path(__file__).with_name("driver_parity_main.py")
@@ -64,15 +63,14 @@ class ParityRun:
 
     def wait_for_end(self) -> list[dict[str, Any]]:
         """The lines once a batch has read up to the partition's end offset now."""
-        marks = OffsetReader().watermarks(self.kafka.bootstrap_servers, self.topic, 0, timeout_s=10)
-        assert marks is not None
+        end = stable_end(self.kafka.bootstrap_servers, self.topic)
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             lines = self.lines()
-            if any(line["ranges"] and line["ranges"][0][3] >= marks[1] for line in lines) or (marks[1] <= 1 and lines):
+            if any(line["ranges"] and line["ranges"][0][3] >= end for line in lines) or (end <= 1 and lines):
                 return lines
             assert self.proc.poll() is None, f"the query process exited: {self.log.read_text(errors='replace')[-4000:]}"
-            assert time.monotonic() < deadline, f"no batch up to offset {marks[1]}: {lines}"
+            assert time.monotonic() < deadline, f"no batch up to offset {end}: {lines}"
             time.sleep(0.2)
 
     def stop(self) -> None:
