@@ -149,7 +149,11 @@ class RangeReader:
                 logger.info("%s not read on the driver: no progress past offset %d in %.1f s", where, position, self._timeout_s)
                 return None
             before = position
-            for message in consumer.consume(num_messages=_CONSUME_BATCH, timeout=_POLL_S):
+            # consume() waits its whole timeout unless it gets as many messages as asked for: ask
+            # for no more than the range still holds (markers and aborted records leave it short,
+            # and then the partition's end event or a record past the range fills it).
+            wanted = min(_CONSUME_BATCH, end - position)
+            for message in consumer.consume(num_messages=wanted, timeout=_POLL_S):
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
