@@ -1,4 +1,4 @@
-"""A FileTopic source batch read in Arrow on the driver, its SQL operations run as Arrow compute.
+"""A source batch read in Arrow on the driver, its SQL operations run as Arrow compute.
 
 A FileTopic batch's files are known before its callback runs (the file-source log entries its
 offsets span, :mod:`stream_ops.compute.batch_inputs`). Rather than have Spark parse them (Jackson,
@@ -11,6 +11,9 @@ Either part may answer "not sure": a line Spark would mark corrupt or coerce, an
 or a value outside the translated subset (:class:`ArrowRefusal`). The batch then runs in Spark
 exactly as before, so this path never decides what a record means; it only skips the JVM where
 the answer is known to be Spark's own.
+
+A batch read by partition offsets (a Kafka topic's) is read the same way from the offset
+ranges Spark logged for it, by its source kind (:func:`read_offsets_in_arrow`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from stream_ops.arrow_types import ARROW_TYPES
 from stream_ops.compute.sql_arrow import COLLATION_CONF, ArrowSql, compile_arrow_sql
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS
+from stream_ops.sources import OffsetRange, source_kind
 from stream_ops.sources.arrow_json import read_json_lines
 from stream_ops.topology.plan import OperationSpec, StageSpec
 
@@ -41,6 +46,10 @@ class ArrowRefusal(enum.Enum):
     SQL_NOT_TRANSLATED = "its SQL operations have no exact Arrow translation"
     LINES_NEED_SPARK = "its files hold a line only Spark's JSON reader reads as Spark does"
     VALUES_NEED_SPARK = "its values need Spark's SQL operations"
+    RECORDS_NEED_SPARK = (
+        "its offset ranges were not read on the driver exactly as Spark reads them (a key or value only Spark "
+        "reads exactly, records no longer on the brokers, brokers not answering in time)"
+    )
 
 
 def read_in_arrow(files: Sequence[Path], stage: StageSpec, spark: SparkSession) -> pa.Table | ArrowRefusal:
@@ -58,6 +67,31 @@ def read_in_arrow(files: Sequence[Path], stage: StageSpec, spark: SparkSession) 
         return ArrowRefusal.LINES_NEED_SPARK
     if compiled is not None:
         table = compiled.apply(table)
+        if table is None:
+            logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
+            return ArrowRefusal.VALUES_NEED_SPARK
+    return table
+
+
+def read_offsets_in_arrow(ranges: Sequence[OffsetRange], stage: StageSpec, spark: SparkSession) -> pa.Table | ArrowRefusal:
+    """The source batch of the offset ``ranges`` Spark planned for it read on the
+    driver by its source kind (:meth:`~stream_ops.sources.base.SourceKind.read_offsets`), after
+    the stage's SQL operations, or why Spark must compute it instead. The SQL is compiled over
+    the source's scalar fields: an expression using another (Kafka's headers) fails to compile
+    and leaves the batch to Spark."""
+    source = stage.source
+    assert source is not None, f"stage {stage.name} reads no source"
+    sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
+    scalar = {name: typ for name, typ in source.fields.items() if typ in ARROW_TYPES}
+    compiled = _compiled(spark, scalar, sql) if sql else None
+    if sql and compiled is None:
+        return ArrowRefusal.SQL_NOT_TRANSLATED
+    table = source_kind(source.kind).read_offsets(source, ranges)
+    if table is None:
+        logger.debug("stage %s: a batch's offset ranges %s are left to Spark", stage.name, list(ranges))
+        return ArrowRefusal.RECORDS_NEED_SPARK
+    if compiled is not None:
+        table = compiled.apply(table.select(list(scalar)))
         if table is None:
             logger.debug("stage %s: a batch's values need Spark's SQL operations", stage.name)
             return ArrowRefusal.VALUES_NEED_SPARK

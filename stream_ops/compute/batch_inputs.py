@@ -7,6 +7,8 @@ batch's files (:func:`~stream_ops.spark.shuffle_queue.batch_files`). The query's
 wrapped to note them against the batch's DataFrame while it runs: a source batch's files and
 total size (what the path decision weighs, and what the Arrow path reads), a keyed batch's
 Parquet shuffle files (what :func:`~stream_ops.compute.decision.keyed_batch` combines itself).
+A source batch read by partition offsets (Kafka) has its offset ranges noted instead
+(:func:`~stream_ops.spark.checkpoint.batch_offset_ranges`: what the driver path reads).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame
 
-from stream_ops.spark.checkpoint import batch_input_files
+from stream_ops.sources.base import OffsetRange
+from stream_ops.spark.checkpoint import batch_input_files, batch_offset_ranges
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,23 @@ class NotedInput:
     bytes: int
 
 
+@dataclass(frozen=True)
+class NotedOffsets:
+    """The offset ranges of a source batch read by partition offsets, as Spark logged them."""
+
+    ranges: tuple[OffsetRange, ...]
+
+    @property
+    def offsets(self) -> int:
+        """How many offsets the ranges span (at least the batch's records)."""
+        return sum(r.offsets for r in self.ranges)
+
+
 _INPUTS: weakref.WeakKeyDictionary[DataFrame, NotedInput] = weakref.WeakKeyDictionary()
 """The input files of the batch DataFrames a file-source query is handing to its callback."""
+
+_OFFSETS: weakref.WeakKeyDictionary[DataFrame, NotedOffsets] = weakref.WeakKeyDictionary()
+"""The offset ranges of the batch DataFrames an offset-reading source's query is handing to its callback."""
 
 _BATCH_FILES: weakref.WeakKeyDictionary[DataFrame, list[Path]] = weakref.WeakKeyDictionary()
 """The input files of the batch DataFrames a Parquet partials query is handing to its callback."""
@@ -68,16 +86,22 @@ def batch_input(checkpoint_dir: Path, batch_id: int) -> NotedInput | None:
 
 def noting_input_bytes(on_batch: Callable[[DataFrame, int], None], checkpoint_dir: Path) -> Callable[[DataFrame, int], None]:
     """``on_batch`` with each source batch's input files noted while it runs, for
-    :func:`noted_input`."""
+    :func:`noted_input`, or its offset ranges, for :func:`noted_offsets`, when Spark logged
+    offsets rather than files."""
 
     def run(df: DataFrame, batch_id: int) -> None:
         noted = batch_input(checkpoint_dir, batch_id)
         if noted is not None:
             _INPUTS[df] = noted
+        else:
+            ranges = batch_offset_ranges(checkpoint_dir, batch_id)
+            if ranges is not None:
+                _OFFSETS[df] = NotedOffsets(tuple(ranges))
         try:
             on_batch(df, batch_id)
         finally:
             _INPUTS.pop(df, None)
+            _OFFSETS.pop(df, None)
 
     return run
 
@@ -85,6 +109,11 @@ def noting_input_bytes(on_batch: Callable[[DataFrame, int], None], checkpoint_di
 def noted_input(df: DataFrame) -> NotedInput | None:
     """The input files noted for the source batch ``df`` while its callback runs."""
     return _INPUTS.get(df)
+
+
+def noted_offsets(df: DataFrame) -> NotedOffsets | None:
+    """The offset ranges noted for the source batch ``df`` while its callback runs."""
+    return _OFFSETS.get(df)
 
 
 @contextlib.contextmanager

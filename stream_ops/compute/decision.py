@@ -3,8 +3,9 @@
 A source stage's batch takes one of four paths (:class:`ComputePath`), all giving the same
 outputs, partials, dead letters and input count:
 
-1. ``ARROW_ON_DRIVER`` (:mod:`~stream_ops.compute.arrow_on_driver`): its files read in Arrow
-   and its SQL operations run as Arrow compute on the driver, no Spark job;
+1. ``ARROW_ON_DRIVER`` (:mod:`~stream_ops.compute.arrow_on_driver`): its files (or a Kafka
+   batch's offset ranges) read in Arrow and its SQL operations run as Arrow compute on the
+   driver, no Spark job;
 2. ``COLLECT_ON_DRIVER`` (:mod:`~stream_ops.compute.collect_on_driver`): parsed by Spark,
    collected in one job, its Python operations run on the driver;
 3. ``ROW_PROCESSES`` (:mod:`~stream_ops.compute.row_processes`): read in Arrow, its per-record
@@ -33,8 +34,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stream_ops.compute.arrow_on_driver import arrow_batch
-from stream_ops.compute.arrow_read import ArrowRefusal, read_in_arrow, table_batches
-from stream_ops.compute.batch_inputs import noted_batch_files, noted_input
+from stream_ops.compute.arrow_read import ArrowRefusal, read_in_arrow, read_offsets_in_arrow, table_batches
+from stream_ops.compute.batch_inputs import noted_batch_files, noted_input, noted_offsets
 from stream_ops.compute.collect_on_driver import collected_batch
 from stream_ops.compute.in_spark import spark_batch, spark_batch_after_sql
 from stream_ops.compute.jvm_sql import BatchAfterSql, sql_in_jvm, sql_operations, without_failing_rows
@@ -75,7 +76,11 @@ class Reason(enum.Enum):
     )
     WITHIN_DRIVER_LIMIT = "its input is within spark.stream_ops.driverBatchBytes"
     ABOVE_DRIVER_LIMIT = "its input is above spark.stream_ops.driverBatchBytes: Spark's executors work in parallel"
-    INPUT_UNKNOWN = "its input files are not known (not a file source's batch, or not local files)"
+    INPUT_UNKNOWN = "its input is not known (neither a file source's batch of local files nor offset ranges Spark logged)"
+    WITHIN_DRIVER_RECORDS = "its offset ranges span at most spark.stream_ops.kafkaDriverRecords offsets"
+    ABOVE_DRIVER_RECORDS = "its offset ranges span more than spark.stream_ops.kafkaDriverRecords offsets (0: none on the driver)"
+    SOURCE_NOT_OFFSETS_READABLE = "its source kind does not read offset ranges on the driver"
+    DRIVER_READ_REFUSED = "its offset ranges were tried on the driver and given back"
     SOURCE_NOT_ARROW_READABLE = "its source kind is not read in Arrow"
     ABOVE_ARROW_LIMIT = "its input is above spark.stream_ops.arrowBatchBytes"
     FIELDS_NOT_NATIVE = "a source field has a type the Arrow JSON reader does not read as Spark does"
@@ -94,6 +99,8 @@ class PathSettings(Protocol):
 
     def row_processes(self) -> int: ...
 
+    def driver_records(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class BatchFacts:
@@ -107,6 +114,9 @@ class BatchFacts:
     """The caller's choice: True collects the batch to the driver, False computes it in Spark."""
     arrow_refusal: ArrowRefusal | None = None
     """Why the Arrow read gave this batch back, once it was tried."""
+    input_offsets: int | None = None
+    """How many offsets the offset ranges Spark logged for the batch span (a Kafka batch: at
+    least its records), None when they are not known; only for a batch without known files."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,7 @@ class PathChoice:
     not_arrow: Reason | ArrowRefusal | None = None
     """Why the batch is not computed from an Arrow read (None: it is, or the caller chose)."""
     input_bytes: int | None = None
+    input_offsets: int | None = None
     processes: int = 0
     """Local processes of :attr:`ComputePath.ROW_PROCESSES`."""
     group_partials_on_driver: bool = False
@@ -125,7 +136,10 @@ class PathChoice:
     driver rather than by Spark's ``groupBy``."""
 
     def __str__(self) -> str:
-        size = "unknown size" if self.input_bytes is None else f"{self.input_bytes} bytes"
+        if self.input_bytes is not None:
+            size = f"{self.input_bytes} bytes"
+        else:
+            size = "unknown size" if self.input_offsets is None else f"{self.input_offsets} offsets"
         text = f"{self.path.value} ({size}): {self.reason.value}"
         if self.not_arrow is not None:
             text += f"; not from Arrow: {self.not_arrow.value}"
@@ -141,6 +155,10 @@ def choose_path(batch: BatchFacts) -> PathChoice:
     rule needs it):
 
     * the caller's choice (``asked_on_driver``) decides alone;
+    * a batch of offset ranges (``input_offsets``; its files unknown) is read on the driver and
+      computed there in Arrow when its source kind is ``offsets_readable`` (a Kafka topic) and
+      the ranges span at most ``kafkaDriverRecords`` offsets; any other, or one the read gave
+      back (``arrow_refusal``), is computed by Spark;
     * a batch goes to an Arrow read when its input files are known, its source kind is
       ``arrow_readable`` (a FileTopic), its input is within ``arrowBatchBytes`` and every
       source field is read by the Arrow JSON reader as Spark reads it; a stage with per-record
@@ -156,6 +174,8 @@ def choose_path(batch: BatchFacts) -> PathChoice:
     if batch.asked_on_driver is not None:
         path = ComputePath.COLLECT_ON_DRIVER if batch.asked_on_driver else ComputePath.SPARK
         return _in_jvm(batch, path, Reason.ASKED, None)
+    if batch.input_bytes is None and batch.input_offsets is not None:
+        return _offsets_rule(batch)
     if batch.arrow_refusal is not None:
         not_arrow: Reason | ArrowRefusal = batch.arrow_refusal
     else:
@@ -168,6 +188,20 @@ def choose_path(batch: BatchFacts) -> PathChoice:
         return _in_jvm(batch, ComputePath.COLLECT_ON_DRIVER, Reason.WITHIN_DRIVER_LIMIT, not_arrow)
     reason = Reason.INPUT_UNKNOWN if size is None else Reason.ABOVE_DRIVER_LIMIT
     return _in_jvm(batch, ComputePath.SPARK, reason, not_arrow)
+
+
+def _offsets_rule(batch: BatchFacts) -> PathChoice:
+    """The path of a batch known by its offset ranges: read and computed on the driver, or Spark."""
+    source = batch.stage.source
+    if batch.arrow_refusal is not None:
+        return _in_jvm(batch, ComputePath.SPARK, Reason.DRIVER_READ_REFUSED, batch.arrow_refusal)
+    if source is None or not source_kind(source.kind).offsets_readable:
+        reason = Reason.SOURCE_NOT_OFFSETS_READABLE
+        return _in_jvm(batch, ComputePath.SPARK, reason, reason)
+    bound = batch.settings.driver_records()
+    if bound == 0 or batch.input_offsets is None or batch.input_offsets > bound:
+        return _in_jvm(batch, ComputePath.SPARK, Reason.ABOVE_DRIVER_RECORDS, Reason.ABOVE_DRIVER_RECORDS)
+    return PathChoice(ComputePath.ARROW_ON_DRIVER, Reason.WITHIN_DRIVER_RECORDS, input_offsets=batch.input_offsets)
 
 
 def _arrow_rule(batch: BatchFacts) -> PathChoice | Reason:
@@ -200,7 +234,7 @@ def _in_jvm(batch: BatchFacts, path: ComputePath, reason: Reason, not_arrow: Rea
         and size is not None
         and size <= batch.settings.arrow_batch_bytes()
     )
-    return PathChoice(path, reason, not_arrow, size, group_partials_on_driver=grouped)
+    return PathChoice(path, reason, not_arrow, size, batch.input_offsets, group_partials_on_driver=grouped)
 
 
 def _runs_per_record(stage: StageSpec) -> bool:
@@ -220,16 +254,26 @@ class BatchPath:
 
 def batch_path(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None) -> BatchPath:
     """The path of the source batch ``df`` and why (:func:`choose_path` over its noted input
-    and its session's settings), reading it in Arrow when the rules send it there; a batch the
-    read gives back is decided again, knowing why."""
+    or offset ranges and its session's settings), reading it in Arrow when the rules send it
+    there; a batch the read gives back is decided again, knowing why."""
     noted = noted_input(df)
+    offsets = noted_offsets(df) if noted is None else None
     spark = df.sparkSession
-    facts = BatchFacts(stage, noted.bytes if noted is not None else None, SessionSettings(spark), asked_on_driver=on_driver)
+    facts = BatchFacts(
+        stage,
+        noted.bytes if noted is not None else None,
+        SessionSettings(spark),
+        asked_on_driver=on_driver,
+        input_offsets=offsets.offsets if offsets is not None else None,
+    )
     choice = choose_path(facts)
     if choice.path not in (ComputePath.ARROW_ON_DRIVER, ComputePath.ROW_PROCESSES):
         return BatchPath(choice, None)
-    assert noted is not None
-    read = read_in_arrow(noted.files, stage, spark)
+    if noted is not None:
+        read = read_in_arrow(noted.files, stage, spark)
+    else:
+        assert offsets is not None
+        read = read_offsets_in_arrow(offsets.ranges, stage, spark)
     if isinstance(read, ArrowRefusal):
         return BatchPath(choose_path(dataclasses.replace(facts, arrow_refusal=read)), None)
     return BatchPath(choice, read)

@@ -25,6 +25,15 @@ batch read in Arrow that is above :data:`DRIVER_BATCH_BYTES_CONF`; 0 leaves such
 Spark. Unset: the cores of a local master (``local[N]``), else 0 (a cluster's executors have
 more cores than the driver's machine)."""
 
+DRIVER_RECORDS_CONF = "spark.stream_ops.kafkaDriverRecords"
+"""Spark setting: the most offsets a source batch read by partition offsets (a Kafka topic's
+batch: the offset range Spark planned for it) may span to be read and computed on the driver
+rather than by a Spark job; 0 turns that path off."""
+DEFAULT_DRIVER_RECORDS = 50_000
+"""Its value when the session does not set it: a Spark job costs a Kafka batch ~0.3-0.4 s
+whatever its size on ``local[2]``, and the driver reads and counts a small batch in a fraction
+of that (docs/benchmarks.md, Kafka row)."""
+
 MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 """Spark's bound on the rows of one Arrow batch given to ``mapInArrow``; the Arrow path gives
 the stage's batch functions batches of the same size."""
@@ -48,6 +57,16 @@ def driver_batch_bytes(spark: SparkSession) -> int:
 def arrow_batch_bytes(spark: SparkSession) -> int:
     """The session's :data:`ARROW_BATCH_BYTES_CONF` (:func:`bytes_setting`)."""
     return bytes_setting(spark, ARROW_BATCH_BYTES_CONF, DEFAULT_ARROW_BATCH_BYTES)
+
+
+def driver_records(spark: SparkSession) -> int:
+    """The session's :data:`DRIVER_RECORDS_CONF`.
+
+    Raises:
+        ConfigError: the setting is not a whole number of records.
+    """
+    value = whole_number_setting(spark, DRIVER_RECORDS_CONF, meaning="a number of records (0 turns it off)")
+    return DEFAULT_DRIVER_RECORDS if value is None else value
 
 
 def row_processes_setting(spark: SparkSession) -> int:
@@ -83,3 +102,6 @@ class SessionSettings:
 
     def row_processes(self) -> int:
         return row_processes_setting(self._spark)
+
+    def driver_records(self) -> int:
+        return driver_records(self._spark)

@@ -9,6 +9,7 @@ source is a module with its kind and definition object, plus a line below regist
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
     SCALAR_TYPES,
+    OffsetRange,
     PartitionLagWatch,
     SchemaArg,
     SourceAsset,
@@ -43,6 +44,7 @@ __all__ = [
     "KafkaKind",
     "KafkaTopic",
     "LandedFilesKind",
+    "OffsetRange",
     "ParquetFiles",
     "PartitionLagWatch",
     "RateKind",

@@ -103,12 +103,21 @@ def read_json_lines(paths: Sequence[Path], fields: Mapping[str, str]) -> pa.Tabl
     if not native_fields(fields):
         _refuse("a field type outside %s", sorted(NATIVE_TYPES))
         return None
-    schema = pa.schema([(name, ARROW_TYPES[typ]) for name, typ in fields.items()])
     # One buffer, files separated by a newline: a file without a final newline cannot run into
     # the next one, and the blank lines this adds are skipped by both parsers.
     contents = [Path(path).read_bytes() for path in paths]
     data = contents[0] if len(contents) == 1 else b"\n".join(contents)
     del contents  # the joined copy is all that is needed from here
+    return read_json_bytes(data, fields)
+
+
+def read_json_bytes(data: bytes, fields: Mapping[str, str]) -> pa.Table | None:
+    """The records of the JSON lines ``data`` as Spark's JSON reader gives them (one per
+    non-empty line), or None when Spark must parse them (as :func:`read_json_lines`)."""
+    if not native_fields(fields):
+        _refuse("a field type outside %s", sorted(NATIVE_TYPES))
+        return None
+    schema = pa.schema([(name, ARROW_TYPES[typ]) for name, typ in fields.items()])
     lines = _check_lines(data)
     if isinstance(lines, str):
         _refuse("%s", lines)

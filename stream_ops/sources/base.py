@@ -27,6 +27,7 @@ from stream_ops.helpers.field_paths import SCALAR_TYPES
 from stream_ops.registry import Registry
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 CORRUPT_COLUMN = "_corrupt_record"
@@ -142,6 +143,30 @@ class SourceLag:
 
 
 @dataclass(frozen=True)
+class OffsetRange:
+    """The records one batch reads of one partition: offsets ``start`` up to ``end`` (excluded),
+    as Spark planned them (the end offsets it logged for the previous batch and for this one).
+
+    Attributes:
+        topic: the topic.
+        partition: the partition.
+        start: the first offset of the batch (the previous batch's end).
+        end: the offset after the batch's last (this batch's end).
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def offsets(self) -> int:
+        """How many offsets the range spans: at most that many records (transaction markers and
+        aborted records take offsets too)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
 class SourceAsset:
     """How a source describes the input it reads to Dagster: the external asset every topology
     reading that input shares (the translator adds its key prefix and group).
@@ -204,12 +229,16 @@ class SourceKind(ABC):
         arrow_readable: whether a batch's input is JSON-lines files that Spark's PERMISSIVE
             JSON reader reads against the source's fields, so the Arrow fast path
             (:mod:`stream_ops.compute.arrow_read`) may parse them on the driver.
+        offsets_readable: whether :meth:`read_offsets` reads a batch's offset ranges (as Spark
+            logged them) on the driver, giving exactly the rows :meth:`read_stream` gives for
+            them, so a small batch may be computed on the driver without a Spark job.
     """
 
     name: str
     supports_corrupt_column: bool = False
     asset_kinds: frozenset[str] = frozenset()
     arrow_readable: bool = False
+    offsets_readable: bool = False
 
     @abstractmethod
     def read_stream(
@@ -283,6 +312,19 @@ class SourceKind(ABC):
         """What the ``consumer_lag`` check reads for ``spec``; None (the default): no check, the
         stream asset's lag (:meth:`lag`) is all there is."""
         return None
+
+    def read_offsets(self, spec: SourceSpec, ranges: Sequence[OffsetRange]) -> pa.Table | None:
+        """The rows of the batch over ``ranges`` (the offset ranges Spark planned for it, in
+        the task's checkpoint), read on the driver: exactly the rows :meth:`read_stream` gives for that batch,
+        with the columns of ``spec.fields`` (in order, typed as the Arrow path types them; no
+        :data:`CORRUPT_COLUMN`), or None when they cannot be read or built here exactly as Spark
+        reads them (the batch is then left to Spark). Only kinds that are ``offsets_readable``
+        read offsets.
+
+        Raises:
+            SourceError: this kind does not read offset ranges on the driver.
+        """
+        raise SourceError(f"a {self.name} source does not read offset ranges on the driver")
 
     def columns(self, spec: SourceSpec) -> dict[str, str]:
         """Column -> Spark type of :meth:`read_stream`'s DataFrame."""

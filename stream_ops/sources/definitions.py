@@ -145,7 +145,8 @@ class KafkaTopic:
             ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.config":
             "env:KAFKA_JAAS"}``), passed as ``kafka.<name>``; ``env:NAME`` values are read from
             the worker's environment.
-        client_config: librdkafka settings for stream_ops' own reads (partition count, lag),
+        client_config: librdkafka settings for stream_ops' own reads (partition count, lag, small
+            batches read on the driver),
             e.g. ``{"security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password":
             "env:KAFKA_PASSWORD"}``.
 

@@ -40,6 +40,12 @@ there is none) apply only when the task's checkpoint is new. ``fail_on_data_loss
 ``failOnDataLoss``, on by default) fails the task when records it has not read are gone
 (retention, a deleted topic) rather than skip them silently.
 
+Small batches on the driver: a batch whose offset range (as Spark logged it) spans at most
+``spark.stream_ops.kafkaDriverRecords`` offsets is read by :meth:`KafkaKind.read_offsets` with
+confluent-kafka (:mod:`stream_ops.kafka.range_reader`, the Spark source's ``isolation.level``,
+``client_config`` to reach the brokers) and computed without a Spark job; anything it cannot
+read exactly as Spark does (:mod:`stream_ops.sources.kafka_arrow`) is left to Spark.
+
 Lag: the partition's end offset (read from the broker) less the end offset of the last batch
 of the streaming query in this process that reads the partition.
 """
@@ -50,7 +56,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +64,10 @@ from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import KafkaServerError, SourceError, TopologyDefinitionError
 from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.client import OffsetReader, partition_count, resolve_env_settings
+from stream_ops.kafka.range_reader import SPARK_ISOLATION_DEFAULT, RangeReader
 from stream_ops.sources.base import (
     CORRUPT_COLUMN,
+    OffsetRange,
     PartitionLagWatch,
     SchemaArg,
     SourceAsset,
@@ -70,6 +78,7 @@ from stream_ops.sources.base import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
 logger = logging.getLogger(__name__)
@@ -166,8 +175,9 @@ def kafka_spec(
             worker's environment when the task starts.
         client_config: librdkafka settings (``security.protocol``, ``sasl.username``,
             ``ssl.ca.location``, ...) for stream_ops' own reads of the topic: its partition
-            count when the plan is built and the end offsets behind the lag; ``env:NAME`` values
-            are read from the environment of the process that reads.
+            count when the plan is built, the end offsets behind the lag and small batches read
+            on the driver (:meth:`KafkaKind.read_offsets`); ``env:NAME`` values are read from
+            the environment of the process that reads.
 
     Raises:
         TopologyDefinitionError: a bad argument.
@@ -230,9 +240,11 @@ class KafkaKind(SourceKind):
     name = KIND
     supports_corrupt_column = True
     asset_kinds = frozenset({"kafka"})
+    offsets_readable = True
 
     def __init__(self) -> None:
         self._offsets = OffsetReader()
+        self._ranges = RangeReader()
         self._sessions: list[SparkSession] = []
         self._progress: dict[tuple[str, int], list[int]] = {}
         self._progress_at = 0.0
@@ -335,6 +347,42 @@ class KafkaKind(SourceKind):
             *[F.col("_parsed").getField(name).alias(name) for name in value_fields],
             *[F.col(name) for name in METADATA_FIELDS],
             corrupt.alias(CORRUPT_COLUMN),
+        )
+
+    def read_offsets(self, spec: SourceSpec, ranges: Sequence[OffsetRange]) -> pa.Table | None:
+        """The batch over ``ranges`` (one partition of the topic: a task's) read on the driver with confluent-kafka
+        (:mod:`stream_ops.kafka.range_reader`: the Spark source's isolation level, the spec's
+        ``client_config`` to reach the brokers) and turned into the source's fields as
+        :meth:`read_stream` turns Spark's rows (:mod:`stream_ops.sources.kafka_arrow`); None when
+        that is not exactly what Spark would read (the batch is then Spark's to read)."""
+        from stream_ops.sources.kafka_arrow import source_table
+
+        options = self._options(spec)
+        topic = str(options["topic"])
+        if len(ranges) != 1 or ranges[0].topic != topic:
+            logger.warning("a Kafka batch of topic %s: Spark logged the offsets of %s", topic, list(ranges))
+            return None
+        span = ranges[0]
+        self.check_spec(spec, span.partition)
+        queue = span.partition
+        try:
+            spark_settings = self._settings(spec, "spark_options")
+            config = self._settings(spec, "client_config")
+        except SourceError as e:
+            logger.info("Kafka batch of %s-%d left to Spark: %s", topic, queue, e)
+            return None
+        isolation = spark_settings.get("isolation.level", SPARK_ISOLATION_DEFAULT)
+        raw = self._ranges.read(
+            str(options["bootstrap"]), topic, queue, span.start, span.end, isolation_level=isolation, config=config
+        )
+        if raw is None:
+            return None
+        return source_table(
+            raw,
+            spec.fields,
+            METADATA_FIELDS,
+            fmt=str(options.get("format", "json")),
+            encoding=str(options.get("encoding", "utf8")),
         )
 
     def queue_dir(self, spec: SourceSpec, queue: int) -> Path | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_ops.coordination.records import BatchInput
+from stream_ops.sources.base import OffsetRange
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,46 @@ def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
         except json.JSONDecodeError:
             offsets.append(line)
     return offsets
+
+
+def batch_offset_ranges(checkpoint_dir: Path, batch_id: int) -> list[OffsetRange] | None:
+    """The offset ranges Spark planned for ``batch_id`` of a query reading one source by
+    partition offsets (Kafka): per partition, from the end offset logged for ``batch_id - 1``
+    up to the one logged for ``batch_id`` (the range the task's commit fingerprints,
+    :func:`batch_input`), so a replay of the batch gets the same ranges.
+
+    None when they are not known exactly: batch 0 (its start is the query's starting offsets),
+    an entry missing, not one source's ``{"<topic>": {"<partition>": offset}}``, partitions
+    that differ between the two entries or an end below its start.
+    """
+    if batch_id < 1:
+        return None
+    start, end = _partition_offsets(checkpoint_dir, batch_id - 1), _partition_offsets(checkpoint_dir, batch_id)
+    if start is None or end is None or set(start) != set(end):
+        return None
+    ranges = [
+        OffsetRange(topic, partition, start[(topic, partition)], until) for (topic, partition), until in sorted(end.items())
+    ]
+    if any(r.end < r.start for r in ranges):
+        logger.warning("checkpoint %s: batch %d ends below its start: %s", checkpoint_dir, batch_id, ranges)
+        return None
+    return ranges
+
+
+def _partition_offsets(checkpoint_dir: Path, batch_id: int) -> dict[tuple[str, int], int] | None:
+    """(topic, partition) -> offset of the one source Spark logged for ``batch_id``, or None."""
+    offsets = batch_offsets(checkpoint_dir, batch_id)
+    if len(offsets) != 1 or not isinstance(offsets[0], dict) or not offsets[0]:
+        return None
+    found: dict[tuple[str, int], int] = {}
+    for topic, partitions in offsets[0].items():
+        if not isinstance(partitions, dict) or not partitions:
+            return None
+        for partition, offset in partitions.items():
+            if not (isinstance(partition, str) and partition.isdigit()) or not isinstance(offset, int) or offset < 0:
+                return None
+            found[(str(topic), int(partition))] = offset
+    return found
 
 
 def batch_input_files(checkpoint_dir: Path, batch_id: int) -> list[str] | None:

@@ -15,7 +15,7 @@ from stream_ops.compute.arrow_read import ArrowRefusal
 from stream_ops.compute.decision import BatchFacts, ComputePath, PathChoice, Reason, choose_path
 from stream_ops.dsl.build_plan import build_plan
 from stream_ops.examples.wordcount import build_wordcount, split
-from stream_ops.sources.definitions import RateSource
+from stream_ops.sources.definitions import KafkaTopic, RateSource
 from stream_ops.topology.plan import StageSpec
 
 KB = 1 << 10
@@ -28,6 +28,7 @@ class Limits:
     arrow: int = 128 * KB
     driver: int = 1 * KB
     processes: int = 2
+    records: int = 50_000
     read: list[str] = field(default_factory=list)
 
     def arrow_batch_bytes(self) -> int:
@@ -41,6 +42,10 @@ class Limits:
     def row_processes(self) -> int:
         self.read.append("processes")
         return self.processes
+
+    def driver_records(self) -> int:
+        self.read.append("records")
+        return self.records
 
 
 def _wordcount(split_with: str) -> StageSpec:
@@ -172,3 +177,67 @@ def test_limits_are_inclusive() -> None:
     assert _decide(_wordcount("row"), 1 * KB + 1, Limits()).path is ComputePath.ROW_PROCESSES
     refused = ArrowRefusal.LINES_NEED_SPARK
     assert _decide(_wordcount("row"), 1 * KB, Limits(), arrow_refusal=refused).path is ComputePath.COLLECT_ON_DRIVER
+
+
+# --- batches known by their offset ranges (a Kafka topic's) ----------------------------------
+
+
+def _kafka_count() -> StageSpec:
+    topology = Topology("kafka_words")
+    sentences = topology.source("sentences", KafkaTopic("127.0.0.1:9", "sentences", partitions=2), schema={"sentence": "string"})
+    words = sentences.select_expr("explode(split(sentence, ' ')) AS word")
+    words.group_by("word").persistent_aggregate(Count(), out="n", state=OpaqueMapState)
+    return build_plan(topology).stage(0)
+
+
+def test_a_small_kafka_batch_is_read_and_computed_on_the_driver() -> None:
+    limits = Limits(records=1_000)
+    choice = _decide(_kafka_count(), None, limits, input_offsets=1_000)
+    assert (choice.path, choice.reason, choice.not_arrow, choice.input_offsets) == (
+        ComputePath.ARROW_ON_DRIVER,
+        Reason.WITHIN_DRIVER_RECORDS,
+        None,
+        1_000,
+    )
+    assert limits.read == ["records"], "only the record bound is read: bytes do not apply"
+    assert "1000 offsets" in str(choice)
+
+
+def test_a_kafka_batch_above_the_record_bound_goes_to_spark() -> None:
+    choice = _decide(_kafka_count(), None, Limits(records=1_000), input_offsets=1_001)
+    assert (choice.path, choice.reason, choice.not_arrow) == (
+        ComputePath.SPARK,
+        Reason.ABOVE_DRIVER_RECORDS,
+        Reason.ABOVE_DRIVER_RECORDS,
+    )
+    assert not choice.group_partials_on_driver
+
+
+def test_a_record_bound_of_zero_sends_every_kafka_batch_to_spark() -> None:
+    for offsets in (0, 1):
+        choice = _decide(_kafka_count(), None, Limits(records=0), input_offsets=offsets)
+        assert (choice.path, choice.reason) == (ComputePath.SPARK, Reason.ABOVE_DRIVER_RECORDS)
+
+
+def test_an_empty_kafka_batch_within_the_bound_takes_the_driver() -> None:
+    assert _decide(_kafka_count(), None, Limits(), input_offsets=0).path is ComputePath.ARROW_ON_DRIVER
+
+
+def test_a_kafka_batch_the_driver_read_gives_back_goes_to_spark_saying_why() -> None:
+    refused = ArrowRefusal.RECORDS_NEED_SPARK
+    limits = Limits()
+    choice = _decide(_kafka_count(), None, limits, input_offsets=10, arrow_refusal=refused)
+    assert (choice.path, choice.reason, choice.not_arrow) == (ComputePath.SPARK, Reason.DRIVER_READ_REFUSED, refused)
+    assert refused.value in str(choice)
+
+
+def test_offsets_of_a_source_kind_that_cannot_read_them_go_to_spark() -> None:
+    choice = _decide(_rate_count(), None, Limits(), input_offsets=10)
+    assert (choice.path, choice.reason) == (ComputePath.SPARK, Reason.SOURCE_NOT_OFFSETS_READABLE)
+
+
+def test_a_kafka_batch_without_logged_offsets_is_input_unknown_and_the_callers_choice_still_decides() -> None:
+    unknown = _decide(_kafka_count(), None, Limits())
+    assert (unknown.path, unknown.reason) == (ComputePath.SPARK, Reason.INPUT_UNKNOWN)
+    asked = _decide(_kafka_count(), None, Limits(), input_offsets=10, asked_on_driver=False)
+    assert (asked.path, asked.reason) == (ComputePath.SPARK, Reason.ASKED)

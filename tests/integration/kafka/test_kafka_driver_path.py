@@ -1,0 +1,165 @@
+"""A small Kafka source batch read and computed on the driver gives exactly Spark's result for
+the same batch, on a real broker and real Spark with its Kafka connector.
+
+Each run is a source stage's streaming query in a process of its own
+(``driver_parity_main.py``) computing every batch on the path
+:func:`~stream_ops.compute.decision.choose_path` picks and with Spark, and comparing the rows the
+driver read for the batch's offset range with the rows of Spark's batch. The input mixes plain
+records, committed and aborted transactions (so control markers), null keys and values, an
+empty key, headers, and keys and values that are not UTF-8; batches split anywhere in it
+(``maxOffsetsPerTrigger``), with both isolation levels; and a batch above
+``spark.stream_ops.kafkaDriverRecords`` goes to Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka_input import MIXED, NOT_UTF8, Sent, produce, stable_end
+
+from stream_ops.kafka.embedded import EmbeddedKafka
+
+SCRIPT = Path(__file__).with_name("driver_parity_main.py")
+TIMEOUT_S = 180.0
+REPO = Path(__file__).resolve().parents[3]
+
+
+class ParityRun:
+    """``driver_parity_main.py`` over one topic; its per-batch lines."""
+
+    def __init__(self, tmp_path: Path, kafka: EmbeddedKafka, topic: str, *extra: str) -> None:
+        self.kafka, self.topic = kafka, topic
+        self.out, self.stop_file, self.log = tmp_path / "batches.jsonl", tmp_path / "stop", tmp_path / "parity.log"
+        command = [
+            sys.executable,
+            str(SCRIPT),
+            "--bootstrap",
+            kafka.bootstrap_servers,
+            "--topic",
+            topic,
+            "--checkpoint",
+            str(tmp_path / "checkpoint"),
+            "--out",
+            str(self.out),
+            "--stop",
+            str(self.stop_file),
+            *extra,
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def wait_for_end(self) -> list[dict[str, Any]]:
+        """The lines once a batch has read up to the partition's end offset now."""
+        end = stable_end(self.kafka.bootstrap_servers, self.topic)
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            lines = self.lines()
+            if any(line["ranges"] and line["ranges"][0][3] >= end for line in lines) or (end <= 1 and lines):
+                return lines
+            assert self.proc.poll() is None, f"the query process exited: {self.log.read_text(errors='replace')[-4000:]}"
+            assert time.monotonic() < deadline, f"no batch up to offset {end}: {lines}"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stop_file.touch()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        assert self.proc.returncode == 0, self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def run(tmp_path, kafka, topic_name, connector_jars):
+    runs: list[ParityRun] = []
+
+    def start(*extra: str) -> ParityRun:
+        kafka.ensure_topic(topic_name, partitions=1)
+        found = ParityRun(tmp_path, kafka, topic_name, *extra)
+        runs.append(found)
+        return found
+
+    yield start
+    for found in runs:
+        if found.proc.poll() is None:
+            found.stop_file.touch()
+            found.proc.wait(60)
+
+
+def _assert_same_as_spark(lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        assert line["chosen"] == line["spark"], line
+        if line["path"] == "ARROW_ON_DRIVER":
+            assert line["rows_equal"] is True, line
+            assert not line["spark_corrupt"], line
+        if line["rows_equal"] is not None:
+            assert line["rows_equal"], line
+
+
+def _driver_batches(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [line for line in lines if line["path"] == "ARROW_ON_DRIVER" and line["spark_rows"] > 0]
+
+
+def test_driver_batches_equal_sparks_read_uncommitted_with_aborted_records_and_bad_utf8(run, kafka, topic_name):
+    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b'{"sentence":"first"}')])])
+    parity = run()
+    first = parity.wait_for_end()
+    assert first[0]["reason"] == "INPUT_UNKNOWN", "batch 0 starts at the query's starting offsets: Spark"
+    produce(kafka.bootstrap_servers, topic_name, MIXED)
+    lines = parity.wait_for_end()
+    driver = _driver_batches(lines)
+    assert driver, f"no batch of the mixed input took the driver: {lines}"
+    assert any("never" in json.dumps(line["chosen"]) for line in driver), "read_uncommitted reads the aborted records"
+    produce(kafka.bootstrap_servers, topic_name, NOT_UTF8)
+    lines = parity.wait_for_end()
+    parity.stop()
+    refused = [line for line in lines if line["reason"] == "DRIVER_READ_REFUSED"]
+    assert refused and all(line["not_arrow"] == "RECORDS_NEED_SPARK" for line in refused), lines
+    assert any(line["spark_corrupt"] for line in refused), "the value that is no JSON: a dead letter, from Spark"
+    _assert_same_as_spark(lines)
+
+
+def test_driver_batches_equal_sparks_read_committed_split_anywhere(run, kafka, topic_name):
+    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b'{"sentence":"first"}')])])
+    parity = run("--isolation", "read_committed", "--max-offsets", "2")
+    parity.wait_for_end()
+    produce(kafka.bootstrap_servers, topic_name, MIXED)
+    lines = parity.wait_for_end()
+    parity.stop()
+    _assert_same_as_spark(lines)
+    later = [line for line in lines if line["batch"] > 0]
+    assert later and all(line["path"] == "ARROW_ON_DRIVER" for line in later), lines
+    assert not any("never" in json.dumps(line["chosen"]) for line in lines), "read_committed skips the aborted records"
+    assert any(line["spark_rows"] == 0 and line["ranges"][0][3] > line["ranges"][0][2] for line in later), (
+        "a batch of markers or aborted records only (none read)"
+    )
+
+
+def test_raw_base64_batches_equal_sparks_and_a_batch_above_the_bound_goes_to_spark(run, kafka, topic_name):
+    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b"first")])])
+    parity = run("--format", "raw", "--encoding", "base64", "--driver-records", "10")
+    parity.wait_for_end()
+    produce(kafka.bootstrap_servers, topic_name, [*NOT_UTF8, ("plain", [Sent(None, None), Sent(b"", b"")])])
+    small = parity.wait_for_end()
+    assert _driver_batches(small), f"bytes that are not UTF-8 read on the driver in base64: {small}"
+    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k", f"v{i % 3}".encode()) for i in range(30)])])
+    lines = parity.wait_for_end()
+    parity.stop()
+    _assert_same_as_spark(lines)
+    above = [line for line in lines if line["ranges"] and line["ranges"][0][3] - line["ranges"][0][2] > 10]
+    assert above, f"no batch of more than 10 offsets: {lines}"
+    assert all((line["path"], line["reason"]) == ("SPARK", "ABOVE_DRIVER_RECORDS") for line in above), above
