@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -58,6 +59,58 @@ class CommitWatch:
 
     def close(self) -> None:
         self._stopped = True  # each watch is dropped the next time it fires
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: Path) -> list[str]:
+    """The fields of a ``/proc/.../stat`` file after the command name (field 3 first), [] when gone."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_cpu_s(pid: int, *, reaped_children: bool = True) -> float:
+    """CPU seconds (user + system, all threads) of a live process so far, with those of its
+    children it has waited for when ``reaped_children`` (0.0 once it is gone)."""
+    fields = _stat(Path(f"/proc/{pid}/stat"))
+    if not fields:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / _CLOCK_TICKS
+
+
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) of a thread of this process so far (0.0 once it is gone)."""
+    fields = _stat(Path(f"/proc/self/task/{tid}/stat"))
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS if fields else 0.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from the parent pids in ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(entry / "stat")
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its descendants, live ones and those already reaped (a
+    process that ended between two samples is counted in its parent's reaped-children times)."""
+    return sum(process_cpu_s(p) for p in process_tree(pid))
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
