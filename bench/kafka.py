@@ -107,19 +107,19 @@ from stream_ops.sources import KafkaTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # the benchmarks' shared rig
+    IN_PROCESS,
     SPARK_MASTER,
     BenchRig,
+    CpuUse,
+    Processes,
     WorkerThread,
-    process_cpu_s,
-    tree_cpu_s,
+    cpu_use,
     wait_until,
 )
 from kafka_streams_peer import KafkaStreamsPeer, PeerBuildError, build  # the Kafka Streams peer
 from wordcount import make_sentences  # the word count's input
 
 PARTITIONS = 2
-IN_PROCESS = ("bench", "spark")
-"""The CPU parts of the engines that run in this process and its SparkSession (:class:`Processes`)."""
 QUICK = {"sentences": 20_000, "duration": 15.0, "warmup": 3.0}
 """``--quick``: the sizes of a run of a few minutes."""
 FULL = {"sentences": 200_000, "duration": 30.0, "warmup": 5.0}
@@ -207,58 +207,6 @@ def _count_of(value: bytes) -> int:
 
 
 # --- the two engines ---------------------------------------------------------------------------
-
-
-@dataclass
-class Processes:
-    """The processes whose CPU the benchmark reads, by part: ``bench`` (this process: its own
-    threads only, the broker and ZooKeeper being its children too), ``spark`` (the SparkSession's
-    JVM with the Python workers it starts, live and reaped), ``kafka-streams`` (the peer's JVM),
-    ``broker`` and ``zookeeper``."""
-
-    spark_jvm: int
-    broker: int
-    zookeeper: int
-    kafka_streams: int | None = None
-
-    def sample(self) -> dict[str, float]:
-        """CPU seconds of each part so far."""
-        return {
-            "bench": process_cpu_s(os.getpid(), reaped_children=False),
-            "spark": tree_cpu_s(self.spark_jvm),
-            "kafka-streams": process_cpu_s(self.kafka_streams) if self.kafka_streams is not None else 0.0,
-            "broker": tree_cpu_s(self.broker),
-            "zookeeper": tree_cpu_s(self.zookeeper),
-        }
-
-
-@dataclass(frozen=True)
-class CpuUse:
-    """CPU seconds over one phase of a run.
-
-    Attributes:
-        engine_s: the engine's processes (:attr:`Engine.cpu_parts`); for an engine in this
-            process, less the harness's own Python threads (``harness_s``).
-        harness_s: the harness's Python threads in this process over the phase (the output
-            reader's loop, the load loop, the probe breakdown's poller); subtracted from an
-            in-process engine's CPU, reported for every engine.
-        broker_s: the Kafka broker.
-        zookeeper_s: ZooKeeper (stream_ops' coordination; idle for the others).
-    """
-
-    engine_s: float
-    harness_s: float
-    broker_s: float
-    zookeeper_s: float
-
-
-def cpu_use(engine: Engine, before: dict[str, float], after: dict[str, float], harness_s: float) -> CpuUse:
-    """The phase's :class:`CpuUse` from two :meth:`Processes.sample` results."""
-    spent = {part: after[part] - before[part] for part in after}
-    engine_s = sum(spent[part] for part in engine.cpu_parts)
-    if "bench" in engine.cpu_parts:
-        engine_s -= harness_s
-    return CpuUse(engine_s, harness_s, spent["broker"], spent["zookeeper"])
 
 
 @dataclass
@@ -649,7 +597,7 @@ def run_throughput(
                 f"{engine.name} ({tag}): counts did not reach the ground truth in {timeout_s:.0f} s: {len(wrong)} differ"
             )
         seconds = time.monotonic() - started
-        cpu = cpu_use(engine, cpu_before, processes.sample(), reader.thread_cpu_s - reader_before)
+        cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), reader.thread_cpu_s - reader_before)
         return Throughput(engine.name, seconds, len(sentences), sum(expected.values()), reader.messages, cpu)
     finally:
         engine.stop()
@@ -721,7 +669,7 @@ def run_latency(
         harness_s = time.thread_time() - main_before + reader.thread_cpu_s - reader_before
         if timelines is not None:
             harness_s += timelines.thread_cpu_s - timelines_before
-        result.cpu = cpu_use(engine, cpu_before, processes.sample(), harness_s)
+        result.cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), harness_s)
         wait_until(lambda: all(reader.arrival(w) is not None for w in sent), timeout_s, interval_s=0.1)
         counted: list[tuple[float, int, int | None, Seen]] = []
         for word, (at, partition) in sent.items():
