@@ -153,12 +153,16 @@ class CpuUse:
             from an in-process engine's CPU, reported for every engine.
         broker_s: the Kafka broker.
         zookeeper_s: ZooKeeper (stream_ops' coordination; idle for the others).
+        process_s: this process's threads less ``harness_s``: for an engine in another
+            process, what the harness's Kafka clients' librdkafka threads and the idle rig
+            cost, the most an in-process engine's ``engine_s`` carries that is not its own.
     """
 
     engine_s: float
     harness_s: float
     broker_s: float
     zookeeper_s: float
+    process_s: float
 
 
 def cpu_use(parts: Sequence[str], before: dict[str, float], after: dict[str, float], harness_s: float) -> CpuUse:
@@ -168,7 +172,7 @@ def cpu_use(parts: Sequence[str], before: dict[str, float], after: dict[str, flo
     engine_s = sum(spent[part] for part in parts)
     if "bench" in parts:
         engine_s -= harness_s
-    return CpuUse(engine_s, harness_s, spent["broker"], spent["zookeeper"])
+    return CpuUse(engine_s, harness_s, spent["broker"], spent["zookeeper"], spent["bench"] - harness_s)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:

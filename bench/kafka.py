@@ -723,14 +723,14 @@ def report(
         plain = next((r for r in throughput if r.engine == "plain Spark"), None)
         print(
             f"{'throughput':<14}{'seconds':>9}{'words/s':>11}{'vs plain':>9}{'out msgs':>10}"
-            f"{'CPU s':>8}{'CPU us/sent':>12}{'broker s':>9}{'ZK s':>6}{'harness s':>10}"
+            f"{'CPU s':>8}{'CPU us/sent':>12}{'broker s':>9}{'ZK s':>6}{'harness s':>10}{'process s':>10}"
         )
         for t in throughput:
             ratio = f"{t.words_per_s / plain.words_per_s:.2f}x" if plain else "-"
             print(
                 f"{t.engine:<14}{t.seconds:>9.2f}{t.words_per_s:>11,.0f}{ratio:>9}{t.output_messages:>10,}"
                 f"{t.cpu.engine_s:>8.1f}{t.cpu.engine_s / t.sentences * 1e6:>12.0f}{t.cpu.broker_s:>9.1f}"
-                f"{t.cpu.zookeeper_s:>6.1f}{t.cpu.harness_s:>10.1f}"
+                f"{t.cpu.zookeeper_s:>6.1f}{t.cpu.harness_s:>10.1f}{t.cpu.process_s:>10.1f}"
             )
         print(
             f"  {args.sentences:,} sentences ({throughput[0].words:,} words) in the input topic before the start; timed "
@@ -740,29 +740,32 @@ def report(
         print()
         print(
             f"{'latency':<14}{'rate/s':>8}{'probes':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'lost':>6}"
-            f"{'CPU s':>8}{'cores':>7}{'CPU us/sent':>12}{'broker':>8}{'ZK':>6}"
+            f"{'CPU s':>8}{'cores':>7}{'CPU us/sent':>12}{'broker':>8}{'ZK':>6}{'harness':>8}{'process':>8}"
         )
         for r in latency:
             worst = max(r.probes_ms) if r.probes_ms else float("nan")
-            cpu = r.cpu or CpuUse(float("nan"), float("nan"), float("nan"), float("nan"))
+            cpu = r.cpu or CpuUse(*[float("nan")] * 5)
             print(
                 f"{r.engine:<14}{r.rate:>8,.0f}{len(r.probes_ms):>8}{r.pct(0.5):>9.0f}{r.pct(0.99):>9.0f}{worst:>9.0f}"
                 f"{r.lost:>6}{cpu.engine_s:>8.1f}{cpu.engine_s / r.load_s:>7.2f}"
                 f"{cpu.engine_s / max(r.sentences, 1) * 1e6:>12.0f}{cpu.broker_s / r.load_s:>8.2f}{cpu.zookeeper_s / r.load_s:>6.2f}"
+                f"{cpu.harness_s / r.load_s:>8.2f}{cpu.process_s / r.load_s:>8.2f}"
             )
         print(
             f"  probe sentence (one new word) every {1 / args.probe_rate:g} s under {args.rate:g} sentences/s; latency = "
             f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted; "
-            "CPU over the load (warm-up included), cores = CPU s per second of it (broker, ZK likewise)"
+            "CPU over the load (warm-up included), cores = CPU s per second of it (broker, ZK, harness, process likewise)"
         )
     if throughput or latency:
         print(
             "  CPU s = the engine's processes, user + system, all threads, from /proc: plain Spark and stream_ops run "
             "in this process and its SparkSession, so theirs is this process's threads + the Spark JVM + the Python "
             "workers it starts, less the harness's Python threads (output reader loop, load loop, breakdown poller: "
-            "'harness s'); the harness's librdkafka threads (one read_committed consumer, the load producer) stay in. "
-            "Kafka Streams: its JVM only. The broker (all engines) and ZooKeeper (stream_ops' coordination) are "
-            "apart; stream_ops' state topic and shuffle, and Kafka Streams' changelog and repartition topics, load the broker."
+            "'harness'); the harness's librdkafka threads (one read_committed consumer, the load producer) stay in: "
+            "'process' in the Kafka Streams row (this process's threads less 'harness' while Kafka Streams runs: those "
+            "threads and the idle rig) is the most that adds. Kafka Streams: its JVM only. The broker (all engines) and "
+            "ZooKeeper (stream_ops' coordination) are apart; stream_ops' state topic and shuffle, and Kafka Streams' "
+            "changelog and repartition topics, load the broker."
         )
     for r in latency:
         if r.breakdown is not None:
