@@ -41,14 +41,23 @@ consumer of the output topic has seen every expected row; events/s = input recor
 **CPU** as in ``bench/kafka.py`` (:class:`harness.Processes`): this process's threads + the Spark
 JVM + its Python workers, less the reader's Python thread; the broker and ZooKeeper apart.
 
-No latency figure: the two engines emit at different moments by design (Spark's inner join
-emits a pair when both sides are in, the JoinBolt a window's pairs when the watermark closes
-it, a window plus the lag later), so a latency would measure that choice, not the engines.
+**Latency.** Then each engine gets a steady load (``--rate`` impressions/s, a quarter as many
+clicks/s, on fresh topics) whose event time is the moment each record is produced, joined in
+windows of ``--latency-window`` s with a lag of ``--latency-lag`` s. The two engines emit at
+different moments by design: Spark's inner join emits a pair once both records are in (it need
+not wait for the window's end), the JoinBolt a window's pairs once the watermark closes it. So
+two figures per row: *e2e*, from its later record's produce call to the row read from the
+output (what a consumer waits), and *emit*, from the moment the engine's semantics allow the row
+(Spark: = e2e; the JoinBolt: the window's end + the lag, on the producer's clock) to the row
+read, the engine's own delay. Counted from the engine's first row plus ``--warmup`` s, for
+``--duration`` s; the rows of the windows still open at the end (closed by closing records) are
+not counted. Every row is checked against the Python join there too.
 
 It prints figures only (no speed asserts).
 
 Run: ``.venv/bin/python bench/join_kafka.py [--quick] [--impressions 100000] [--clicks 25000]
-[--engines plain stream_ops]``; ``--quick`` is 20,000 impressions + 5,000 clicks (a few minutes).
+[--rate 400] [--duration 30] [--engines plain stream_ops] [--skip latency]``; ``--quick`` is 20,000
+impressions + 5,000 clicks and 15 s of latency load after 3 s (a few minutes).
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +98,8 @@ from harness import IN_PROCESS, SPARK_MASTER, BenchRig, CpuUse, Processes, Worke
 
 T0 = 1_800_000_000.0
 """Event time of the first record (seconds since the epoch; a multiple of every window length used)."""
-QUICK = {"impressions": 20_000, "clicks": 5_000, "span": 200.0}
-FULL = {"impressions": 100_000, "clicks": 25_000, "span": 1_000.0}
+QUICK = {"impressions": 20_000, "clicks": 5_000, "span": 200.0, "duration": 15.0, "warmup": 3.0}
+FULL = {"impressions": 100_000, "clicks": 25_000, "span": 1_000.0, "duration": 30.0, "warmup": 5.0}
 IMPRESSION_SCHEMA = {"imp_id": "string", "ad": "string", "ts": "double"}
 CLICK_SCHEMA = {"click_id": "string", "ad": "string", "ts": "double"}
 
@@ -169,6 +178,8 @@ class RowsReader:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         self.rows: collections.Counter[Row] = collections.Counter()
+        self.first_seen: dict[Row, float] = {}
+        """Wall-clock time each row was first read."""
         self.messages = 0
         self.thread_cpu_s = 0.0
         """CPU seconds of the reading thread's Python loop so far (its librdkafka threads not included)."""
@@ -188,14 +199,21 @@ class RowsReader:
                 value = message.value()
                 if message.error() is not None or value is None:
                     continue
-                row = json.loads(value)
+                now = time.time()
+                decoded = json.loads(value)
+                row = (str(decoded["ad"]), str(decoded["click_id"]), str(decoded["imp_id"]))
                 with self._lock:
                     self.messages += 1
-                    self.rows[str(row["ad"]), str(row["click_id"]), str(row["imp_id"])] += 1
+                    self.rows[row] += 1
+                    self.first_seen.setdefault(row, now)
 
     def has_all(self, expected: collections.Counter[Row]) -> bool:
         with self._lock:
             return self.messages >= expected.total() and all(self.rows[r] >= n for r, n in expected.items())
+
+    def arrival(self, row: Row) -> float | None:
+        with self._lock:
+            return self.first_seen.get(row)
 
     def snapshot(self) -> collections.Counter[Row]:
         with self._lock:
@@ -210,13 +228,21 @@ class RowsReader:
 # --- the two engines ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The join's window and lag (Spark: watermark delay), seconds."""
+
+    window_s: float
+    lag_s: float
+
+
 @dataclass
 class Engine:
     """Starting and stopping one engine on (impressions, clicks, output) topics; ``cpu_parts``
     names its processes in :meth:`harness.Processes.sample`."""
 
     name: str
-    start: Callable[[str, str, str], None]
+    start: Callable[[str, str, str, Shape], None]
     stop: Callable[[], None]
     cpu_parts: tuple[str, ...] = IN_PROCESS
 
@@ -225,7 +251,7 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, args: arg
     """Plain Structured Streaming: both topics watermarked, windowed, joined on ad and window."""
     queries: list[Any] = []
 
-    def side(topic: str, schema: dict[str, str]) -> DataFrame:
+    def side(topic: str, schema: dict[str, str], lag_s: float) -> DataFrame:
         ddl = ", ".join(f"{k} {v.upper()}" for k, v in schema.items())
         return (
             spark.readStream.format("kafka")
@@ -236,15 +262,17 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, args: arg
             .select(F.from_json(F.col("value").cast("string"), ddl).alias("v"))
             .select("v.*")
             .withColumn("t", F.timestamp_seconds("ts"))
-            .withWatermark("t", f"{args.lag:g} seconds")
+            .withWatermark("t", f"{lag_s:g} seconds")
         )
 
-    def start(impressions_topic: str, clicks_topic: str, output_topic: str) -> None:
-        window = f"{args.window:g} seconds"
-        impressions = side(impressions_topic, IMPRESSION_SCHEMA).select(
+    def start(impressions_topic: str, clicks_topic: str, output_topic: str, shape: Shape) -> None:
+        window = f"{shape.window_s:g} seconds"
+        impressions = side(impressions_topic, IMPRESSION_SCHEMA, shape.lag_s).select(
             F.col("ad").alias("imp_ad"), "imp_id", F.window("t", window).alias("imp_window")
         )
-        clicks = side(clicks_topic, CLICK_SCHEMA).select("ad", "click_id", F.window("t", window).alias("click_window"))
+        clicks = side(clicks_topic, CLICK_SCHEMA, shape.lag_s).select(
+            "ad", "click_id", F.window("t", window).alias("click_window")
+        )
         joined = clicks.join(
             impressions, (F.col("ad") == F.col("imp_ad")) & (F.col("click_window") == F.col("imp_window")), "inner"
         )
@@ -268,15 +296,15 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, args: arg
     return Engine("plain Spark", start, stop)
 
 
-def join_bolt(args: argparse.Namespace) -> JoinBolt:
+def join_bolt(shape: Shape) -> JoinBolt:
     """The JoinBolt of the module doc."""
     return (
         JoinBolt("impressions", "ad")
         .join("clicks", "ad", "impressions")
         .select("ad, clicks:click_id as click_id, impressions:imp_id as imp_id")
-        .with_tumbling_window(seconds=args.window)
+        .with_tumbling_window(seconds=shape.window_s)
         .with_timestamp_field("ts")
-        .with_lag(args.lag)
+        .with_lag(shape.lag_s)
     )
 
 
@@ -284,7 +312,7 @@ def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka,
     """The stream_ops topology: two KafkaTopic sources -> JoinBolt -> to_kafka."""
     running: list[str] = []
 
-    def start(impressions_topic: str, clicks_topic: str, output_topic: str) -> None:
+    def start(impressions_topic: str, clicks_topic: str, output_topic: str, shape: Shape) -> None:
         name = f"join-{output_topic}"
         t = Topology(name)
         impressions = t.source(
@@ -295,7 +323,7 @@ def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka,
         clicks = t.source(
             "clicks", KafkaTopic(kafka.bootstrap_servers, clicks_topic, partitions=args.partitions), schema=CLICK_SCHEMA
         )
-        t.join(join_bolt(args), impressions=impressions, clicks=clicks, name="ad-clicks").to_kafka(
+        t.join(join_bolt(shape), impressions=impressions, clicks=clicks, name="ad-clicks").to_kafka(
             kafka.bootstrap_servers, output_topic, key="click_id"
         )
         submit(rig.store, worker.cluster, t, workers=1)
@@ -369,6 +397,7 @@ def run_throughput(
     expected: collections.Counter[Row],
     tag: str,
     *,
+    shape: Shape,
     partitions: int,
     timeout_s: float,
     settle_s: float,
@@ -381,7 +410,7 @@ def run_throughput(
     try:
         cpu_before, reader_before = processes.sample(), reader.thread_cpu_s
         started = time.monotonic()
-        engine.start(impressions_topic, clicks_topic, output_topic)
+        engine.start(impressions_topic, clicks_topic, output_topic, shape)
         done = wait_until(lambda: reader.has_all(expected), timeout_s, interval_s=0.05)
         seconds = time.monotonic() - started
         cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), reader.thread_cpu_s - reader_before)
@@ -396,10 +425,137 @@ def run_throughput(
         reader.close()
 
 
+@dataclass
+class Latency:
+    """Per row of the latency run (rows whose later record was produced in the counted span)."""
+
+    engine: str
+    rate: float
+    shape: Shape
+    end_to_end_ms: list[float] = field(default_factory=list)
+    """Its later record produced -> the row read."""
+    emit_ms: list[float] = field(default_factory=list)
+    """The moment the engine's semantics let it emit the row -> the row read: plain Spark's inner
+    join when both records are in (= ``end_to_end_ms``); the JoinBolt when its window closes,
+    at the window's end + the lag (event time = the producer's clock)."""
+    cpu: CpuUse | None = None
+    load_s: float = float("nan")
+    records: int = 0
+
+
+def run_latency(
+    engine: Engine,
+    kafka: EmbeddedKafka,
+    processes: Processes,
+    tag: str,
+    *,
+    shape: Shape,
+    rate: float,
+    ads: int,
+    partitions: int,
+    duration_s: float,
+    warmup_s: float,
+    timeout_s: float,
+) -> Latency:
+    """A steady load of ``rate`` impressions/s and ``rate / 4`` clicks/s whose event time is the
+    time they are produced (this process's clock, as the reader's), for ``warmup_s +
+    duration_s`` after the engine's first row; then closing records, and every row awaited and
+    checked against the Python join."""
+    impressions_topic, clicks_topic, output_topic = f"imp-{tag}", f"click-{tag}", f"out-{tag}"
+    for topic in (impressions_topic, clicks_topic, output_topic):
+        kafka.create_topic(topic, partitions)
+    reader = RowsReader(kafka.bootstrap_servers, output_topic, partitions)
+    producer = Producer(client_config(kafka.bootstrap_servers, **{"linger.ms": 1}))
+    rng = random.Random(11)
+    names = [f"ad{i:05d}" for i in range(ads)]
+    sent: dict[str, list[list[dict[str, Any]]]] = {
+        "imp": [[] for _ in range(partitions)],
+        "click": [[] for _ in range(partitions)],
+    }
+    topics = {"imp": impressions_topic, "click": clicks_topic}
+    result = Latency(engine.name, rate, shape)
+
+    def send(kind: str, ad: str, partition: int, ts: float | None = None) -> None:
+        number = sum(len(p) for p in sent[kind])
+        record = {f"{kind}_id": f"{kind[0]}{number:07d}", "ad": ad, "ts": round(time.time(), 3) if ts is None else ts}
+        producer.produce(topics[kind], json.dumps(record).encode(), partition=partition)
+        sent[kind][partition].append(record)
+
+    try:
+        engine.start(impressions_topic, clicks_topic, output_topic, shape)
+        send("imp", "start", 0)
+        send("click", "start", 0)
+        first = ("start", "c0000000", "i0000000")
+        loaded = {"imp": 0, "click": 0}
+        cpu_before: dict[str, float] | None = None
+        main_before = reader_before = 0.0
+        began = end = math.inf
+        started = time.time()
+        while time.time() < end:
+            now = time.time()
+            if cpu_before is None and reader.arrival(first) is not None:  # the engine is up: the clock starts
+                cpu_before, main_before, reader_before = processes.sample(), time.thread_time(), reader.thread_cpu_s
+                began, end = now, now + warmup_s + duration_s
+            if now - started > timeout_s:
+                raise SystemExit(f"{engine.name} ({tag}): no output within {timeout_s:.0f} s of the start")
+            for kind, per_s in (("imp", rate), ("click", rate / 4)):
+                for _ in range(max(0, int((now - started) * per_s) - loaded[kind])):
+                    send(kind, rng.choice(names), loaded[kind] % partitions)
+                    loaded[kind] += 1
+            producer.poll(0)
+            time.sleep(0.01)
+        producer.flush(30)
+        assert cpu_before is not None
+        result.load_s = time.time() - began
+        harness_s = time.thread_time() - main_before + reader.thread_cpu_s - reader_before
+        result.cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), harness_s)
+        closing = round(time.time(), 3) + shape.window_s + shape.lag_s + 1.0
+        for kind in ("imp", "click"):
+            for p in range(partitions):
+                send(kind, f"close-{kind}-{p}", p, closing)
+        producer.flush(30)
+        inputs = Inputs(impressions=sent["imp"], clicks=sent["click"])
+        result.records = inputs.records
+        expected = expected_rows(inputs, shape.window_s)
+        if not wait_until(lambda: reader.has_all(expected), timeout_s, interval_s=0.1):
+            raise SystemExit(f"{engine.name} ({tag}): rows missing: {differences(reader.snapshot(), expected)}")
+        wrong = differences(reader.snapshot(), expected)
+        if wrong:
+            raise SystemExit(f"{engine.name} ({tag}): the output is not the ground truth: {wrong}")
+        times = {r[f"{kind}_id"]: r["ts"] for kind in ("imp", "click") for p in sent[kind] for r in p}
+        for row in expected:
+            later = max(times[row[1]], times[row[2]])
+            window_close = (window_of(times[row[1]], shape.window_s) + 1) * shape.window_s + shape.lag_s
+            if later < began + warmup_s or window_close > end:  # warm-up; windows the closing records closed
+                continue
+            seen = reader.arrival(row)
+            assert seen is not None
+            result.end_to_end_ms.append((seen - later) * 1000.0)
+            emit_at = later if engine.name == "plain Spark" else window_close
+            result.emit_ms.append((seen - emit_at) * 1000.0)
+        return result
+    finally:
+        engine.stop()
+        reader.close()
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-1) of ``values`` (nan when empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
+
+
 # --- report ---------------------------------------------------------------------------------------
 
 
-def report(spark: SparkSession, args: argparse.Namespace, inputs: Inputs, results: list[Throughput], loads: list[Any]) -> None:
+def report(
+    spark: SparkSession,
+    args: argparse.Namespace,
+    inputs: Inputs,
+    results: list[Throughput],
+    latency: list[Latency],
+    loads: list[Any],
+) -> None:
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     loads_text = [", ".join(f"{v:.2f}" for v in load) for load in (loads[0], loads[-1])]
     print()
@@ -409,14 +565,24 @@ def report(spark: SparkSession, args: argparse.Namespace, inputs: Inputs, result
         f"{pyspark.__version__}, Java {java}; Kafka broker embedded (KRaft, 1 node), {args.partitions} partitions per topic"
     )
     print(f"load:     1/5/15-min load average {loads_text[0]} at the start, {loads_text[1]} at the end")
+    print(f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines), inner join on ad")
+    if results:
+        report_throughput(args, inputs, results)
+    if latency:
+        report_latency(args, latency)
     print(
-        f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines); tumbling event-time window "
-        f"{args.window:g} s, lag / watermark delay {args.lag:g} s, inner join on ad"
+        "  CPU s = the engine's processes (user + system, /proc): this process's threads + the Spark JVM + its Python "
+        "workers, less the harness's Python threads (output reader, load loop); the librdkafka threads of its consumer "
+        "and load producer stay in. Broker and ZooKeeper apart."
     )
+
+
+def report_throughput(args: argparse.Namespace, inputs: Inputs, results: list[Throughput]) -> None:
     plain = next((r for r in results if r.engine == "plain Spark"), None)
     print()
     print(
-        f"{'engine':<14}{'seconds':>9}{'events/s':>11}{'vs plain':>9}{'rows':>9}{'CPU s':>8}{'CPU us/ev':>11}{'broker s':>9}{'ZK s':>6}"
+        f"{'throughput':<14}{'seconds':>9}{'events/s':>11}{'vs plain':>9}{'rows':>9}{'CPU s':>8}{'CPU us/ev':>11}"
+        f"{'broker s':>9}{'ZK s':>6}"
     )
     for r in results:
         ratio = f"{r.records_per_s / plain.records_per_s:.2f}x" if plain else "-"
@@ -425,14 +591,34 @@ def report(spark: SparkSession, args: argparse.Namespace, inputs: Inputs, result
             f"{r.cpu.engine_s / r.records * 1e6:>11.0f}{r.cpu.broker_s:>9.1f}{r.cpu.zookeeper_s:>6.1f}"
         )
     print(
-        f"  {inputs.records:,} input records ({args.impressions:,} impressions + {args.clicks:,} clicks over {args.span:g} s of "
-        f"event time, {args.ads:,} ads, jitter < {args.jitter:g} s, + {2 * args.partitions} closing records) in the topics "
-        "before the start; timed from start()/submit until a read_committed consumer saw every expected row; every "
-        "output equal to the Python join, row for row"
+        f"  tumbling event-time window {args.window:g} s, lag / watermark delay {args.lag:g} s; {inputs.records:,} input "
+        f"records ({args.impressions:,} impressions + {args.clicks:,} clicks over {args.span:g} s of event time, "
+        f"{args.ads:,} ads, jitter < {args.jitter:g} s, + {2 * args.partitions} closing records) in the topics before the "
+        "start; timed from start()/submit until a read_committed consumer saw every expected row; every output equal to "
+        "the Python join, row for row"
     )
+
+
+def report_latency(args: argparse.Namespace, latency: list[Latency]) -> None:
+    print()
     print(
-        "  CPU s = the engine's processes (user + system, /proc): this process's threads + the Spark JVM + its Python "
-        "workers, less the output reader's Python thread; its librdkafka threads stay in. Broker and ZooKeeper apart."
+        f"{'latency':<14}{'window':>7}{'lag':>5}{'events/s':>9}{'rows':>7}{'e2e p50':>9}{'e2e p99':>9}"
+        f"{'emit p50':>9}{'emit p99':>9}{'cores':>7}{'broker':>7}{'ZK':>6}"
+    )
+    for r in latency:
+        cpu = r.cpu or CpuUse(*[float("nan")] * 5)
+        print(
+            f"{r.engine:<14}{r.shape.window_s:>7g}{r.shape.lag_s:>5g}{r.rate * 1.25:>9,.0f}{len(r.end_to_end_ms):>7,}"
+            f"{pct(r.end_to_end_ms, 0.5):>9.0f}{pct(r.end_to_end_ms, 0.99):>9.0f}{pct(r.emit_ms, 0.5):>9.0f}"
+            f"{pct(r.emit_ms, 0.99):>9.0f}{cpu.engine_s / r.load_s:>7.2f}{cpu.broker_s / r.load_s:>7.2f}"
+            f"{cpu.zookeeper_s / r.load_s:>6.2f}"
+        )
+    print(
+        f"  ms; {args.rate:g} impressions/s + {args.rate / 4:g} clicks/s over {args.ads:,} ads, event time = produce time, "
+        f"{args.duration:g} s counted after {args.warmup:g} s (from the engine's first row); e2e = the row's later "
+        "record produced -> the row read; emit = from the moment the engine's semantics allow the row (Spark's inner "
+        "join: both records in, so = e2e; the JoinBolt: its window closed, end + lag) -> read; every row checked "
+        "against the Python join; cores = CPU s per second of the load"
     )
 
 
@@ -450,6 +636,12 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=0.2, help="processingTime trigger in seconds, both engines")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--engines", nargs="+", choices=["plain", "stream_ops"], default=["plain", "stream_ops"])
+    parser.add_argument("--skip", nargs="*", choices=["throughput", "latency"], default=[], help="parts to leave out")
+    parser.add_argument("--rate", type=float, default=400.0, help="impressions/s of the latency runs (clicks: a quarter)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds of counted latency load per engine; 30")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds of latency load not counted; 5")
+    parser.add_argument("--latency-window", type=float, default=2.0, help="the latency runs' window, seconds")
+    parser.add_argument("--latency-lag", type=float, default=0.5, help="the latency runs' lag / watermark delay, seconds")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds to wait for stray rows after the last expected one")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -480,14 +672,33 @@ def main() -> None:
             engines = [plain_spark(rig.spark, kafka, rig.work, args), stream_ops_engine(rig, worker, kafka, args)]
             engines = [e for e in engines if {"plain Spark": "plain", "stream_ops": "stream_ops"}[e.name] in args.engines]
             results: list[Throughput] = []
+            latency: list[Latency] = []
+            shape = Shape(args.window, args.lag)
             for i, engine in enumerate(engines):
-                options = {"partitions": args.partitions, "timeout_s": args.timeout, "settle_s": args.settle}
+                options = {"shape": shape, "partitions": args.partitions, "timeout_s": args.timeout, "settle_s": args.settle}
                 run_throughput(engine, kafka, processes, warm, warm_expected, f"warm{i}", **options)  # JIT, Python workers
-                result = run_throughput(engine, kafka, processes, inputs, expected, f"tp{i}", **options)
-                print(f"{engine.name}: {result.seconds:.2f} s, {result.cpu.engine_s:.1f} CPU s, rows verified", flush=True)
-                results.append(result)
+                if "throughput" not in args.skip:
+                    result = run_throughput(engine, kafka, processes, inputs, expected, f"tp{i}", **options)
+                    print(f"{engine.name}: {result.seconds:.2f} s, {result.cpu.engine_s:.1f} CPU s, rows verified", flush=True)
+                    results.append(result)
+                if "latency" not in args.skip:
+                    lat = run_latency(
+                        engine,
+                        kafka,
+                        processes,
+                        f"lat{i}",
+                        shape=Shape(args.latency_window, args.latency_lag),
+                        rate=args.rate,
+                        ads=args.ads,
+                        partitions=args.partitions,
+                        duration_s=args.duration,
+                        warmup_s=args.warmup,
+                        timeout_s=args.timeout,
+                    )
+                    print(f"{engine.name}: latency e2e p50 {pct(lat.end_to_end_ms, 0.5):.0f} ms, rows verified", flush=True)
+                    latency.append(lat)
             loads.append(os.getloadavg())
-            report(rig.spark, args, inputs, results, loads)
+            report(rig.spark, args, inputs, results, latency, loads)
         finally:
             kafka.stop()
 
