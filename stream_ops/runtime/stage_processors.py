@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.join_bolt import JoinBolt
+from stream_ops.operators.window_partials import PartialRow
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
 from stream_ops.topology.windows import WindowDef
@@ -35,8 +36,15 @@ PROGRESS_STREAM = "__progress__"
 """Stream tag of the rows in which an upstream task reports the largest event time it sent to
 an event-time window stage (see :class:`~stream_ops.topology.windows.Watermark`)."""
 
+WINDOW_PARTIAL_STREAM = "__window_partial__"
+"""Stream tag of the rows in which an upstream source task sends a partial aggregate of one
+(time window, key) to an event-time window stage (see :mod:`stream_ops.operators.window_partials`);
+the row's key is the encoded key, its record ``{"start", "end", "partial"}``."""
+
 Row = tuple[str, str | None, dict[str, Any]]
 """One shuffled row: (input stream tag, encoded key, record)."""
+
+_NOT_RECORDS = (TICK_STREAM, PROGRESS_STREAM, WINDOW_PARTIAL_STREAM)
 
 
 def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
@@ -45,9 +53,25 @@ def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
     return {"stream": PROGRESS_STREAM, "key": None, "record": json.dumps({"channel": f"{stage}/{queue}", "max_event": max_event})}
 
 
+def window_partial_row(start: float, end: float, key: str, partial: Any) -> dict[str, Any]:
+    """The shuffle line carrying the partial aggregate of (window ``[start, end)``, ``key``)."""
+    return {"stream": WINDOW_PARTIAL_STREAM, "key": key, "record": json.dumps({"start": start, "end": end, "partial": partial})}
+
+
 def data_rows(rows: Sequence[Row]) -> list[tuple[str, dict[str, Any]]]:
-    """The (stream tag, record) of the rows that carry records (not ticks or progress reports)."""
-    return [(stream, record) for stream, _, record in rows if stream not in (TICK_STREAM, PROGRESS_STREAM)]
+    """The (stream tag, record) of the rows that carry records (not ticks, progress reports or
+    window partials)."""
+    return [(stream, record) for stream, _, record in rows if stream not in _NOT_RECORDS]
+
+
+def window_partials(rows: Sequence[Row]) -> list[PartialRow]:
+    """The (start, end, encoded key, partial) window partials among ``rows``."""
+    found = []
+    for stream, key, record in rows:
+        if stream == WINDOW_PARTIAL_STREAM:
+            assert key is not None, "a window partial row without its key"
+            found.append((float(record["start"]), float(record["end"]), key, record["partial"]))
+    return found
 
 
 def progress_reports(rows: Sequence[Row]) -> list[tuple[str, float]]:

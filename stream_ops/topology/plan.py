@@ -105,6 +105,11 @@ class RecordsSpec(_Frozen):
     """For an event-time window stage: ``{"timestamp_field", "timestamp_unit"}``; each batch
     then also tells every queue the largest event time it sent (a progress row), from which
     the window tasks take their watermark."""
+    window_partials: dict[str, Any] | None = None
+    """For an event-time tumbling or sliding window stage without ``idle_timeout``:
+    ``{"window", "aggregator"}`` (the window stage's window and aggregator specs), so a
+    source task may send partial aggregates per (window, key) of records it proves cannot be
+    late there (:mod:`stream_ops.operators.window_partials`); None: whole records only."""
 
 
 class PersistSpec(_Frozen):
