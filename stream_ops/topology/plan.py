@@ -111,6 +111,14 @@ class RecordsSpec(_Frozen):
     source task may send partial aggregates per (window, key) of records it proves cannot be
     late there (:mod:`stream_ops.operators.window_partials`); None: whole records only."""
 
+    @model_serializer(mode="wrap")
+    def _without_no_partials(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # None is left out of the plan JSON (read back as None): plans without partials stay as they were.
+        data: dict[str, Any] = handler(self)
+        if self.window_partials is None:
+            data.pop("window_partials", None)
+        return data
+
 
 class PersistSpec(_Frozen):
     """A partition_persist sink: a user State per task."""
