@@ -49,7 +49,7 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import needs_driver
 from stream_ops.sources import source_kind
 from stream_ops.sources.arrow_json import native_fields
-from stream_ops.topics.shuffle_files import read_partials
+from stream_ops.topics.shuffle_files import read_partials, read_record_rows
 from stream_ops.topology.plan import StageSpec
 
 logger = logging.getLogger(__name__)
@@ -357,7 +357,12 @@ def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:
 
 
 def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]:
-    """The (stream tag, encoded key, record) rows of a records shuffle batch."""
+    """The (stream tag, encoded key, record) rows of a records shuffle batch: read from its
+    JSON-lines files on the driver when they are noted (:mod:`stream_ops.compute.batch_inputs`),
+    else collected from Spark (a Kafka shuffle, Spark's file source)."""
+    files = noted_batch_files(df)
+    if files is not None:
+        return read_record_rows(files)
     return [(row["stream"], row["key"], json.loads(row["record"])) for row in df.collect() if row["record"] is not None]
 
 

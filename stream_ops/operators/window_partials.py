@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -204,7 +205,8 @@ def _sum_fits(column: pa.ChunkedArray) -> bool:
 
 
 def _grouped(parts: list[pa.Table], key_fields: Sequence[str], function: str, length: float) -> list[PartialRow]:
-    """Partials per (window, encoded key), in (start, key) order, from the per-level tables."""
+    """Partials per (window, encoded key), in the order Arrow first meets them (the same for the
+    same batch), from the per-level tables."""
     if not parts:
         return []
     table = pa.concat_tables(parts)
@@ -213,12 +215,28 @@ def _grouped(parts: list[pa.Table], key_fields: Sequence[str], function: str, le
     grouped = table.group_by(keys, use_threads=False).aggregate([aggregation])
     values = grouped.column("count_all" if function == "count" else f"__value_{function}").to_pylist()
     starts = grouped.column("__start").to_pylist()
-    key_columns = [grouped.column(k).to_pylist() for k in key_fields]
     combined: dict[tuple[float, str], Any] = {}
-    for i, (start, value) in enumerate(zip(starts, values, strict=True)):
-        slot = (start, encode_key([column[i] for column in key_columns]))
-        if slot in combined:  # keys that encode alike (true and 1 are apart; only ints and strings here)
+    for start, key, value in zip(starts, _encoded_keys(grouped, key_fields), values, strict=True):
+        slot = (start, key)
+        if slot in combined:  # keys that encode alike (only ints, strings and booleans here: none so far)
             previous = combined[slot]
             value = previous + value if function in ("count", "sum") else (min if function == "min" else max)(previous, value)
         combined[slot] = value
-    return [(start, start + length, key, value) for (start, key), value in sorted(combined.items())]
+    return [(start, start + length, key, value) for (start, key), value in combined.items()]
+
+
+def _encoded_keys(table: pa.Table, key_fields: Sequence[str]) -> list[str]:
+    """``encode_key`` of each row's key fields; one string field is encoded once per distinct
+    value over the process's batches (users recur batch after batch)."""
+    if len(key_fields) == 1 and pa.types.is_string(table.schema.field(key_fields[0]).type):
+        return [_string_key(value) if value is not None else _NULL_KEY for value in table.column(key_fields[0]).to_pylist()]
+    columns = [table.column(k).to_pylist() for k in key_fields]
+    return [encode_key(list(values)) for values in zip(*columns, strict=True)]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _string_key(value: str) -> str:
+    return encode_key([value])
+
+
+_NULL_KEY = encode_key([None])
