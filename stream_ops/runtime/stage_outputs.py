@@ -28,11 +28,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stream_ops.hashing import encode_key, partition_for
+from stream_ops.hashing import encode_key, partition_for, partition_of_encoded
 from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.operators.window_partials import WindowPartials
-from stream_ops.runtime.stage_processors import progress_row, window_partial_row
+from stream_ops.operators.window_partials import PartialRow, WindowPartials
+from stream_ops.runtime.stage_processors import progress_row, window_partials_row
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.shuffle_files import PartialsShuffle
@@ -180,10 +180,14 @@ class StageOutputs:
                 continue
             queue = partition_for(key_values, spec.queues) if spec.key_fields else self.task.queue % spec.queues
             by_queue[queue].append(line)
-        if partials is not None:
-            for start, end, key, partial in partials.rows:
-                queue = partition_for(json.loads(key), spec.queues) if spec.key_fields else self.task.queue % spec.queues
-                by_queue[queue].append(window_partial_row(start, end, key, partial))
+        if partials is not None and partials.rows:
+            to_queue: dict[int, list[PartialRow]] = defaultdict(list)
+            for row in partials.rows:
+                to_queue[partition_of_encoded(row[2], spec.queues) if spec.key_fields else self.task.queue % spec.queues].append(
+                    row
+                )
+            for queue, rows in sorted(to_queue.items()):
+                by_queue[queue].append(window_partials_row(rows))
         if spec.progress is not None:
             self._report_progress(spec, records, by_queue, partials.max_event if partials is not None else None)
 

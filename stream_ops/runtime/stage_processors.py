@@ -36,15 +36,16 @@ PROGRESS_STREAM = "__progress__"
 """Stream tag of the rows in which an upstream task reports the largest event time it sent to
 an event-time window stage (see :class:`~stream_ops.topology.windows.Watermark`)."""
 
-WINDOW_PARTIAL_STREAM = "__window_partial__"
-"""Stream tag of the rows in which an upstream source task sends a partial aggregate of one
-(time window, key) to an event-time window stage (see :mod:`stream_ops.operators.window_partials`);
-the row's key is the encoded key, its record ``{"start", "end", "partial"}``."""
+WINDOW_PARTIALS_STREAM = "__window_partials__"
+"""Stream tag of the row in which an upstream source task sends an event-time window stage's
+queue the partial aggregates of one batch per (time window, key) (see
+:mod:`stream_ops.operators.window_partials`): its record holds them as columns, ``{"start",
+"end", "key", "partial"}`` (one JSON text for the batch, not a line per partial)."""
 
 Row = tuple[str, str | None, dict[str, Any]]
 """One shuffled row: (input stream tag, encoded key, record)."""
 
-_NOT_RECORDS = (TICK_STREAM, PROGRESS_STREAM, WINDOW_PARTIAL_STREAM)
+_NOT_RECORDS = (TICK_STREAM, PROGRESS_STREAM, WINDOW_PARTIALS_STREAM)
 
 
 def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
@@ -53,9 +54,15 @@ def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
     return {"stream": PROGRESS_STREAM, "key": None, "record": json.dumps({"channel": f"{stage}/{queue}", "max_event": max_event})}
 
 
-def window_partial_row(start: float, end: float, key: str, partial: Any) -> dict[str, Any]:
-    """The shuffle line carrying the partial aggregate of (window ``[start, end)``, ``key``)."""
-    return {"stream": WINDOW_PARTIAL_STREAM, "key": key, "record": json.dumps({"start": start, "end": end, "partial": partial})}
+def window_partials_row(partials: Sequence[PartialRow]) -> dict[str, Any]:
+    """The shuffle line carrying ``partials`` (start, end, encoded key, partial) to one queue."""
+    columns: dict[str, list[Any]] = {"start": [], "end": [], "key": [], "partial": []}
+    for start, end, key, partial in partials:
+        columns["start"].append(start)
+        columns["end"].append(end)
+        columns["key"].append(key)
+        columns["partial"].append(partial)
+    return {"stream": WINDOW_PARTIALS_STREAM, "key": None, "record": json.dumps(columns)}
 
 
 def data_rows(rows: Sequence[Row]) -> list[tuple[str, dict[str, Any]]]:
@@ -65,12 +72,11 @@ def data_rows(rows: Sequence[Row]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def window_partials(rows: Sequence[Row]) -> list[PartialRow]:
-    """The (start, end, encoded key, partial) window partials among ``rows``."""
-    found = []
-    for stream, key, record in rows:
-        if stream == WINDOW_PARTIAL_STREAM:
-            assert key is not None, "a window partial row without its key"
-            found.append((float(record["start"]), float(record["end"]), key, record["partial"]))
+    """The (start, end, encoded key, partial) window partials the rows among ``rows`` carry."""
+    found: list[PartialRow] = []
+    for stream, _, record in rows:
+        if stream == WINDOW_PARTIALS_STREAM:
+            found.extend(zip(record["start"], record["end"], record["key"], record["partial"], strict=True))
     return found
 
 

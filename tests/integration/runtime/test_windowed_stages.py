@@ -21,7 +21,7 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.operators import JoinBolt
-from stream_ops.runtime.stage_processors import WINDOW_PARTIAL_STREAM, progress_row
+from stream_ops.runtime.stage_processors import progress_row, window_partials
 
 RECORDS = "stream string, key string, record string"
 
@@ -233,7 +233,7 @@ def test_source_partials_through_a_zombie_and_a_replay_give_the_counts_of_whole_
         letters = [(r["record"], r["error"]) for _, _, r in w.layout.dead_letter_topic().read_queue(0)]
 
     assert sent == {"1": 30.0}
-    partial_rows = [line for line in shuffled if line["stream"] == WINDOW_PARTIAL_STREAM]
+    partial_rows = window_partials([(line["stream"], line["key"], json.loads(line["record"])) for line in shuffled])
     if partials:
         # A's txid 0, A's and B's txid 1 (the same bound), C's txid 2
         assert cuts == [(-math.inf, 3), (6.5, 3), (6.5, 3), (11.0, 3)]

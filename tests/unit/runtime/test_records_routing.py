@@ -11,7 +11,7 @@ from stream_ops.config import ClusterConfig
 from stream_ops.dsl import build_plan
 from stream_ops.examples.s4_parity import build_s4_parity
 from stream_ops.examples.windows import build_windows
-from stream_ops.hashing import encode_key, partition_for
+from stream_ops.hashing import encode_key, partition_for, partition_of_encoded
 from stream_ops.operators.window_partials import WindowPartials
 from stream_ops.runtime.stage_outputs import StageOutputs
 from stream_ops.runtime.stage_processors import PROGRESS_STREAM, data_rows, progress_reports, window_partials
@@ -111,3 +111,10 @@ def test_only_windows_whose_lateness_a_source_can_bound_take_partials(tmp_path):
     assert records_output(Tumbling(10), **event, idle_timeout=30).window_partials is None
     assert records_output(Tumbling(10)).window_partials is None
     assert records_output(Tumbling(Records(3))).window_partials is None
+
+
+def test_an_encoded_key_goes_to_the_queue_of_the_key_it_encodes():
+    keys = [["ann"], ["dé"], [1], [1.0], [True], [None], [2.5], ["a", 3], [], ['q"uote\\'], [2**60]]
+    for key in keys:
+        for queues in (1, 2, 7):
+            assert partition_of_encoded(encode_key(key), queues) == partition_for(key, queues)
