@@ -222,6 +222,9 @@ def test_source_partials_through_a_zombie_and_a_replay_give_the_counts_of_whole_
         _wait(lambda: _committed(admin, topology_id, task) == 2, "txid 2 committed")
         c.stop()
         sent = admin.get_json(ZkPaths.transactional_task(topology_id, task))[0]["event_times_sent"]
+        shuffled = [
+            line for _, _, line in c.layout.shuffle_topic(c.plan.stage(1)).read_queue(0)
+        ]  # before the window task retires them
         # The window task reads one file per batch: its watermark at each file is the bound that file was cut with.
         w = make_runner(
             admin, spark, cluster, topology_id, "host-c:3", stage=1, max_files_per_trigger=1, shuffle_trigger_seconds=0.1
@@ -229,7 +232,6 @@ def test_source_partials_through_a_zombie_and_a_replay_give_the_counts_of_whole_
         w.start()
         _wait(lambda: _committed(admin, topology_id, w.task.task_id) >= 2 and w.lag_files() == 0, "the window task read all")
         w.stop()
-        shuffled = [line for _, _, line in w.layout.shuffle_topic(w.plan.stage(1)).read_queue(0)]
         letters = [(r["record"], r["error"]) for _, _, r in w.layout.dead_letter_topic().read_queue(0)]
 
     assert sent == {"1": 30.0}
