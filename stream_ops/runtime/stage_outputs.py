@@ -130,13 +130,15 @@ class StageOutputs:
                 pairs = partials[index] if index in partials else self._partials_of(index, records.get(index, []), dead)
                 if output.to_stage in self._partial_shuffles:
                     columns = partial_columns[output.to_stage]
+                    # Partials' keys are encode_key's canonical text: their queue is read off the
+                    # text, without decoding and encoding each key again.
                     for key, value in pairs:
-                        keys, values = columns[partition_for(json.loads(key), output.queues)]
+                        keys, values = columns[partition_of_encoded(key, output.queues)]
                         keys.append(key)
                         values.append(value)
                     continue
                 for key, value in pairs:
-                    queue = partition_for(json.loads(key), output.queues)
+                    queue = partition_of_encoded(key, output.queues)
                     shuffle_lines[output.to_stage][queue].append({"key": key, "value": value})
             elif isinstance(output, RecordsSpec):
                 windowed = (window_partials or {}).get(index)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -36,18 +37,30 @@ _IDS_LOCK = threading.Lock()
 _FALLBACK_LOGGED = threading.Event()
 
 
+class _Context:
+    """What ``DataFrame.__init__`` reads of its session (the SparkContext) while the batch's
+    session is not made yet."""
+
+    def __init__(self, sc: SparkContext) -> None:
+        self._sc = sc
+
+
 class BatchFrame(ClassicDataFrame):
     """A micro-batch as the DataFrame ``foreachBatch`` would give, planned on first use.
 
     PySpark's DataFrame reaches its JVM Dataset through ``_jdf`` only; here that is the batch
-    Dataset Spark's own ``foreachBatch`` sink builds, made when first asked for.
+    Dataset Spark's own ``foreachBatch`` sink builds, made when first asked for. Its session
+    (``sparkSession``: the batch's own, as ``foreachBatch`` gives it) is likewise made when
+    first used: a PySpark session over the batch's JVM session costs 5-7 calls into the JVM,
+    which a batch whose files the callback reads itself never needs.
     """
 
-    def __init__(self, streaming: Any, batch_id: int, session: SparkSession) -> None:
+    def __init__(self, streaming: Any, batch_id: int, sc: SparkContext) -> None:
         self._streaming = streaming
         self._batch_id = batch_id
         self._planned: Any = None
-        super().__init__(streaming, session)
+        self._made_session: SparkSession | None = None
+        super().__init__(streaming, _Context(sc))  # type: ignore[arg-type]
 
     @property
     def _jdf(self) -> Any:
@@ -60,9 +73,25 @@ class BatchFrame(ClassicDataFrame):
         self._streaming, self._planned = streaming, None
 
     @property
+    def _session(self) -> SparkSession:
+        if self._made_session is None:
+            # Spark runs each batch in a clone of the query's session
+            self._made_session = SparkSession(self._sc, self._streaming.sparkSession())
+        return self._made_session
+
+    @_session.setter
+    def _session(self, session: SparkSession | _Context) -> None:
+        self._made_session = session if isinstance(session, SparkSession) else None
+
+    @property
     def planned(self) -> bool:
         """Whether Spark planned the batch (an operation used the DataFrame)."""
         return self._planned is not None
+
+    @property
+    def session_made(self) -> bool:
+        """Whether the batch's PySpark session was made (something used it)."""
+        return self._made_session is not None
 
 
 class _Callback:
@@ -73,10 +102,7 @@ class _Callback:
         self.on_batch = on_batch
 
     def call(self, streaming: Any, batch_id: int) -> None:
-        # The batch's own session (Spark runs each batch in a clone of the query's), as
-        # foreachBatch gives it.
-        session = SparkSession(self.session.sparkContext, streaming.sparkSession())
-        self.on_batch(BatchFrame(streaming, int(batch_id), session), int(batch_id))
+        self.on_batch(BatchFrame(streaming, int(batch_id), self.session.sparkContext), int(batch_id))
 
     class Java:
         implements = [_BATCH_FUNCTION]

@@ -2,7 +2,7 @@
 
 A zombie owner paused before its commit, the batch replayed by the next owner, a committed
 batch replayed by Spark (its input fingerprint must match), and a null partial: the counts
-stay exact and every batch is combined in Arrow, without a Spark job. The Arrow combine gives
+stay exact and every batch is combined in Arrow, without a Spark job (nor a PySpark session). The Arrow combine gives
 what Spark's ``groupBy``/``agg`` gives for every built-in aggregator.
 """
 
@@ -59,6 +59,11 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
     planned: list[int] = []
     frame_jdf = BatchFrame._jdf
     monkeypatch.setattr(BatchFrame, "_jdf", property(lambda frame: planned.append(1) or frame_jdf.fget(frame), frame_jdf.fset))
+    sessions: list[int] = []
+    frame_session = BatchFrame._session
+    monkeypatch.setattr(
+        BatchFrame, "_session", property(lambda frame: sessions.append(1) or frame_session.fget(frame), frame_session.fset)
+    )
     topology = build_wordcount(tmp_path / "in", queues=1, state=TransactionalMapState)
     with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
         topology_id = submit(admin, cluster, topology, workers=1)
@@ -100,6 +105,7 @@ def test_a_zombie_and_replayed_batches_count_exactly_combined_in_arrow(spark, zk
         c.stop()
         assert combined == [3, 2, 2, 3]  # rows of A: txids 0, 1 (refused); B: txid 1; C: txid 2
         assert planned == [], "Spark never plans a batch of the queue source (no rows; the files are read in Arrow)"
+        assert sessions == [], "nor is a PySpark session made for such a batch"
         # read with the queue source: offsets per upstream task, and what txid 1 read is deleted
         assert batch_offsets(c.layout.checkpoint_dir(task), 2) == [{"queueTxids": {"0": 2}}]
         _wait(lambda: shuffle.topic.consumed_txids(0) == {0: 1}, "txids 0 and 1 recorded as consumed")

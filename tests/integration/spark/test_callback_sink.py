@@ -2,7 +2,7 @@
 ``CallbackSink.java``), on real streaming queries over JSON files.
 
 A batch the callback uses gives the rows ``foreachBatch`` gives, with the same batch ids; a
-batch it does not use is never planned; without the JVM class the query runs on
+batch it does not use is never planned, nor its session made (a used one is the batch's own); without the JVM class the query runs on
 ``foreachBatch``; a failing callback fails the query with its Python error; and no
 registration outlives a query's start.
 """
@@ -77,6 +77,25 @@ def test_a_batch_the_callback_does_not_use_is_never_planned(spark, tmp_path):
     _run(spark, tmp_path, "sink-unplanned", note)
     assert [(b, planned) for b, planned, _ in batches] == [(0, False), (1, False)]
     assert all(session is not None for _, _, session in batches)
+
+
+def test_a_batch_session_is_made_only_when_used_and_is_the_batch_own(spark, tmp_path):
+    _write_input(tmp_path / "in", files=2, per_file=10)
+    made: list[bool] = []
+    sessions: list[tuple[object, object]] = []
+
+    def note(df, batch_id):
+        made.append(df.session_made)
+        if batch_id == 1:  # this batch uses its session: the clone Spark runs the batch in
+            session = df.sparkSession
+            sessions.append((session._jsparkSession, df._streaming.sparkSession()))
+            assert session.range(3).count() == 3
+
+    _run(spark, tmp_path, "sink-session", note)
+    assert made == [False, False]
+    [(batch_session, streaming_session)] = sessions
+    assert batch_session.equals(streaming_session)
+    assert not batch_session.equals(spark._jsparkSession)
 
 
 def test_without_the_sink_class_the_query_runs_on_foreach_batch(spark, tmp_path, monkeypatch):

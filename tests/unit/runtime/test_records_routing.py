@@ -1,5 +1,6 @@
 """Where a stage's whole records go: by key, broadcast to every queue when key-less (S4), and
-the progress rows an event-time window stage's watermark is built from."""
+the progress rows an event-time window stage's watermark is built from; where partials go (the
+queue read off their encoded key)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,30 @@ def test_an_encoded_key_goes_to_the_queue_of_the_key_it_encodes():
     for key in keys:
         for queues in (1, 2, 7):
             assert partition_of_encoded(encode_key(key), queues) == partition_for(key, queues)
+
+
+def test_partials_go_to_their_key_queue_read_off_the_encoded_key(tmp_path, monkeypatch):
+    from stream_ops.examples.wordcount import build_wordcount
+    from stream_ops.runtime import stage_outputs
+    from stream_ops.topics.shuffle_files import PartialsShuffle
+
+    plan = build_plan(build_wordcount(tmp_path / "in", queues=3))
+    stage = plan.stage(0)
+    outputs = StageOutputs(
+        plan=plan, stage=stage, task=plan.task_for(0, 0), layout=TopologyLayout(ClusterConfig(root=tmp_path), "t-1-1")
+    )
+    staged: dict[int, list[str]] = {}
+    monkeypatch.setattr(
+        PartialsShuffle, "stage_batch", lambda self, queue, task, txid, epoch, keys, values: staged.update({queue: keys})
+    )
+
+    def no_decoding(text, *args, **kwargs):
+        raise AssertionError(f"a partial's key was decoded: {text!r}")
+
+    monkeypatch.setattr(stage_outputs.json, "loads", no_decoding)
+    words = ["how", "are", "you", "dé", 'q"uote', "1", ""]
+    outputs.stage_batch(0, 1, {}, {0: [(encode_key([w]), 1) for w in words]}, [])
+    monkeypatch.undo()
+    assert sorted(k for keys in staged.values() for k in keys) == sorted(encode_key([w]) for w in words)
+    for queue, keys in staged.items():
+        assert all(partition_for(json.loads(k), 3) == queue for k in keys)
