@@ -13,8 +13,7 @@ its entry is deleted once all its records are gone (:meth:`PaneIndex.take_droppe
 
 Example:
     >>> panes = PaneIndex(slide=5.0)
-    >>> for item in [(0, 3.0, "a", {}), (1, 7.0, "b", {}), (2, 4.0, "a", {})]:
-    ...     panes.add(item)
+    >>> panes.add([(0, 3.0, "a", {}), (1, 7.0, "b", {}), (2, 4.0, "a", {})])
     >>> [seq for seq, *_ in panes.window(0.0, 10.0)]
     [0, 1, 2]
     >>> panes.drop_before(5.0)
@@ -27,7 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 Item = tuple[int, float, str, Mapping[str, Any]]
@@ -88,26 +87,39 @@ class PaneIndex:
         """The pane holding time ``t``."""
         return math.floor(t / self.slide)
 
-    def add(self, item: Item) -> None:
-        """Buffer ``item``, after every record added before it."""
-        index = self.pane_of(item[1])
+    def add(self, items: Iterable[Item]) -> None:
+        """Buffer ``items`` (in arrival order), after every record added before them."""
+        slide, panes, floor = self.slide, self._panes, math.floor
+        index: int | None = None
+        pane = Pane()
+        chunk: list[Item] = []
+        added = 0
+        for item in items:
+            t = item[1]
+            if floor(t / slide) != index:
+                index = floor(t / slide)
+                pane, chunk = self._fresh_chunk(index)
+            chunk.append(item)
+            if t < pane.low:
+                pane.low = t
+            if t > pane.high:
+                pane.high = t
+            pane.size += 1
+            added += 1
+        self._size += added
+
+    def _fresh_chunk(self, index: int) -> tuple[Pane, list[Item]]:
+        """Pane ``index`` (made if new) and the records of its chunk not written yet (made if none)."""
         pane = self._panes.get(index)
         if pane is None:
             pane = self._panes[index] = Pane()
             bisect.insort(self._keys, index)
         if pane.chunks and pane.chunks[-1].key is None:
-            pane.chunks[-1].items.append(item)
-        else:
-            chunk = Chunk([item])
-            pane.chunks.append(chunk)
-            self._fresh.append((index, chunk))
-        t = item[1]
-        if t < pane.low:
-            pane.low = t
-        if t > pane.high:
-            pane.high = t
-        pane.size += 1
-        self._size += 1
+            return pane, pane.chunks[-1].items
+        chunk = Chunk([])
+        pane.chunks.append(chunk)
+        self._fresh.append((index, chunk))
+        return pane, chunk.items
 
     def earliest(self) -> float | None:
         """The smallest time buffered, or None when empty."""

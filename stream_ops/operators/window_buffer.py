@@ -125,6 +125,7 @@ class WindowBuffer:
         out = BufferBatch()
         mark = self.watermark.value(now) if self.watermark is not None else None
         window = self.window
+        accepted: list[Item] = []
         for stream, record in items:
             t, problem = window.place(record, now, mark)
             if problem == LATE:
@@ -139,7 +140,8 @@ class WindowBuffer:
                 self._items.append(item)
                 out.windows.extend(self._count_window())
             else:
-                self._panes.add(item)
+                accepted.append(item)
+        self._panes.add(accepted)
         if self.watermark is not None:
             for channel, event_time in progress:
                 self.watermark.report(channel, event_time, now)
@@ -349,13 +351,12 @@ class WindowBuffer:
             since, next_end, mark = int(state["since_emit"]), state.get("next_end"), state.get("watermark")
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"not a window buffer snapshot: {e}") from e
-        for t, stream, record in items:
-            item = (self._seq, t, stream, record)
-            self._seq += 1
-            if self.window.counted:
-                self._items.append(item)
-            else:
-                self._panes.add(item)
+        numbered = [(seq, t, stream, record) for seq, (t, stream, record) in enumerate(items)]
+        self._seq = len(numbered)
+        if self.window.counted:
+            self._items.extend(numbered)
+        else:
+            self._panes.add(numbered)
         self._since_emit = since
         self._next_end = None if next_end is None else float(next_end)
         if self.watermark is not None and mark is not None:

@@ -7,8 +7,7 @@ from stream_ops.operators.time_panes import PaneIndex
 
 def _index(*times: float) -> PaneIndex:
     panes = PaneIndex(slide=5.0)
-    for seq, t in enumerate(times):
-        panes.add((seq, t, "a", {"t": t}))
+    panes.add([(seq, t, "a", {"t": t}) for seq, t in enumerate(times)])
     return panes
 
 
@@ -31,7 +30,7 @@ def test_a_written_chunk_is_reported_dropped_once_all_its_records_are_gone():
     panes = _index(5.0, 6.0)
     [(index, _)] = panes.fresh()
     panes.written([("k", index)])
-    panes.add((2, 7.0, "a", {}))  # a new chunk of the same pane
+    panes.add([(2, 7.0, "a", {})])  # a new chunk of the same pane
     panes.drop_before(6.5)
     assert panes.take_dropped() == [("k", 1)]
     assert [(index, [t for _, t, _, _ in chunk.items]) for index, chunk in panes.fresh()] == [(1, [7.0])]
