@@ -89,7 +89,7 @@ class PaneIndex:
 
     def add(self, items: Iterable[Item]) -> None:
         """Buffer ``items`` (in arrival order), after every record added before them."""
-        slide, panes, floor = self.slide, self._panes, math.floor
+        slide, floor = self.slide, math.floor
         index: int | None = None
         pane = Pane()
         chunk: list[Item] = []
