@@ -39,7 +39,7 @@ def _topology(tmp_path: Path) -> Topology:
     bolt = (
         JoinBolt("views", "page")
         .outer_join("buys", "page", "views")
-        .select("page, views:ts as view_ts, buys:amount")
+        .select("page, views:ts as view_ts, buys:amount as amount")
         .with_tumbling_window(seconds=10)
         .with_timestamp_field("ts")
         .with_lag(1)
