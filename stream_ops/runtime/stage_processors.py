@@ -157,25 +157,28 @@ class BatchAggregateProcessor:
 
 
 class JoinProcessor:
-    """A Storm JoinBolt over its windows; the window buffer is task state."""
-
-    STATE_KEY = ("__join_window__",)
+    """A Storm JoinBolt over its windows; the window buffer is task state, as entries a batch
+    writes only where it changed them (see :class:`~stream_ops.operators.window_buffer.WindowBuffer`)."""
 
     def __init__(self, stage: StageSpec, store: RocksDBBackingMap | None, now: float) -> None:
         assert stage.join is not None and store is not None
         self.bolt = JoinBolt.from_spec(stage.join.bolt_spec())
         self.store = store
         self.buffer = self.bolt.window_buffer(now, channels=stage.progress_channels)
-        saved = store.multi_get([self.STATE_KEY])[0]
-        if saved:
-            self.buffer.restore(saved, now)
+        restored = self.buffer.restore(store.items(), now)
+        if restored:
+            logger.info("stage %s: restored the join's window buffer from %d entries", stage.name, restored)
         self.tick_interval_s = self.bolt.tick_interval_s
 
     def process(self, rows: list[Row], now: float) -> ProcessorOutput:
         batch = self.buffer.add(data_rows(rows), now, progress=progress_reports(rows))
         fields = self.bolt.output_fields
         out = [dict(zip(fields, row, strict=True)) for window in batch.windows for row in self.bolt.execute(window)]
-        self.store.multi_put([self.STATE_KEY], [self.buffer.state(now)])
+        puts, deletes = self.buffer.changes(now)
+        if puts:
+            self.store.multi_put([key for key, _ in puts], [value for _, value in puts])
+        if deletes:
+            self.store.delete(deletes)
         output = ProcessorOutput(out, list(batch.dead))
         window = self.bolt.window
         assert window is not None
