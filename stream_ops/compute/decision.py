@@ -371,8 +371,9 @@ def driver_bounded(spark: SparkSession, source: SourceSpec) -> SourceSpec:
     definition does not bound its batches gets batches of at most ``kafkaDriverRecords``
     offsets, so that every batch stays within :func:`choose_path`'s offsets rule and is
     computed on the driver (a backlog is read in several driver batches rather than one Spark
-    job: a 100,000-record batch cost 0.3 s on the driver and over 1 s in Spark). 0 leaves the
-    batches unbounded."""
+    job: reading and counting 100,000 records cost 0.3 s on the driver, and the Kafka word
+    count's backlog of 200,000 sentences took 6.4 s to its last count in Spark's batches, about
+    2 s in driver batches). 0 leaves the batches unbounded."""
     kind = source_kind(source.kind)
     if not kind.offsets_readable:
         return source
