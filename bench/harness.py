@@ -11,11 +11,13 @@ Example::
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -58,6 +60,119 @@ class CommitWatch:
 
     def close(self) -> None:
         self._stopped = True  # each watch is dropped the next time it fires
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: Path) -> list[str]:
+    """The fields of a ``/proc/.../stat`` file after the command name (field 3 first), [] when gone."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_cpu_s(pid: int, *, reaped_children: bool = True) -> float:
+    """CPU seconds (user + system, all threads) of a live process so far, with those of its
+    children it has waited for when ``reaped_children`` (0.0 once it is gone)."""
+    fields = _stat(Path(f"/proc/{pid}/stat"))
+    if not fields:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / _CLOCK_TICKS
+
+
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) of a thread of this process so far (0.0 once it is gone)."""
+    fields = _stat(Path(f"/proc/self/task/{tid}/stat"))
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS if fields else 0.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from the parent pids in ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(entry / "stat")
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its descendants, live ones and those already reaped (a
+    process that ended between two samples is counted in its parent's reaped-children times)."""
+    return sum(process_cpu_s(p) for p in process_tree(pid))
+
+
+IN_PROCESS = ("bench", "spark")
+"""The CPU parts (:meth:`Processes.sample`) of an engine that runs in this process and its SparkSession."""
+
+
+@dataclass
+class Processes:
+    """The processes whose CPU the benchmark reads, by part: ``bench`` (this process: its own
+    threads only, the broker and ZooKeeper being its children too), ``spark`` (the SparkSession's
+    JVM with the Python workers it starts, live and reaped), ``kafka-streams`` (the peer's JVM),
+    ``broker`` and ``zookeeper``."""
+
+    spark_jvm: int
+    broker: int
+    zookeeper: int
+    kafka_streams: int | None = None
+
+    def sample(self) -> dict[str, float]:
+        """CPU seconds of each part so far."""
+        return {
+            "bench": process_cpu_s(os.getpid(), reaped_children=False),
+            "spark": tree_cpu_s(self.spark_jvm),
+            "kafka-streams": process_cpu_s(self.kafka_streams) if self.kafka_streams is not None else 0.0,
+            "broker": tree_cpu_s(self.broker),
+            "zookeeper": tree_cpu_s(self.zookeeper),
+        }
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds over one phase of a run.
+
+    Attributes:
+        engine_s: the engine's processes (its parts of :meth:`Processes.sample`); for an engine in this
+            process, less the harness's own Python threads (``harness_s``).
+        harness_s: the harness's own Python threads in this process over the phase (an
+            output reader's loop, a load loop: measured with ``time.thread_time``); subtracted
+            from an in-process engine's CPU, reported for every engine.
+        broker_s: the Kafka broker.
+        zookeeper_s: ZooKeeper (stream_ops' coordination; idle for the others).
+        process_s: this process's threads less ``harness_s``: for an engine in another
+            process, what the harness's Kafka clients' librdkafka threads and the idle rig
+            cost, the most an in-process engine's ``engine_s`` carries that is not its own.
+    """
+
+    engine_s: float
+    harness_s: float
+    broker_s: float
+    zookeeper_s: float
+    process_s: float
+
+
+def cpu_use(parts: Sequence[str], before: dict[str, float], after: dict[str, float], harness_s: float) -> CpuUse:
+    """The phase's :class:`CpuUse` of an engine whose processes are ``parts``, from two
+    :meth:`Processes.sample` results."""
+    spent = {part: after[part] - before[part] for part in after}
+    engine_s = sum(spent[part] for part in parts)
+    if "bench" in parts:
+        engine_s -= harness_s
+    return CpuUse(engine_s, harness_s, spent["broker"], spent["zookeeper"], spent["bench"] - harness_s)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:

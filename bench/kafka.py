@@ -1,5 +1,5 @@
-"""Kafka -> word count -> Kafka: plain Spark Structured Streaming vs a stream_ops topology, on a
-real single-node broker, in one process.
+"""Kafka -> word count -> Kafka: plain Spark Structured Streaming, a stream_ops topology and Kafka
+Streams, on a real single-node broker, one engine after another.
 
 An embedded Kafka broker (KRaft, from the cached jars), an embedded ZooKeeper, one SparkSession
 (``local[2]``, with Spark's Kafka connector) and, for stream_ops, a Worker on a thread sharing
@@ -14,10 +14,29 @@ filled before it starts) and writes the updated counts to its own output topic:
   ``persistent_aggregate(Count())`` (opaque state) -> ``new_values()`` ->
   ``to_kafka(key="word")``: every batch one Kafka transaction, exactly once for
   ``read_committed`` consumers.
+* Kafka Streams 4.3.1 (the peer, ``bench/peers/kafka-streams/``, built with Maven once into the
+  stream_ops cache by ``bench/kafka_streams_peer.py``; skipped, with the reason printed, when
+  Maven or Maven Central is not there): ``flatMapValues(split)`` -> ``groupBy(word)`` (a
+  repartition topic) -> ``count()`` (RocksDB store, changelog topic) -> ``to(output)`` with the
+  same key and ``{"count": n}`` value as stream_ops, ``processing.guarantee=exactly_once_v2``,
+  ``commit.interval.ms`` = the trigger (0.2 s), ``--kstreams-threads`` stream threads (2, as
+  ``local[2]``), the default record cache (counts are deduplicated per commit, as a micro-batch
+  does). Its own JVM, one for the whole benchmark (warmed up like the others); a new
+  application id (consumer group, state, internal topics) per run.
 
 **Throughput.** From the engine's start (``start()`` / ``submit``) until a consumer of the
-output topic (``read_committed``) has seen, for every word, its final count. Both outputs are
+output topic (``read_committed``) has seen, for every word, its final count. Every output is
 checked against ``collections.Counter`` over the sentences.
+
+**CPU.** Read from ``/proc`` (user + system, all threads) at the start and end of each phase:
+the throughput run (start -> every final count seen) and the latency run's load. Plain Spark and
+stream_ops run in this process and its SparkSession: their CPU is this process's threads + the
+Spark JVM + the Python workers it starts (live or reaped), less the harness's own Python threads
+(the output reader's loop, the load loop, the probe breakdown's poller: measured with
+``time.thread_time`` and shown apart); the librdkafka threads of the harness's consumer and load
+producer stay in (the only part of the harness not separable). Kafka Streams: its JVM. The
+broker and ZooKeeper are shown apart (all engines load the broker; only stream_ops uses
+ZooKeeper). CPU per sentence (an input record, ~6 words) = CPU s / sentences.
 
 **Latency.** Then each engine gets a steady load (``--rate`` sentences/s on a fresh input
 topic) with a probe sentence of one unique word every ``1/--probe-rate`` s; a probe's latency is
@@ -44,7 +63,7 @@ the means do) next to the total. Plain Spark: the total only.
 It prints figures only (no speed asserts).
 
 Run: ``.venv/bin/python bench/kafka.py [--quick] [--sentences 200000] [--rate 2000] [--duration 30]
-[--engines plain stream_ops] [--skip throughput]``; ``--quick`` is 20k sentences and 15 s of probes
+[--engines plain stream_ops kafka-streams] [--skip throughput]``; ``--quick`` is 20k sentences and 15 s of probes
 after 3 s of warm-up (a few minutes in all).
 """
 
@@ -78,6 +97,7 @@ from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.config import ClusterConfig
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.embedded import EmbeddedKafka
+from stream_ops.kafka.jars import KAFKA_VERSION
 from stream_ops.kafka.producing import produce_json
 from stream_ops.kafka.sink_records import HEADER_TASK, HEADER_TXID
 from stream_ops.nimbus import kill, submit
@@ -86,7 +106,17 @@ from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.sources import KafkaTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SPARK_MASTER, BenchRig, WorkerThread, wait_until  # the benchmarks' shared rig
+from harness import (  # the benchmarks' shared rig
+    IN_PROCESS,
+    SPARK_MASTER,
+    BenchRig,
+    CpuUse,
+    Processes,
+    WorkerThread,
+    cpu_use,
+    wait_until,
+)
+from kafka_streams_peer import KafkaStreamsPeer, PeerBuildError, build  # the Kafka Streams peer
 from wordcount import make_sentences  # the word count's input
 
 PARTITIONS = 2
@@ -117,6 +147,8 @@ class CountsReader:
         self.latest: dict[str, int] = {}
         self.first_seen: dict[str, Seen] = {}
         self.messages = 0
+        self.thread_cpu_s = 0.0
+        """CPU seconds of the reading thread's Python loop so far (its librdkafka threads not included)."""
         settings = {"group.id": f"bench-{topic}", "isolation.level": "read_committed", "enable.auto.commit": False}
         self._consumer = Consumer(client_config(bootstrap, **settings, **{"fetch.wait.max.ms": 10}))
         self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
@@ -126,7 +158,9 @@ class CountsReader:
         self._thread.start()
 
     def _run(self) -> None:
+        started = time.thread_time()
         while not self._stop.is_set():
+            self.thread_cpu_s = time.thread_time() - started
             for message in self._consumer.consume(10_000, timeout=0.05):
                 key, value = message.key(), message.value()
                 if message.error() is not None or key is None or value is None:
@@ -178,11 +212,13 @@ def _count_of(value: bytes) -> int:
 @dataclass
 class Engine:
     """Starting and stopping one engine on an input topic, writing to an output topic;
-    ``runners`` lists a stream_ops engine's running tasks (None for plain Spark)."""
+    ``cpu_parts`` names its processes in :meth:`Processes.sample`; ``runners`` lists a
+    stream_ops engine's running tasks (None for the others)."""
 
     name: str
     start: Callable[[str, str], None]
     stop: Callable[[], None]
+    cpu_parts: tuple[str, ...]
     runners: Callable[[], list[TaskRunner]] | None = None
 
 
@@ -217,7 +253,7 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, trigger_s
             query.stop()
         queries.clear()
 
-    return Engine("plain Spark", start, stop)
+    return Engine("plain Spark", start, stop, IN_PROCESS)
 
 
 def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka) -> Engine:
@@ -247,7 +283,20 @@ def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka)
     def runners() -> list[TaskRunner]:
         return [r for (tid, _), r in list(worker.worker._runners.items()) if tid in topology_ids]
 
-    return Engine("stream_ops", start, stop, runners)
+    return Engine("stream_ops", start, stop, IN_PROCESS, runners)
+
+
+def kafka_streams_engine(peer: KafkaStreamsPeer) -> Engine:
+    """The Kafka Streams peer: a new application (group, state, internal topics) per run, in the one JVM."""
+
+    def start(input_topic: str, output_topic: str) -> None:
+        peer.start(f"kwc-{output_topic}", input_topic, output_topic)
+
+    return Engine("Kafka Streams", start, peer.stop, ("kafka-streams",))
+
+
+ENGINE_OPTIONS = {"plain Spark": "plain", "stream_ops": "stream_ops", "Kafka Streams": "kafka-streams"}
+"""Engine name -> its ``--engines`` value."""
 
 
 # --- where a probe's time goes (stream_ops) -------------------------------------------------------
@@ -304,6 +353,8 @@ class TaskTimelines:
         self.kind: dict[int, str] = {}
         """Task id -> ``source`` or ``keyed``."""
         self.kafka_shuffle = False
+        self.thread_cpu_s = 0.0
+        """CPU seconds of the polling thread so far (the harness's, not the engine's)."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="task-timelines", daemon=True)
@@ -312,8 +363,10 @@ class TaskTimelines:
         self._thread.start()
 
     def _run(self) -> None:
+        started = time.thread_time()
         while not self._stop.wait(self._interval_s):
             self.poll()
+            self.thread_cpu_s = time.thread_time() - started
 
     def poll(self) -> None:
         """Take what the running tasks hold now (older batches drop out of both records)."""
@@ -494,8 +547,10 @@ def pct(values: Sequence[float], q: float) -> float:
 class Throughput:
     engine: str
     seconds: float
+    sentences: int
     words: int
     output_messages: int
+    cpu: CpuUse
 
     @property
     def words_per_s(self) -> float:
@@ -509,13 +564,23 @@ class Latency:
     probes_ms: list[float] = field(default_factory=list)
     lost: int = 0
     breakdown: Breakdown | None = None
+    cpu: CpuUse | None = None
+    load_s: float = float("nan")
+    """Seconds from the first sentence of the load to the last acknowledged (the CPU window)."""
+    sentences: int = 0
 
     def pct(self, q: float) -> float:
         return pct(self.probes_ms, q)
 
 
 def run_throughput(
-    engine: Engine, kafka: EmbeddedKafka, sentences: Sequence[str], expected: dict[str, int], tag: str, timeout_s: float
+    engine: Engine,
+    kafka: EmbeddedKafka,
+    processes: Processes,
+    sentences: Sequence[str],
+    expected: dict[str, int],
+    tag: str,
+    timeout_s: float,
 ) -> Throughput:
     input_topic, output_topic = f"in-{tag}", f"out-{tag}"
     kafka.create_topic(input_topic, PARTITIONS)
@@ -523,6 +588,7 @@ def run_throughput(
     produce_json(kafka.bootstrap_servers, input_topic, ({"sentence": s} for s in sentences), partitions=PARTITIONS)
     reader = CountsReader(kafka.bootstrap_servers, output_topic)
     try:
+        cpu_before, reader_before = processes.sample(), reader.thread_cpu_s
         started = time.monotonic()
         engine.start(input_topic, output_topic)
         if not wait_until(lambda: reader.matches(expected), timeout_s, interval_s=0.05):
@@ -531,7 +597,8 @@ def run_throughput(
                 f"{engine.name} ({tag}): counts did not reach the ground truth in {timeout_s:.0f} s: {len(wrong)} differ"
             )
         seconds = time.monotonic() - started
-        return Throughput(engine.name, seconds, sum(expected.values()), reader.messages)
+        cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), reader.thread_cpu_s - reader_before)
+        return Throughput(engine.name, seconds, len(sentences), sum(expected.values()), reader.messages, cpu)
     finally:
         engine.stop()
         reader.close()
@@ -540,6 +607,7 @@ def run_throughput(
 def run_latency(
     engine: Engine,
     kafka: EmbeddedKafka,
+    processes: Processes,
     vocabulary: Sequence[str],
     tag: str,
     *,
@@ -574,6 +642,9 @@ def run_latency(
         if not wait_until(lambda: reader.arrival("start") is not None, timeout_s, interval_s=0.05):
             raise SystemExit(f"{engine.name} ({tag}): no output within {timeout_s:.0f} s of the start")
         sent: dict[str, tuple[float, int]] = {}
+        cpu_before, main_before = processes.sample(), time.thread_time()
+        reader_before = reader.thread_cpu_s
+        timelines_before = timelines.thread_cpu_s if timelines is not None else 0.0
         began = time.time()
         tick = 0.01
         next_probe = began
@@ -594,6 +665,11 @@ def run_latency(
             producer.poll(0)
             time.sleep(tick)
         producer.flush(30)
+        result.load_s, result.sentences = time.time() - began, n + len(sent)
+        harness_s = time.thread_time() - main_before + reader.thread_cpu_s - reader_before
+        if timelines is not None:
+            harness_s += timelines.thread_cpu_s - timelines_before
+        result.cpu = cpu_use(engine.cpu_parts, cpu_before, processes.sample(), harness_s)
         wait_until(lambda: all(reader.arrival(w) is not None for w in sent), timeout_s, interval_s=0.1)
         counted: list[tuple[float, int, int | None, Seen]] = []
         for word, (at, partition) in sent.items():
@@ -629,36 +705,67 @@ def report(
     spark: SparkSession, args: argparse.Namespace, throughput: list[Throughput], latency: list[Latency], loads: list[Any]
 ) -> None:
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
+    names = ", ".join(r.engine for r in (throughput or latency))
     print()
-    print("== Kafka -> word count -> Kafka: plain Spark Structured Streaming vs stream_ops ==")
+    print(f"== Kafka -> word count -> Kafka: {names} ==")
     print(
         f"machine:  {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, pyspark "
         f"{pyspark.__version__}, Java {java}; Kafka broker embedded (KRaft, 1 node), {PARTITIONS} partitions per topic"
     )
     print(f"load:     1/5/15-min load average {_loads(loads[0])} at the start, {_loads(loads[-1])} at the end")
-    print(f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines), stream_ops opaque state")
+    print(
+        f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (Spark engines), stream_ops opaque state; "
+        f"Kafka Streams {KAFKA_VERSION} exactly_once_v2, commit.interval.ms {args.trigger * 1000:g}, "
+        f"{args.kstreams_threads} stream threads, default record cache"
+    )
     if throughput:
         print()
         plain = next((r for r in throughput if r.engine == "plain Spark"), None)
-        print(f"{'throughput':<14}{'seconds':>9}{'words/s':>12}{'vs plain':>10}{'out msgs':>10}")
+        print(
+            f"{'throughput':<14}{'seconds':>9}{'words/s':>11}{'vs plain':>9}{'out msgs':>10}"
+            f"{'CPU s':>8}{'CPU us/sent':>12}{'broker s':>9}{'ZK s':>6}{'harness s':>10}{'process s':>10}"
+        )
         for t in throughput:
             ratio = f"{t.words_per_s / plain.words_per_s:.2f}x" if plain else "-"
-            print(f"{t.engine:<14}{t.seconds:>9.2f}{t.words_per_s:>12,.0f}{ratio:>10}{t.output_messages:>10,}")
+            print(
+                f"{t.engine:<14}{t.seconds:>9.2f}{t.words_per_s:>11,.0f}{ratio:>9}{t.output_messages:>10,}"
+                f"{t.cpu.engine_s:>8.1f}{t.cpu.engine_s / t.sentences * 1e6:>12.0f}{t.cpu.broker_s:>9.1f}"
+                f"{t.cpu.zookeeper_s:>6.1f}{t.cpu.harness_s:>10.1f}{t.cpu.process_s:>10.1f}"
+            )
         print(
             f"  {args.sentences:,} sentences ({throughput[0].words:,} words) in the input topic before the start; timed "
-            "from start()/submit until a read_committed consumer saw every final count"
+            "from start()/submit until a read_committed consumer saw every final count; CPU over the same span"
         )
     if latency:
         print()
-        print(f"{'latency':<14}{'rate/s':>8}{'probes':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'lost':>6}")
+        print(
+            f"{'latency':<14}{'rate/s':>8}{'probes':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'lost':>6}"
+            f"{'CPU s':>8}{'cores':>7}{'CPU us/sent':>12}{'broker':>8}{'ZK':>6}{'harness':>8}{'process':>8}"
+        )
         for r in latency:
             worst = max(r.probes_ms) if r.probes_ms else float("nan")
+            cpu = r.cpu or CpuUse(*[float("nan")] * 5)
             print(
-                f"{r.engine:<14}{r.rate:>8,.0f}{len(r.probes_ms):>8}{r.pct(0.5):>9.0f}{r.pct(0.99):>9.0f}{worst:>9.0f}{r.lost:>6}"
+                f"{r.engine:<14}{r.rate:>8,.0f}{len(r.probes_ms):>8}{r.pct(0.5):>9.0f}{r.pct(0.99):>9.0f}{worst:>9.0f}"
+                f"{r.lost:>6}{cpu.engine_s:>8.1f}{cpu.engine_s / r.load_s:>7.2f}"
+                f"{cpu.engine_s / max(r.sentences, 1) * 1e6:>12.0f}{cpu.broker_s / r.load_s:>8.2f}{cpu.zookeeper_s / r.load_s:>6.2f}"
+                f"{cpu.harness_s / r.load_s:>8.2f}{cpu.process_s / r.load_s:>8.2f}"
             )
         print(
             f"  probe sentence (one new word) every {1 / args.probe_rate:g} s under {args.rate:g} sentences/s; latency = "
-            f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted"
+            f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted; "
+            "CPU over the load (warm-up included), cores = CPU s per second of it (broker, ZK, harness, process likewise)"
+        )
+    if throughput or latency:
+        print(
+            "  CPU s = the engine's processes, user + system, all threads, from /proc: plain Spark and stream_ops run "
+            "in this process and its SparkSession, so theirs is this process's threads + the Spark JVM + the Python "
+            "workers it starts, less the harness's Python threads (output reader loop, load loop, breakdown poller: "
+            "'harness'); the harness's librdkafka threads (one read_committed consumer, the load producer) stay in: "
+            "'process' in the Kafka Streams row (this process's threads less 'harness' while Kafka Streams runs: those "
+            "threads and the idle rig) is the most that adds. Kafka Streams: its JVM only. The broker (all engines) and "
+            "ZooKeeper (stream_ops' coordination) are apart; stream_ops' state topic and shuffle, and Kafka Streams' "
+            "changelog and repartition topics, load the broker."
         )
     for r in latency:
         if r.breakdown is not None:
@@ -697,8 +804,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=None, help="seconds of probes not counted; 5")
     parser.add_argument("--skip", nargs="*", choices=["throughput", "latency"], default=[], help="parts to leave out")
     parser.add_argument(
-        "--engines", nargs="+", choices=["plain", "stream_ops"], default=["plain", "stream_ops"], help="engines to run"
+        "--engines",
+        nargs="+",
+        choices=list(ENGINE_OPTIONS.values()),
+        default=list(ENGINE_OPTIONS.values()),
+        help="engines to run (kafka-streams is built with Maven on first use)",
     )
+    parser.add_argument("--kstreams-threads", type=int, default=2, help="Kafka Streams' num.stream.threads (local[2]: 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
@@ -707,15 +819,36 @@ def main() -> None:
             setattr(args, name, value)
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    classpath: list[Path] | None = None
+    if "kafka-streams" in args.engines:
+        try:
+            classpath = build()
+        except PeerBuildError as e:
+            print(f"Kafka Streams skipped: {e}", flush=True)
     loads = [os.getloadavg()]
     with BenchRig("kafka", app_name="bench-kafka", keep=args.keep, kafka_connector=True, log_level="ERROR") as rig:
         kafka = EmbeddedKafka(rig.work / "kafka")
         kafka.start()
+        peer: KafkaStreamsPeer | None = None
         try:
             print(f"Kafka ready on {kafka.bootstrap_servers} in {kafka.started_in_s:.1f} s", flush=True)
             worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=args.trigger, max_files=100)
+            spark_jvm = int(rig.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+            assert kafka.pid is not None and rig.zk.pid is not None
+            processes = Processes(spark_jvm=spark_jvm, broker=kafka.pid, zookeeper=rig.zk.pid)
             engines = [plain_spark(rig.spark, kafka, rig.work, args.trigger), stream_ops_engine(rig, worker, kafka)]
-            engines = [e for e in engines if {"plain Spark": "plain", "stream_ops": "stream_ops"}[e.name] in args.engines]
+            if classpath is not None:
+                peer = KafkaStreamsPeer(
+                    classpath,
+                    kafka.bootstrap_servers,
+                    threads=args.kstreams_threads,
+                    commit_interval_s=args.trigger,
+                    work=rig.work / "kafka-streams",
+                )
+                peer.launch()
+                processes.kafka_streams = peer.pid
+                engines.append(kafka_streams_engine(peer))
+            engines = [e for e in engines if ENGINE_OPTIONS[e.name] in args.engines]
             sentences = make_sentences(args.sentences, args.vocabulary, args.seed)
             expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
             warm = make_sentences(2_000, args.vocabulary, args.seed + 1)
@@ -723,16 +856,17 @@ def main() -> None:
             throughput: list[Throughput] = []
             latency: list[Latency] = []
             for i, engine in enumerate(engines):
-                run_throughput(engine, kafka, warm, warm_expected, f"warm{i}", args.timeout)  # JIT, Python workers
+                run_throughput(engine, kafka, processes, warm, warm_expected, f"warm{i}", args.timeout)  # JIT, Python workers
                 if "throughput" not in args.skip:
-                    result = run_throughput(engine, kafka, sentences, expected, f"tp{i}", args.timeout)
-                    print(f"{engine.name}: {result.seconds:.2f} s, counts verified", flush=True)
+                    result = run_throughput(engine, kafka, processes, sentences, expected, f"tp{i}", args.timeout)
+                    print(f"{engine.name}: {result.seconds:.2f} s, {result.cpu.engine_s:.1f} CPU s, counts verified", flush=True)
                     throughput.append(result)
                 if "latency" not in args.skip:
                     vocabulary = sorted(warm_expected)
                     lat = run_latency(
                         engine,
                         kafka,
+                        processes,
                         vocabulary,
                         f"lat{i}",
                         rate=args.rate,
@@ -746,6 +880,8 @@ def main() -> None:
             loads.append(os.getloadavg())
             report(rig.spark, args, throughput, latency, loads)
         finally:
+            if peer is not None:
+                peer.close()
             kafka.stop()
 
 

@@ -25,8 +25,10 @@ because the other ran ahead.
   "<length> seconds"), "user").count()``, append output mode, Parquet file sink.
 * stream_ops: ``events.window(Tumbling(<length>), time="event", timestamp_field="ts",
   lag=<lag>).group_by("user").aggregate(Count(), out="n").to_parquet(...)``: 2 source tasks
-  shuffle whole records to 2 window tasks (per-key partial counts per open window in RocksDB,
-  emitted when the task's watermark passes the window's end), batch files fsynced (the default).
+  count per (window, user) in Arrow the events that cannot be late at the window tasks and
+  shuffle those counts, and the other events whole, to 2 window tasks (per-key partial counts
+  per open window in RocksDB, emitted when the task's watermark passes the window's end), batch
+  files fsynced (the default).
 
 Timing, the same for both: *seconds* run from the trigger start of the first micro-batch that
 read input (Spark's progress ``timestamp``; for stream_ops the earliest over its source tasks)

@@ -49,3 +49,12 @@ def partition_for(key: Sequence[Any], queues: int) -> int:
     if queues <= 0:
         raise ValueError(f"queues must be positive, got {queues}")
     return stable_hash(key) % queues
+
+
+def partition_of_encoded(key: str, queues: int) -> int:
+    """:func:`partition_for` of the key ``key`` is the encoding of (``encode_key``'s canonical
+    text), without decoding it: the same queue, as the encoding of a decoded canonical key is
+    the text itself."""
+    if queues <= 0:
+        raise ValueError(f"queues must be positive, got {queues}")
+    return zlib.crc32(key.encode("utf-8")) % queues

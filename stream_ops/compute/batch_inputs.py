@@ -118,7 +118,8 @@ def noted_offsets(df: DataFrame) -> NotedOffsets | None:
 
 @contextlib.contextmanager
 def batch_files_noted(df: DataFrame, files: list[Path]) -> Iterator[None]:
-    """``files`` noted as the Parquet shuffle files of the keyed batch ``df`` while the block runs."""
+    """``files`` noted as the shuffle files of the batch ``df`` (a keyed batch's Parquet
+    partials, a records batch's JSON lines) while the block runs."""
     _BATCH_FILES[df] = files
     try:
         yield
@@ -143,5 +144,5 @@ def noting_batch_files(on_batch: Callable[[DataFrame, int], None], checkpoint_di
 
 
 def noted_batch_files(df: DataFrame) -> list[Path] | None:
-    """The Parquet shuffle files noted for the keyed batch ``df`` while its callback runs."""
+    """The shuffle files noted for the batch ``df`` while its callback runs."""
     return _BATCH_FILES.get(df)

@@ -24,6 +24,7 @@ import dataclasses
 import enum
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ from stream_ops.operators.record_pipeline import needs_driver
 from stream_ops.sources import source_kind
 from stream_ops.sources.arrow_json import native_fields
 from stream_ops.sources.base import SourceSpec
-from stream_ops.topics.shuffle_files import read_partials
+from stream_ops.topics.shuffle_files import read_partials, read_record_rows
 from stream_ops.topology.plan import StageSpec
 
 logger = logging.getLogger(__name__)
@@ -298,7 +299,13 @@ def batch_path(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None
     return BatchPath(choice, read)
 
 
-def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None) -> SourceBatchResult:
+def source_batch(
+    df: DataFrame,
+    stage: StageSpec,
+    *,
+    on_driver: bool | None = None,
+    sent_before: Mapping[int, float | None] | None = None,
+) -> SourceBatchResult:
     """Run a source stage's operations (and partial aggregation) on one micro-batch, on the
     path :func:`choose_path` picks.
 
@@ -307,6 +314,9 @@ def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = No
     trying an Arrow read first. All paths give the same outputs, partials, dead letters and
     input count. A SQL operation that fails on some records in the JVM sends them to the dead
     letters and computes the others in Spark (:func:`~stream_ops.compute.jvm_sql.without_failing_rows`).
+    ``sent_before`` (per event-time window stage, the largest event time the task sent it in
+    its earlier batches; None: not known) lets path 1 send records that cannot be late there as
+    partials per (window, key) (:func:`~stream_ops.compute.arrow_on_driver.arrow_batch`).
     """
     path = batch_path(df, stage, on_driver=on_driver)
     choice = path.choice
@@ -316,7 +326,7 @@ def source_batch(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = No
     batches = table_batches(path.table, stage, max_records=max_records_per_batch(df.sparkSession))
     if choice.path is ComputePath.ROW_PROCESSES:
         return row_processes_batch(batches, stage, stage_run(stage), processes=choice.processes)
-    return arrow_batch(batches, stage)
+    return arrow_batch(batches, stage, sent_before=sent_before)
 
 
 def _parsed_by_spark(df: DataFrame, stage: StageSpec, choice: PathChoice) -> SourceBatchResult:
@@ -382,7 +392,12 @@ def driver_bounded(spark: SparkSession, source: SourceSpec) -> SourceSpec:
 
 
 def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]:
-    """The (stream tag, encoded key, record) rows of a records shuffle batch."""
+    """The (stream tag, encoded key, record) rows of a records shuffle batch: read from its
+    JSON-lines files on the driver when they are noted (:mod:`stream_ops.compute.batch_inputs`),
+    else collected from Spark (a Kafka shuffle, Spark's file source)."""
+    files = noted_batch_files(df)
+    if files is not None:
+        return read_record_rows(files)
     return [(row["stream"], row["key"], json.loads(row["record"])) for row in df.collect() if row["record"] is not None]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +21,7 @@ from stream_ops.compute.stage_function import StageRows, output_plans, stage_row
 from stream_ops.operators.aggregators import CombinerAggregator, aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import needs_driver
+from stream_ops.operators.window_partials import WindowPartials
 from stream_ops.topology.plan import ShuffleSpec, StageSpec
 
 
@@ -36,6 +37,9 @@ class SourceBatchResult:
     input_rows: int
     inputs: list[dict[str, Any]] | None = None
     """The parsed input records, when the stage's operations must run on the driver."""
+    window_partials: dict[int, WindowPartials] = field(default_factory=dict)
+    """Stage output index -> the partials per (window, key) it sends an event-time window stage
+    besides its whole records (:mod:`stream_ops.operators.window_partials`)."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from stream_ops.operators.record_pipeline import (
 )
 from stream_ops.sources import CORRUPT_COLUMN
 from stream_ops.topology.functions import resolve_function
-from stream_ops.topology.plan import OperationSpec, ShuffleSpec, StageSpec
+from stream_ops.topology.plan import OperationSpec, RecordsSpec, ShuffleSpec, StageSpec
 
 HEAD_OPERATIONS = SQL_OPERATIONS + BATCH_OPERATIONS
 
@@ -335,6 +335,20 @@ def typed_partials(stage: StageSpec) -> ShuffleSpec | None:
         return None
     output = stage.outputs[0]
     if not isinstance(output, ShuffleSpec) or aggregator_from_spec(output.aggregator).spark_function is None:
+        return None
+    return output
+
+
+def window_partials_output(stage: StageSpec) -> RecordsSpec | None:
+    """The stage's one output when every operation is SQL (done by the Arrow read) and the
+    output sends whole records to an event-time window stage that takes partials
+    (``RecordsSpec.window_partials``): its batch may then go partly as partials."""
+    if any(op.kind not in SQL_OPERATIONS for op in stage.operations) or len(stage.outputs) != 1:
+        return None
+    output = stage.outputs[0]
+    if not isinstance(output, RecordsSpec) or output.window_partials is None or output.broadcast_unkeyed:
+        return None
+    if stage.tap_of(output) != len(stage.operations) - 1:
         return None
     return output
 

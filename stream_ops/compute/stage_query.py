@@ -118,7 +118,8 @@ def _reading_queue_batches(
 ) -> Callable[[DataFrame, int], None]:
     """``on_batch`` over a shuffle queue read by the queue source (whose batches have no rows):
     Parquet partials are noted for :func:`~stream_ops.compute.decision.keyed_batch`, which reads them itself; JSON records
-    are handed over as a batch read of exactly the batch's files."""
+    are handed over as a batch read of exactly the batch's files (read by Spark only if used), noted for
+    :func:`~stream_ops.compute.decision.records_batch`, which reads them on the driver."""
 
     def run(df: DataFrame, batch_id: int) -> None:
         files = batch_files(checkpoint_dir, batch_id, input_dir, suffix)
@@ -129,6 +130,7 @@ def _reading_queue_batches(
         ddl = schema_ddl(stage.input_fields)
         session = df.sparkSession
         records = session.read.schema(ddl).json([str(f) for f in files]) if files else session.createDataFrame([], ddl)
-        on_batch(records, batch_id)
+        with batch_files_noted(records, files):
+            on_batch(records, batch_id)
 
     return run

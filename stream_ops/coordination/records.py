@@ -134,7 +134,9 @@ class TransactionalRecord(_Record):
 
     ``outputs`` names the files the committed batch staged (output root path -> file key, e.g. a queue number or a relative path -> bytes), so
     publishing them can prove none was lost; ``inputs`` holds the input fingerprints of the
-    last few committed batches, so a batch id Spark re-plans with other input is caught.
+    last few committed batches, so a batch id Spark re-plans with other input is caught;
+    ``event_times_sent`` bounds the watermark of the window tasks it feeds
+    (:mod:`stream_ops.runtime.event_times_sent`).
     """
 
     committed_txid: int = -1
@@ -146,6 +148,10 @@ class TransactionalRecord(_Record):
     rows: int = 0
     outputs: dict[str, dict[str, int]] = Field(default_factory=dict)
     inputs: list[BatchInput] = Field(default_factory=list)
+    event_times_sent: dict[str, float] | None = None
+    """For a task that may send partials to event-time window stages: per window stage index,
+    the largest event time the task sent it in the batches up to ``committed_txid`` (a stage it
+    sent nothing is absent); None when not known (a task that does not keep it)."""
 
     def input_of(self, txid: int) -> BatchInput | None:
         """The recorded input of committed batch ``txid``, if it is among the recent ones."""

@@ -77,7 +77,22 @@ def _output_spec(output: dict[str, Any], topology: Topology, learned: _Learned) 
 
 def _records_spec(spec: dict[str, Any], topology: Topology, learned: _Learned) -> RecordsSpec:
     spec = learned.output(spec)
-    return RecordsSpec.model_validate({**spec, "progress": _progress_of(topology.segments[spec["to_stage"]])})
+    target = topology.segments[spec["to_stage"]]
+    return RecordsSpec.model_validate({**spec, "progress": _progress_of(target), "window_partials": _window_partials_of(target)})
+
+
+def _window_partials_of(segment: Segment) -> dict[str, Any] | None:
+    """What an upstream task needs to send ``segment`` partial aggregates per (window, key), or
+    None when it takes whole records only: the lateness bound of
+    :mod:`stream_ops.operators.window_partials` holds for event-time tumbling and sliding windows
+    whose watermark waits for every upstream task (no ``idle_timeout``)."""
+    node = segment.window
+    if node is None:
+        return None
+    window = node.window
+    if window.time != "event" or window.counted or window.kind == "session" or window.idle_timeout is not None:
+        return None
+    return {"window": window.to_spec(), "aggregator": node.aggregator.to_spec()}
 
 
 def _progress_channels(segment: Segment, topology: Topology, learned: _Learned) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """Windowed streams of the DSL: ``stream.window(...).group_by(...).aggregate(...)``.
 
 A windowed aggregate is a stage of its own: records are shuffled by the key fields into it
-(whole records, since each needs its own time), and each task keeps one partial aggregate per
-open (window, key) as task state. See :mod:`stream_ops.topology.windows` for the window rules.
+(whole records, since each needs its own time and may be late; a source task sends those it
+proves cannot be late as partials per (time window, key), :mod:`stream_ops.operators.window_partials`),
+and each task keeps one partial aggregate per open (window, key) as task state. See :mod:`stream_ops.topology.windows` for the window rules.
 """
 
 from __future__ import annotations

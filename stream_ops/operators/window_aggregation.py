@@ -37,6 +37,7 @@ from typing import Any
 from stream_ops.hashing import encode_key
 from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.aggregators import CombinerAggregator
+from stream_ops.operators.window_partials import PartialRow
 from stream_ops.topology.windows import LATE, WINDOW_END, WINDOW_START, Watermark, WindowDef
 
 Record = dict[str, Any]
@@ -95,13 +96,21 @@ class WindowedAggregation:
     # --- batches -----------------------------------------------------------------------------
 
     def process(
-        self, records: Iterable[Mapping[str, Any]], now: float, *, progress: Iterable[tuple[str, float]] = ()
+        self,
+        records: Iterable[Mapping[str, Any]],
+        now: float,
+        *,
+        progress: Iterable[tuple[str, float]] = (),
+        partials: Iterable[PartialRow] = (),
     ) -> WindowBatch:
         """Add a batch of records seen at ``now``, then close the windows that are complete.
 
         Lateness is judged against the watermark as it was when the batch started, so records
         of one batch are never late relative to each other. ``progress`` holds the upstream
-        tasks' reports (channel, largest event time) that came with the batch.
+        tasks' reports (channel, largest event time) that came with the batch. ``partials`` are
+        (start, end, encoded key, partial) of event-time windows that upstream source tasks
+        aggregated from records they proved cannot be late here
+        (:mod:`~stream_ops.operators.window_partials`): combined into the open windows as they are.
         """
         out = WindowBatch()
         mark = self.watermark.value(now) if self.watermark is not None else None
@@ -123,6 +132,8 @@ class WindowedAggregation:
                 self._add(key, partial, t, now, out)
             except Exception as e:  # noqa: BLE001 - a combine that rejects this partial
                 out.dead.append({"record": dict(record), "error": f"aggregator combine: {type(e).__name__}: {e}"})
+        for start, end, key, partial in partials:
+            self._add_partial((float(start), float(end)), key, partial)
         if self.watermark is not None:
             for channel, event_time in progress:
                 self.watermark.report(channel, event_time, now)
@@ -156,9 +167,13 @@ class WindowedAggregation:
             self._add_session(key, partial, t)
         else:
             for bounds in window.windows_of(t):
-                keys = self._time.setdefault(bounds, {})
-                keys[key] = self._combine(keys[key], partial) if key in keys else partial
-                self._put((PREFIX, "t", *bounds, key), keys[key])
+                self._add_partial(bounds, key, partial)
+
+    def _add_partial(self, bounds: tuple[float, float], key: str, partial: Any) -> None:
+        """Combine ``partial`` into time window ``bounds`` of ``key``."""
+        keys = self._time.setdefault(bounds, {})
+        keys[key] = self._combine(keys[key], partial) if key in keys else partial
+        self._put((PREFIX, "t", *bounds, key), keys[key])
 
     def _add_counted(self, key: str, partial: Any, now: float, out: WindowBatch) -> None:
         length, slide = int(self.window.length), int(self.window.slide)

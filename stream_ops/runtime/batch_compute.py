@@ -9,7 +9,7 @@ driver run on the result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pyspark.sql import DataFrame
 
@@ -23,12 +23,14 @@ from stream_ops.runtime.task_state import TaskState
 from stream_ops.topology.plan import ShuffleSpec, StageSpec
 
 
-def compute_in_spark(df: DataFrame, stage: StageSpec) -> ComputedBatch:
-    """Step 2, Spark's part: read the micro-batch as its stage kind's input format."""
+def compute_in_spark(df: DataFrame, stage: StageSpec, *, sent_before: Mapping[int, float | None] | None = None) -> ComputedBatch:
+    """Step 2, Spark's part: read the micro-batch as its stage kind's input format. A source
+    batch may send records that cannot be late at an event-time window stage as partials,
+    given ``sent_before`` (:func:`~stream_ops.compute.decision.source_batch`)."""
     reads = stage.kind_info.reads
     if reads == "source":
-        result = source_batch(df, stage)
-        batch = ComputedBatch(rows_in=result.input_rows, dead=list(result.dead_letters))
+        result = source_batch(df, stage, sent_before=sent_before)
+        batch = ComputedBatch(rows_in=result.input_rows, dead=list(result.dead_letters), window_partials=result.window_partials)
         if result.inputs is not None:
             batch.records, batch.driver_operations = result.inputs, True
         else:

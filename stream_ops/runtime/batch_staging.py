@@ -46,7 +46,9 @@ class BatchStaging:
                 records = batch.outputs.get(index, [])
                 emitted[index] = self.user_states.stage_batch(user_state, txid, epoch, output, records, batch.dead)
                 rows_out += len(batch.outputs.get(index, []))
-        rows_out += outputs.stage_batch(txid, epoch, batch.outputs, batch.output_partials, batch.dead, emitted)
+        rows_out += outputs.stage_batch(
+            txid, epoch, batch.outputs, batch.output_partials, batch.dead, emitted, window_partials=batch.window_partials
+        )
         self._stage_dead_letters(txid, epoch, batch.dead)
         self.stats.stage_ms_total += (time.perf_counter() - staging_started) * 1000.0
         return rows_out

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_ops.operators.window_partials import WindowPartials
+
 
 @dataclass
 class ComputedBatch:
@@ -17,6 +19,9 @@ class ComputedBatch:
     """Records per stage output index."""
     output_partials: dict[int, list[tuple[str, Any]]] = field(default_factory=dict)
     """Partial aggregates Spark computed per partials output."""
+    window_partials: dict[int, WindowPartials] = field(default_factory=dict)
+    """Partials per (window, key) per records output into an event-time window stage, sent
+    besides its whole records (:mod:`stream_ops.operators.window_partials`)."""
     partials: list[tuple[str, Any]] = field(default_factory=list)
     """(encoded key, partial aggregate) a keyed stage applies to its state."""
     dead: list[dict[str, Any]] = field(default_factory=list)

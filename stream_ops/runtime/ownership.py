@@ -124,6 +124,7 @@ def commit(
     rows: int,
     outputs: dict[str, dict[str, int]] | None = None,
     batch_input: BatchInput | None = None,
+    event_times_sent: dict[str, float] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> TransactionalRecord:
     """Commit batch ``txid`` if and only if we still own the task.
@@ -133,6 +134,8 @@ def commit(
         rows: input rows of the batch.
         outputs: the files the batch staged (output root path -> file key, e.g. a queue number or a relative path -> bytes).
         batch_input: the fingerprint of the batch's input files, kept among the recent ones.
+        event_times_sent: the largest event time sent to each event-time window stage up to
+            and including ``txid`` (None: not kept).
 
     Raises:
         OwnershipLostError: the owner node or the transactional record changed.
@@ -151,6 +154,7 @@ def commit(
             "rows": rows,
             "outputs": outputs or {},
             "inputs": inputs[-RECENT_INPUTS:],
+            "event_times_sent": event_times_sent,
         }
     )
     tx = store.transaction()

@@ -28,10 +28,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stream_ops.hashing import encode_key, partition_for
+from stream_ops.hashing import encode_key, partition_for, partition_of_encoded
 from stream_ops.helpers.field_paths import value_or_none
 from stream_ops.operators.aggregators import aggregator_from_spec
-from stream_ops.runtime.stage_processors import progress_row
+from stream_ops.operators.window_partials import PartialRow, WindowPartials
+from stream_ops.runtime.stage_processors import progress_row, window_partials_row
 from stream_ops.topics.delivery_topic import DeliveryTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.shuffle_files import PartialsShuffle
@@ -74,6 +75,8 @@ class StageOutputs:
         self._kafka_shuffles: dict[int, DeliveryTopic] = {}
         """Downstream stage index -> the staged batches of the shuffle into it (Kafka shuffle only)."""
         self._shuffle_writers: dict[int, ShuffleWriter] = {}
+        self.event_times_sent: dict[int, float] = {}
+        """Window stage index -> the largest event time the last staged batch sent it."""
         for shuffle in stage.shuffles:
             to_stage = plan.stage(shuffle.to_stage)
             if kafka_shuffle is None and isinstance(shuffle, ShuffleSpec) and to_stage.shuffle_format == "parquet":
@@ -108,11 +111,17 @@ class StageOutputs:
         partials: dict[int, list[Partial]],
         dead: list[Record],
         emitted: dict[int, list[Record]] | None = None,
+        *,
+        window_partials: dict[int, WindowPartials] | None = None,
     ) -> int:
         """Stage the batch's files for every output except partition_persist; returns the rows
         written. ``records`` are per output index; ``partials`` hold the partial aggregates of
         partials outputs Spark computed already (others are computed here from ``records``);
-        ``emitted`` are the records a partition_persist updater emitted, per output index."""
+        ``emitted`` are the records a partition_persist updater emitted, per output index;
+        ``window_partials`` the partials per (window, key) a records output sends an event-time
+        window stage besides its records. The largest event time the batch sent to each such
+        stage is kept in :attr:`event_times_sent` until the next batch."""
+        self.event_times_sent = {}
         shuffle_lines: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
         partial_columns: dict[int, dict[int, tuple[list[str], list[Any]]]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
         sink_records: dict[str, list[Record]] = defaultdict(list)
@@ -130,7 +139,8 @@ class StageOutputs:
                     queue = partition_for(json.loads(key), output.queues)
                     shuffle_lines[output.to_stage][queue].append({"key": key, "value": value})
             elif isinstance(output, RecordsSpec):
-                self._shuffle_records(output, records.get(index, []), shuffle_lines[output.to_stage])
+                windowed = (window_partials or {}).get(index)
+                self._shuffle_records(output, records.get(index, []), shuffle_lines[output.to_stage], windowed)
             elif isinstance(output, PersistSpec) and output.emits is not None:
                 self._shuffle_records(output.emits, (emitted or {}).get(index, []), shuffle_lines[output.emits.to_stage])
             elif isinstance(output, SinkSpec):
@@ -151,9 +161,16 @@ class StageOutputs:
             rows += self._stage_sink(name, txid, epoch, batch)
         return rows
 
-    def _shuffle_records(self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]]) -> None:
+    def _shuffle_records(
+        self,
+        spec: RecordsSpec,
+        records: list[Record],
+        by_queue: dict[int, list[Record]],
+        partials: WindowPartials | None = None,
+    ) -> None:
         """Whole records to a records stage, by their key fields (without any: to the queue of
-        the same number as this task's, modulo the queues, so partitions stay apart)."""
+        the same number as this task's, modulo the queues, so partitions stay apart), and the
+        window partials of an event-time window stage to the queue of their key, after them."""
         for record in records:
             key_values = [value_or_none(record, f) for f in spec.key_fields]
             line = {"stream": spec.stream, "key": encode_key(key_values), "record": json.dumps(record, default=str)}
@@ -163,20 +180,35 @@ class StageOutputs:
                 continue
             queue = partition_for(key_values, spec.queues) if spec.key_fields else self.task.queue % spec.queues
             by_queue[queue].append(line)
+        if partials is not None and partials.rows:
+            to_queue: dict[int, list[PartialRow]] = defaultdict(list)
+            for row in partials.rows:
+                to_queue[partition_of_encoded(row[2], spec.queues) if spec.key_fields else self.task.queue % spec.queues].append(
+                    row
+                )
+            for queue, rows in sorted(to_queue.items()):
+                by_queue[queue].append(window_partials_row(rows))
         if spec.progress is not None:
-            self._report_progress(spec, records, by_queue)
+            self._report_progress(spec, records, by_queue, partials.max_event if partials is not None else None)
 
-    def _report_progress(self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]]) -> None:
+    def _report_progress(
+        self, spec: RecordsSpec, records: list[Record], by_queue: dict[int, list[Record]], partials_max: float | None
+    ) -> None:
         """Tell every queue of an event-time window stage the largest event time this batch
-        sent to the stage, so each window task's watermark waits for the slowest upstream task
-        (see :class:`~stream_ops.topology.windows.Watermark`). Written in the same files as the
+        sent to the stage (in its records and its partials, ``partials_max``), so each window
+        task's watermark waits for the slowest upstream task (see
+        :class:`~stream_ops.topology.windows.Watermark`). Written in the same files as the
         records, so a report is never published before the records it covers."""
         assert spec.progress is not None
         field, unit = spec.progress["timestamp_field"], spec.progress["timestamp_unit"]
         times = [t for t in (event_time_of(r, field, unit) for r in records) if t is not None]
+        if partials_max is not None:
+            times.append(partials_max)
         if not times:
             return
-        report = progress_row(self.stage.index, self.task.queue, max(times))
+        largest = max(times)
+        self.event_times_sent[spec.to_stage] = max(largest, self.event_times_sent.get(spec.to_stage, largest))
+        report = progress_row(self.stage.index, self.task.queue, largest)
         for queue in range(spec.queues):
             by_queue[queue].append(report)
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.join_bolt import JoinBolt
+from stream_ops.operators.window_partials import PartialRow
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
 from stream_ops.topology.windows import WindowDef
@@ -35,8 +36,16 @@ PROGRESS_STREAM = "__progress__"
 """Stream tag of the rows in which an upstream task reports the largest event time it sent to
 an event-time window stage (see :class:`~stream_ops.topology.windows.Watermark`)."""
 
+WINDOW_PARTIALS_STREAM = "__window_partials__"
+"""Stream tag of the row in which an upstream source task sends an event-time window stage's
+queue the partial aggregates of one batch per (time window, key) (see
+:mod:`stream_ops.operators.window_partials`): its record holds them as columns, ``{"start",
+"end", "key", "partial"}`` (one JSON text for the batch, not a line per partial)."""
+
 Row = tuple[str, str | None, dict[str, Any]]
 """One shuffled row: (input stream tag, encoded key, record)."""
+
+_NOT_RECORDS = (TICK_STREAM, PROGRESS_STREAM, WINDOW_PARTIALS_STREAM)
 
 
 def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
@@ -45,9 +54,30 @@ def progress_row(stage: int, queue: int, max_event: float) -> dict[str, Any]:
     return {"stream": PROGRESS_STREAM, "key": None, "record": json.dumps({"channel": f"{stage}/{queue}", "max_event": max_event})}
 
 
+def window_partials_row(partials: Sequence[PartialRow]) -> dict[str, Any]:
+    """The shuffle line carrying ``partials`` (start, end, encoded key, partial) to one queue."""
+    columns: dict[str, list[Any]] = {"start": [], "end": [], "key": [], "partial": []}
+    for start, end, key, partial in partials:
+        columns["start"].append(start)
+        columns["end"].append(end)
+        columns["key"].append(key)
+        columns["partial"].append(partial)
+    return {"stream": WINDOW_PARTIALS_STREAM, "key": None, "record": json.dumps(columns)}
+
+
 def data_rows(rows: Sequence[Row]) -> list[tuple[str, dict[str, Any]]]:
-    """The (stream tag, record) of the rows that carry records (not ticks or progress reports)."""
-    return [(stream, record) for stream, _, record in rows if stream not in (TICK_STREAM, PROGRESS_STREAM)]
+    """The (stream tag, record) of the rows that carry records (not ticks, progress reports or
+    window partials)."""
+    return [(stream, record) for stream, _, record in rows if stream not in _NOT_RECORDS]
+
+
+def window_partials(rows: Sequence[Row]) -> list[PartialRow]:
+    """The (start, end, encoded key, partial) window partials the rows among ``rows`` carry."""
+    found: list[PartialRow] = []
+    for stream, _, record in rows:
+        if stream == WINDOW_PARTIALS_STREAM:
+            found.extend(zip(record["start"], record["end"], record["key"], record["partial"], strict=True))
+    return found
 
 
 def progress_reports(rows: Sequence[Row]) -> list[tuple[str, float]]:

@@ -78,6 +78,7 @@ from stream_ops.runtime.batch_compute import compute_in_spark, compute_on_state
 from stream_ops.runtime.batch_staging import BatchStaging
 from stream_ops.runtime.batch_timeline import BatchTimer
 from stream_ops.runtime.computed_batch import ComputedBatch
+from stream_ops.runtime.event_times_sent import sent_before, sent_through
 from stream_ops.runtime.map_state_update import MapStateUpdate
 from stream_ops.runtime.ownership import Ownership, acquire, commit, release, verify_owner
 from stream_ops.runtime.predecessor_files import discard_unpublished
@@ -97,7 +98,7 @@ from stream_ops.state.auto_snapshot import AutoSnapshot, SnapshotPolicy
 from stream_ops.topics.staged_output import StagedOutput
 from stream_ops.topology.functions import resolve_object
 from stream_ops.topology.layout import TopologyLayout
-from stream_ops.topology.plan import Plan, StageSpec, TaskSpec
+from stream_ops.topology.plan import Plan, RecordsSpec, StageSpec, TaskSpec
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,10 @@ class TaskRunner:
         self._user_states = UserStateCommits(layout=layout, stage=self.stage, task=task)
         self._staging = BatchStaging(layout=layout, stage=self.stage, task=task, user_states=self._user_states, stats=self.stats)
         self.outputs = StageOutputs(plan=plan, stage=self.stage, task=task, layout=layout)
+        self._keeps_event_times = self.stage.reads_source and any(
+            isinstance(o, RecordsSpec) and o.window_partials is not None for o in self.stage.outputs
+        )
+        """Whether commits keep the largest event time sent to each window stage taking partials."""
         self.kafka_shuffle: KafkaShuffle | None = None
         """The topology's shuffle between stages when its conf keeps it in Kafka (set by :meth:`prepare`)."""
 
@@ -409,7 +414,7 @@ class TaskRunner:
             self._input.read_entries_ahead(txid, self._io)
             # Step 2, Spark's part (outside the commit lock: a stop need not wait for it)
             spark_started = time.perf_counter()
-            batch = compute_in_spark(df, self.stage)
+            batch = compute_in_spark(df, self.stage, sent_before=self._sent_before(txid))
             self.stats.spark_ms_total += (time.perf_counter() - spark_started) * 1000.0
             timer.mark("spark")
             with self._state_section(txid):
@@ -472,6 +477,14 @@ class TaskRunner:
             self._auto_snapshot.appended(*appended)
         return rows_out
 
+    def _sent_before(self, txid: int) -> dict[int, float | None] | None:
+        """What this task sent each event-time window stage before ``txid`` (None: not known, or
+        a task that sends no partials), from its committed record (:mod:`.event_times_sent`)."""
+        if not self._keeps_event_times:
+            return None
+        assert self.ownership is not None
+        return sent_before(self.ownership.committed, txid)
+
     def _wait_connected(self) -> None:
         # SUSPENDED: pause before committing; the worker stops us if the session is LOST.
         deadline = time.monotonic() + self.settings.commit_wait_s
@@ -529,6 +542,7 @@ class TaskRunner:
             if (sizes := topic.staged_sizes(self.task.task_id, txid, epoch))
         }
         offsets, fingerprint = self._input.batch_entries(txid)
+        sent = sent_through(self._sent_before(txid), self.outputs.event_times_sent) if self._keeps_event_times else None
         commit(
             self.zk,
             self.ownership,
@@ -537,6 +551,7 @@ class TaskRunner:
             rows=rows,
             outputs=outputs,
             batch_input=fingerprint,
+            event_times_sent=sent,
             clock=self.clock,
         )
 

@@ -11,7 +11,14 @@ import logging
 
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.window_aggregation import WindowedAggregation
-from stream_ops.runtime.stage_processors import ProcessorOutput, Row, data_rows, late_letters, progress_reports
+from stream_ops.runtime.stage_processors import (
+    ProcessorOutput,
+    Row,
+    data_rows,
+    late_letters,
+    progress_reports,
+    window_partials,
+)
 from stream_ops.state.rocksdb_backing import RocksDBBackingMap
 from stream_ops.topology.plan import StageSpec
 from stream_ops.topology.windows import WindowDef
@@ -41,7 +48,9 @@ class WindowAggregateProcessor:
         self.tick_interval_s = self.window.tick_interval_s
 
     def process(self, rows: list[Row], now: float) -> ProcessorOutput:
-        batch = self.aggregation.process([record for _, record in data_rows(rows)], now, progress=progress_reports(rows))
+        batch = self.aggregation.process(
+            [record for _, record in data_rows(rows)], now, progress=progress_reports(rows), partials=window_partials(rows)
+        )
         puts, deletes = self.aggregation.changes()
         if puts:
             self.store.multi_put([key for key, _ in puts], [value for _, value in puts])

@@ -103,6 +103,36 @@ def read_partials(paths: Sequence[Path], value_type: str) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
+def read_record_rows(paths: Sequence[Path]) -> list[tuple[str, str | None, Any]]:
+    """The (stream tag, encoded key, record) rows of JSON-lines records shuffle files, in the
+    order of ``paths`` and their lines: what Spark's JSON reader with the records fields
+    (``stream``, ``key``, ``record`` as strings) collects, each ``record`` text parsed. Lines
+    without a record (a chained file's link to its predecessor) are skipped, as the records
+    stage skips Spark's rows without one.
+
+    Raises:
+        TopicError: a file cannot be read, or holds a line that is not a JSON object.
+    """
+    rows = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TopicError(f"could not read the shuffle file {path}: {e}") from e
+        for number, line in enumerate(data.split(b"\n")):
+            if not line.strip():
+                continue
+            try:
+                fields = json.loads(line)
+                text = fields.get("record") if isinstance(fields, dict) else None
+                if text is None:
+                    continue
+                rows.append((fields.get("stream"), fields.get("key"), json.loads(text)))
+            except (ValueError, TypeError) as e:
+                raise TopicError(f"{path}:{number + 1}: not a records shuffle line: {e}") from e
+    return rows
+
+
 def shuffle_file_rows(path: Path) -> int:
     """Rows of one shuffle file, Parquet (from its footer) or JSON lines (its lines)."""
     if path.suffix == ".parquet":

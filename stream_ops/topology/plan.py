@@ -105,6 +105,19 @@ class RecordsSpec(_Frozen):
     """For an event-time window stage: ``{"timestamp_field", "timestamp_unit"}``; each batch
     then also tells every queue the largest event time it sent (a progress row), from which
     the window tasks take their watermark."""
+    window_partials: dict[str, Any] | None = None
+    """For an event-time tumbling or sliding window stage without ``idle_timeout``:
+    ``{"window", "aggregator"}`` (the window stage's window and aggregator specs), so a
+    source task may send partial aggregates per (window, key) of records it proves cannot be
+    late there (:mod:`stream_ops.operators.window_partials`); None: whole records only."""
+
+    @model_serializer(mode="wrap")
+    def _without_no_partials(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # None is left out of the plan JSON (read back as None): plans without partials stay as they were.
+        data: dict[str, Any] = handler(self)
+        if self.window_partials is None:
+            data.pop("window_partials", None)
+        return data
 
 
 class PersistSpec(_Frozen):

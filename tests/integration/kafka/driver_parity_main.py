@@ -1,14 +1,17 @@
-"""A Kafka source stage's streaming query whose every batch is computed both ways, in a process
+"""Kafka source stages' streaming queries whose every batch is computed both ways, in a process
 of its own (its SparkSession has Spark's Kafka connector, which the tests' shared session lacks).
 
-Run by ``test_kafka_driver_path.py``: the query reads partition 0 of ``--topic`` as a task of the
+Run by ``test_kafka_driver_path.py`` with ``--runs``, a JSON file listing one query per test
+(topic, checkpoint, output file and the source's options), so the tests share one Spark JVM:
+each query runs in a session of its own (``newSession()``, for its own
+``spark.stream_ops.kafkaDriverRecords``) and reads partition 0 of its topic as a task of the
 source stage does (:func:`~stream_ops.compute.stage_query.start_stage_query`, so each batch's
-offset ranges are noted from the checkpoint), and for each batch writes one JSON line to
-``--out``: the offset ranges, the path :func:`~stream_ops.compute.decision.choose_path` chose and
-why, the result of that path (:func:`~stream_ops.compute.decision.source_batch`) next to Spark's
-(``on_driver=False``), and whether the rows the driver read
-(:meth:`~stream_ops.sources.base.SourceKind.read_offsets`) are exactly the rows of Spark's
-batch DataFrame. It stops when ``--stop`` exists.
+offset ranges are noted from the checkpoint). For each batch it writes one JSON line to the
+run's ``out``: the offset ranges, the path :func:`~stream_ops.compute.decision.choose_path`
+chose and why, the result of that path (:func:`~stream_ops.compute.decision.source_batch`) next
+to Spark's (``on_driver=False``), and whether the rows the driver read
+(:meth:`~stream_ops.sources.base.SourceKind.read_offsets`) are exactly the rows of Spark's batch
+DataFrame. It stops when ``--stop`` exists.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.compute.batch_inputs import noted_offsets
@@ -34,18 +41,33 @@ from stream_ops.topology.plan import StageSpec
 logger = logging.getLogger("driver_parity")
 
 
-def _stage(args: argparse.Namespace) -> StageSpec:
-    options: dict[str, Any] = {"partitions": 1, "format": args.format, "encoding": args.encoding}
-    if args.isolation:
-        options["spark_options"] = {"isolation.level": args.isolation}
-    if args.max_offsets:
-        options["max_offsets_per_trigger"] = args.max_offsets
-    t = Topology("driver-parity")
-    if args.format == "json":
-        source = t.source("in", KafkaTopic(args.bootstrap, args.topic, **options), schema={"sentence": "string"})
+@dataclass(frozen=True)
+class ParityQuery:
+    """One query of ``--runs``: its topic, files and the Kafka source's options."""
+
+    name: str
+    topic: str
+    checkpoint: str
+    out: str
+    format: str = "json"
+    encoding: str = "utf8"
+    isolation: str = ""
+    max_offsets: int = 0
+    driver_records: int = 50_000
+
+
+def _stage(bootstrap: str, run: ParityQuery) -> StageSpec:
+    options: dict[str, Any] = {"partitions": 1, "format": run.format, "encoding": run.encoding}
+    if run.isolation:
+        options["spark_options"] = {"isolation.level": run.isolation}
+    if run.max_offsets:
+        options["max_offsets_per_trigger"] = run.max_offsets
+    t = Topology(f"driver-parity-{run.name}")
+    if run.format == "json":
+        source = t.source("in", KafkaTopic(bootstrap, run.topic, **options), schema={"sentence": "string"})
         grouped = source.select_expr("explode(split(sentence, ' ')) AS word").group_by("word")
     else:
-        grouped = t.source("in", KafkaTopic(args.bootstrap, args.topic, **options)).group_by("value")
+        grouped = t.source("in", KafkaTopic(bootstrap, run.topic, **options)).group_by("value")
     grouped.persistent_aggregate(Count(), out="n", state=OpaqueMapState)
     return build_plan(t).stage(0)
 
@@ -69,28 +91,13 @@ def _spark_rows(df: Any) -> tuple[list[dict[str, Any]], bool]:
     return sorted(rows, key=lambda r: r["kafka_offset"]), corrupt
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    for name in ("--bootstrap", "--topic", "--checkpoint", "--out", "--stop"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--format", default="json")
-    parser.add_argument("--encoding", default="utf8")
-    parser.add_argument("--isolation", default="")
-    parser.add_argument("--max-offsets", type=int, default=0)
-    parser.add_argument("--driver-records", type=int, default=50_000)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("stream_ops.compute").setLevel(logging.DEBUG)
-    spark = create_spark_session(
-        master="local[2]",
-        app_name="driver-parity",
-        conf={DRIVER_RECORDS_CONF: str(args.driver_records), "spark.ui.enabled": "false"},
-        kafka_connector=True,
-    )
-    stage = _stage(args)
+def _start(spark: SparkSession, bootstrap: str, run: ParityQuery) -> StreamingQuery:
+    session = spark.newSession()
+    session.conf.set(DRIVER_RECORDS_CONF, str(run.driver_records))
+    stage = _stage(bootstrap, run)
     assert stage.source is not None
     kind = source_kind(stage.source.kind)
-    out = Path(args.out)
+    out = Path(run.out)
 
     def on_batch(df: Any, batch_id: int) -> None:
         offsets = noted_offsets(df)
@@ -121,24 +128,40 @@ def main() -> None:
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(line, default=str) + "\n")
 
-    query = start_stage_query(
-        spark,
+    return start_stage_query(
+        session,
         stage=stage,
         queue=0,
         input_dir=None,
-        checkpoint_dir=Path(args.checkpoint),
-        query_name="driver_parity",
+        checkpoint_dir=Path(run.checkpoint),
+        query_name=f"driver_parity_{run.name}",
         on_batch=on_batch,
         trigger_seconds=0.2,
         max_files_per_trigger=1,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("--bootstrap", "--runs", "--stop"):
+        parser.add_argument(name, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("stream_ops.compute").setLevel(logging.DEBUG)
+    runs = [ParityQuery(**run) for run in json.loads(Path(args.runs).read_text(encoding="utf-8"))]
+    spark = create_spark_session(
+        master="local[2]", app_name="driver-parity", conf={"spark.ui.enabled": "false"}, kafka_connector=True
+    )
+    queries = [_start(spark, args.bootstrap, run) for run in runs]
     try:
         while not Path(args.stop).exists():
-            if query.exception() is not None:
-                raise RuntimeError(f"the query failed: {query.exception()}")
+            for query in queries:
+                if query.exception() is not None:
+                    raise RuntimeError(f"the query {query.name} failed: {query.exception()}")
             time.sleep(0.1)
     finally:
-        query.stop()
+        for query in queries:
+            query.stop()
         spark.stop()
 
 

@@ -1,8 +1,8 @@
 """A small Kafka source batch read and computed on the driver gives exactly Spark's result for
 the same batch, on a real broker and real Spark with its Kafka connector.
 
-Each run is a source stage's streaming query in a process of its own
-(``driver_parity_main.py``) computing every batch on the path
+Each test's run is a source stage's streaming query (the three run in one process of their own,
+``driver_parity_main.py``) computing every batch on the path
 :func:`~stream_ops.compute.decision.choose_path` picks and with Spark, and comparing the rows the
 driver read for the batch's offset range with the rows of Spark's batch. The input mixes plain
 records, committed and aborted transactions (so control markers), null keys and values, an
@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,31 +32,26 @@ SCRIPT = Path(__file__).with_name("driver_parity_main.py")
 TIMEOUT_S = 180.0
 REPO = Path(__file__).resolve().parents[3]
 
+RUNS: dict[str, dict[str, Any]] = {
+    "uncommitted": {},
+    "committed_split": {"isolation": "read_committed", "max_offsets": 2},
+    "raw_base64": {"format": "raw", "encoding": "base64", "driver_records": 10},
+}
+"""The queries of the one ``driver_parity_main.py`` process: a test's name -> its source's options."""
+
+FIRST: dict[str, Sent] = {
+    "uncommitted": Sent(b"k0", b'{"sentence":"first"}'),
+    "committed_split": Sent(b"k0", b'{"sentence":"first"}'),
+    "raw_base64": Sent(b"k0", b"first"),
+}
+"""The record each topic holds before the queries start (so batch 0 has input)."""
+
 
 class ParityRun:
-    """``driver_parity_main.py`` over one topic; its per-batch lines."""
+    """One query of ``driver_parity_main.py``: its topic and per-batch lines."""
 
-    def __init__(self, tmp_path: Path, kafka: EmbeddedKafka, topic: str, *extra: str) -> None:
-        self.kafka, self.topic = kafka, topic
-        self.out, self.stop_file, self.log = tmp_path / "batches.jsonl", tmp_path / "stop", tmp_path / "parity.log"
-        command = [
-            sys.executable,
-            str(SCRIPT),
-            "--bootstrap",
-            kafka.bootstrap_servers,
-            "--topic",
-            topic,
-            "--checkpoint",
-            str(tmp_path / "checkpoint"),
-            "--out",
-            str(self.out),
-            "--stop",
-            str(self.stop_file),
-            *extra,
-        ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    def __init__(self, kafka: EmbeddedKafka, topic: str, out: Path, process: ParityProcess) -> None:
+        self.kafka, self.topic, self.out, self.process = kafka, topic, out, process
 
     def lines(self) -> list[dict[str, Any]]:
         if not self.out.exists():
@@ -69,9 +66,37 @@ class ParityRun:
             lines = self.lines()
             if any(line["ranges"] and line["ranges"][0][3] >= end for line in lines) or (end <= 1 and lines):
                 return lines
-            assert self.proc.poll() is None, f"the query process exited: {self.log.read_text(errors='replace')[-4000:]}"
+            self.process.assert_running()
             assert time.monotonic() < deadline, f"no batch up to offset {end}: {lines}"
             time.sleep(0.2)
+
+
+class ParityProcess:
+    """``driver_parity_main.py`` running every query of :data:`RUNS` in one Spark JVM."""
+
+    def __init__(self, root: Path, kafka: EmbeddedKafka) -> None:
+        self.stop_file, self.log = root / "stop", root / "parity.log"
+        self.runs: dict[str, ParityRun] = {}
+        specs = []
+        for name, options in RUNS.items():
+            topic = f"parity-{name.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+            kafka.ensure_topic(topic, partitions=1)
+            produce(kafka.bootstrap_servers, topic, [("plain", [FIRST[name]])])
+            out = root / f"{name}.jsonl"
+            specs.append(
+                {"name": name, "topic": topic, "checkpoint": str(root / f"checkpoint-{name}"), "out": str(out), **options}
+            )
+            self.runs[name] = ParityRun(kafka, topic, out, self)
+        runs_file = root / "runs.json"
+        runs_file.write_text(json.dumps(specs), encoding="utf-8")
+        command = [sys.executable, str(SCRIPT), "--bootstrap", kafka.bootstrap_servers, "--runs", str(runs_file)]
+        command += ["--stop", str(self.stop_file)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def assert_running(self) -> None:
+        assert self.proc.poll() is None, f"the query process exited: {self.log.read_text(errors='replace')[-4000:]}"
 
     def stop(self) -> None:
         self.stop_file.touch()
@@ -83,21 +108,15 @@ class ParityRun:
         assert self.proc.returncode == 0, self.log.read_text(errors="replace")[-4000:]
 
 
-@pytest.fixture
-def run(tmp_path, kafka, topic_name, connector_jars):
-    runs: list[ParityRun] = []
-
-    def start(*extra: str) -> ParityRun:
-        kafka.ensure_topic(topic_name, partitions=1)
-        found = ParityRun(tmp_path, kafka, topic_name, *extra)
-        runs.append(found)
-        return found
-
-    yield start
-    for found in runs:
-        if found.proc.poll() is None:
-            found.stop_file.touch()
-            found.proc.wait(60)
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory, kafka, connector_jars) -> Iterator[ParityProcess]:
+    """One process for the module's tests (a Spark JVM with the connector starts in ~15 s on 2
+    cores); each test produces to its own topic and reads its own query's lines."""
+    process = ParityProcess(tmp_path_factory.mktemp("parity"), kafka)
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def _assert_same_as_spark(lines: list[dict[str, Any]]) -> None:
@@ -114,32 +133,28 @@ def _driver_batches(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in lines if line["path"] == "ARROW_ON_DRIVER" and line["spark_rows"] > 0]
 
 
-def test_driver_batches_equal_sparks_read_uncommitted_with_aborted_records_and_bad_utf8(run, kafka, topic_name):
-    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b'{"sentence":"first"}')])])
-    parity = run()
-    first = parity.wait_for_end()
+def test_driver_batches_equal_sparks_read_uncommitted_with_aborted_records_and_bad_utf8(parity, kafka):
+    run = parity.runs["uncommitted"]
+    first = run.wait_for_end()
     assert first[0]["reason"] == "INPUT_UNKNOWN", "batch 0 starts at the query's starting offsets: Spark"
-    produce(kafka.bootstrap_servers, topic_name, MIXED)
-    lines = parity.wait_for_end()
+    produce(kafka.bootstrap_servers, run.topic, MIXED)
+    lines = run.wait_for_end()
     driver = _driver_batches(lines)
     assert driver, f"no batch of the mixed input took the driver: {lines}"
     assert any("never" in json.dumps(line["chosen"]) for line in driver), "read_uncommitted reads the aborted records"
-    produce(kafka.bootstrap_servers, topic_name, NOT_UTF8)
-    lines = parity.wait_for_end()
-    parity.stop()
+    produce(kafka.bootstrap_servers, run.topic, NOT_UTF8)
+    lines = run.wait_for_end()
     refused = [line for line in lines if line["reason"] == "DRIVER_READ_REFUSED"]
     assert refused and all(line["not_arrow"] == "RECORDS_NEED_SPARK" for line in refused), lines
     assert any(line["spark_corrupt"] for line in refused), "the value that is no JSON: a dead letter, from Spark"
     _assert_same_as_spark(lines)
 
 
-def test_driver_batches_equal_sparks_read_committed_split_anywhere(run, kafka, topic_name):
-    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b'{"sentence":"first"}')])])
-    parity = run("--isolation", "read_committed", "--max-offsets", "2")
-    parity.wait_for_end()
-    produce(kafka.bootstrap_servers, topic_name, MIXED)
-    lines = parity.wait_for_end()
-    parity.stop()
+def test_driver_batches_equal_sparks_read_committed_split_anywhere(parity, kafka):
+    run = parity.runs["committed_split"]
+    run.wait_for_end()
+    produce(kafka.bootstrap_servers, run.topic, MIXED)
+    lines = run.wait_for_end()
     _assert_same_as_spark(lines)
     later = [line for line in lines if line["batch"] > 0]
     assert later and all(line["path"] == "ARROW_ON_DRIVER" for line in later), lines
@@ -149,16 +164,14 @@ def test_driver_batches_equal_sparks_read_committed_split_anywhere(run, kafka, t
     )
 
 
-def test_raw_base64_batches_equal_sparks_and_a_batch_above_the_bound_goes_to_spark(run, kafka, topic_name):
-    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k0", b"first")])])
-    parity = run("--format", "raw", "--encoding", "base64", "--driver-records", "10")
-    parity.wait_for_end()
-    produce(kafka.bootstrap_servers, topic_name, [*NOT_UTF8, ("plain", [Sent(None, None), Sent(b"", b"")])])
-    small = parity.wait_for_end()
+def test_raw_base64_batches_equal_sparks_and_a_batch_above_the_bound_goes_to_spark(parity, kafka):
+    run = parity.runs["raw_base64"]
+    run.wait_for_end()
+    produce(kafka.bootstrap_servers, run.topic, [*NOT_UTF8, ("plain", [Sent(None, None), Sent(b"", b"")])])
+    small = run.wait_for_end()
     assert _driver_batches(small), f"bytes that are not UTF-8 read on the driver in base64: {small}"
-    produce(kafka.bootstrap_servers, topic_name, [("plain", [Sent(b"k", f"v{i % 3}".encode()) for i in range(30)])])
-    lines = parity.wait_for_end()
-    parity.stop()
+    produce(kafka.bootstrap_servers, run.topic, [("plain", [Sent(b"k", f"v{i % 3}".encode()) for i in range(30)])])
+    lines = run.wait_for_end()
     _assert_same_as_spark(lines)
     above = [line for line in lines if line["ranges"] and line["ranges"][0][3] - line["ranges"][0][2] > 10]
     assert above, f"no batch of more than 10 offsets: {lines}"

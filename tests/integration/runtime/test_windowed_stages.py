@@ -4,12 +4,16 @@ emitted exactly once, with exact contents, through a replayed batch and a zombie
 from __future__ import annotations
 
 import json
+import math
 import threading
+import time
 from pathlib import Path
 
-from runners import make_runner, pause_commits, read_parquet
+import pytest
+from runners import crash_after_publish, make_runner, pause_commits, read_parquet
 
 from stream_ops import Count, FileTopic, Records, Sliding, Topology, Tumbling
+from stream_ops.compute import arrow_on_driver
 from stream_ops.config import ClusterConfig
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
@@ -17,7 +21,7 @@ from stream_ops.errors import OwnershipLostError
 from stream_ops.hashing import encode_key
 from stream_ops.nimbus.submission import submit
 from stream_ops.operators import JoinBolt
-from stream_ops.runtime.stage_processors import progress_row
+from stream_ops.runtime.stage_processors import progress_row, window_partials
 
 RECORDS = "stream string, key string, record string"
 
@@ -141,3 +145,104 @@ def test_a_global_count_window_counts_records_of_every_key(spark, zk_config, tmp
         runner.process_batch(_records(spark, "events", None, [{"user": u} for u in "abcde"]), 0)
         runner.stop()
     assert [r[0] for r in read_parquet(tmp_path / "n", "n")] == [2, 3]
+
+
+def _committed(store: ZkStore, topology_id: str, task_id: int) -> int:
+    return store.get_json(ZkPaths.transactional_task(topology_id, task_id))[0]["committed_txid"]
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + 90
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "whole records"])
+def test_source_partials_through_a_zombie_and_a_replay_give_the_counts_of_whole_records(
+    spark, zk_config, tmp_path, monkeypatch, partials
+):
+    """A source task sends the records that cannot be late as partials per (window, key) (its
+    bound from the commit of the batch before), the others whole; through a zombie that computed
+    txid 1, the new owner's commit of it, a crash after that commit and the replay, the window
+    task emits what whole records give, and the late record and the one without a time go where
+    they went before."""
+    if not partials:
+        monkeypatch.setattr(arrow_on_driver, "_window_partials", lambda *args: None)
+    cuts: list[tuple[str, float]] = []
+    real_split = arrow_on_driver.split_window_partials
+    monkeypatch.setattr(
+        arrow_on_driver,
+        "split_window_partials",
+        lambda table, **kw: cuts.append((kw["threshold"], table.num_rows)) or real_split(table, **kw),
+    )
+    cluster = ClusterConfig(root=tmp_path / "cluster")
+    topology = _windowed_counts(tmp_path)
+    topic = FileTopic(tmp_path / "in", queues=1)
+    topic.create()
+    files = [
+        [{"user": "ann", "ts": 1.0}, {"user": "bob", "ts": 3.0}, {"user": "ann", "ts": 8.5}],  # all partials: nothing sent before
+        [
+            {"user": "ann", "ts": 9.0},
+            {"user": "ann", "ts": 13.0},
+            {"user": "bob", "ts": 5.0},
+        ],  # bound 8.5 - 2: bob 5.0 whole (late)
+        [{"user": "bob", "ts": 4.0}, {"user": "bob", "ts": 30.0}, {"user": "carl", "ts": None}],  # bound 11: bob 4.0 whole (late)
+    ]
+
+    def land(i: int) -> None:
+        topic.write_lines(0, f"in-{i}.jsonl", [json.dumps(r) for r in files[i]])
+
+    with ZkStore.connect(zk_config) as admin, ZkStore.connect(zk_config) as store_a:
+        topology_id = submit(admin, cluster, topology, workers=1)
+        a = make_runner(store_a, spark, cluster, topology_id, "host-a:1", stage=0, trigger_seconds=0.1)
+        task = a.task.task_id
+        a.start()
+        land(0)
+        _wait(lambda: _committed(admin, topology_id, task) == 0, "txid 0 committed")
+        # A computes txid 1, pauses before its ZooKeeper commit and loses the task to B.
+        paused, resume = pause_commits(monkeypatch, "host-a:1", txid=1)
+        land(1)
+        assert paused.wait(60)
+        admin.delete(ZkPaths.owner(topology_id, task))
+        b = make_runner(admin, spark, cluster, topology_id, "host-b:2", stage=0, trigger_seconds=0.1)
+        b.prepare()
+        resume.set()
+        _wait(lambda: not a.is_running(), "the zombie's query stops")
+        assert "OwnershipLostError" in (a.failure() or "")
+        a.stop()
+        # B commits txid 1 and "crashes" before Spark logs it done: C's query replays it.
+        crash_after_publish(monkeypatch, 1, OwnershipLostError("simulated crash after the ZooKeeper commit"))
+        b.start_query()
+        _wait(lambda: not b.is_running(), "B's query dies after committing txid 1")
+        b.stop()
+        c = make_runner(admin, spark, cluster, topology_id, "host-c:3", stage=0, trigger_seconds=0.1)
+        c.start()
+        land(2)
+        _wait(lambda: _committed(admin, topology_id, task) == 2, "txid 2 committed")
+        c.stop()
+        sent = admin.get_json(ZkPaths.transactional_task(topology_id, task))[0]["event_times_sent"]
+        shuffled = [
+            line for _, _, line in c.layout.shuffle_topic(c.plan.stage(1)).read_queue(0)
+        ]  # before the window task retires them
+        # The window task reads one file per batch: its watermark at each file is the bound that file was cut with.
+        w = make_runner(
+            admin, spark, cluster, topology_id, "host-c:3", stage=1, max_files_per_trigger=1, shuffle_trigger_seconds=0.1
+        )
+        w.start()
+        _wait(lambda: _committed(admin, topology_id, w.task.task_id) >= 2 and w.lag_files() == 0, "the window task read all")
+        w.stop()
+        letters = [(r["record"], r["error"]) for _, _, r in w.layout.dead_letter_topic().read_queue(0)]
+
+    assert sent == {"1": 30.0}
+    partial_rows = window_partials([(line["stream"], line["key"], json.loads(line["record"])) for line in shuffled])
+    if partials:
+        # A's txid 0, A's and B's txid 1 (the same bound), C's txid 2
+        assert cuts == [(-math.inf, 3), (6.5, 3), (6.5, 3), (11.0, 3)]
+        assert len(partial_rows) == 5  # ann and bob in [0, 10), ann in [0, 10) and [10, 20), bob in [30, 40)
+    else:
+        assert partial_rows == []
+    counts = read_parquet(tmp_path / "counts", "user, n, window_start, window_end")
+    assert counts == [("ann", 1, 10.0, 20.0), ("ann", 3, 0.0, 10.0), ("bob", 1, 0.0, 10.0)]
+    assert read_parquet(tmp_path / "late", "user, ts") == [("bob", 4.0), ("bob", 5.0)]
+    assert letters == [({"user": "carl", "ts": None}, "no usable event time in field 'ts'")]

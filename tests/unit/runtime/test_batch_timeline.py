@@ -115,6 +115,7 @@ def _runner(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> TaskRunner:
     runner.stats = TaskStats()
     runner.state = runner.processor = runner.user_state = runner._state_reader = None
     runner._auto_snapshot = None
+    runner._keeps_event_times = False
     runner._batch_lock = threading.Lock()
     runner._commit_lock = threading.RLock()
     runner._stopping = threading.Event()
