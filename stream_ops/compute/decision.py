@@ -49,6 +49,7 @@ from stream_ops.operators.partials_combine import combine_partials
 from stream_ops.operators.record_pipeline import needs_driver
 from stream_ops.sources import source_kind
 from stream_ops.sources.arrow_json import native_fields
+from stream_ops.sources.base import SourceSpec
 from stream_ops.topics.shuffle_files import read_partials, read_record_rows
 from stream_ops.topology.plan import StageSpec
 
@@ -118,6 +119,8 @@ class BatchFacts:
     input_offsets: int | None = None
     """How many offsets the offset ranges Spark logged for the batch span (a Kafka batch: at
     least its records), None when they are not known; only for a batch without known files."""
+    read_bytes: int | None = None
+    """The Arrow size of a batch of offset ranges once read on the driver (None before)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,10 @@ def choose_path(batch: BatchFacts) -> PathChoice:
     * a batch of offset ranges (``input_offsets``; its files unknown) is read on the driver and
       computed there in Arrow when its source kind is ``offsets_readable`` (a Kafka topic) and
       the ranges span at most ``kafkaDriverRecords`` offsets; any other, or one the read gave
-      back (``arrow_refusal``), is computed by Spark;
+      back (``arrow_refusal``), is computed by Spark. Once read (``read_bytes``), a stage with
+      per-record Python operations runs them in ``rowProcesses`` local processes when the
+      batch's Arrow size is above ``driverBatchBytes`` (with none, Spark computes it), as a
+      file batch does;
     * a batch goes to an Arrow read when its input files are known, its source kind is
       ``arrow_readable`` (a FileTopic), its input is within ``arrowBatchBytes`` and every
       source field is read by the Arrow JSON reader as Spark reads it; a stage with per-record
@@ -199,10 +205,19 @@ def _offsets_rule(batch: BatchFacts) -> PathChoice:
     if source is None or not source_kind(source.kind).offsets_readable:
         reason = Reason.SOURCE_NOT_OFFSETS_READABLE
         return _in_jvm(batch, ComputePath.SPARK, reason, reason)
-    bound = batch.settings.driver_records()
+    settings = batch.settings
+    bound = settings.driver_records()
     if bound == 0 or batch.input_offsets is None or batch.input_offsets > bound:
         return _in_jvm(batch, ComputePath.SPARK, Reason.ABOVE_DRIVER_RECORDS, Reason.ABOVE_DRIVER_RECORDS)
-    return PathChoice(ComputePath.ARROW_ON_DRIVER, Reason.WITHIN_DRIVER_RECORDS, input_offsets=batch.input_offsets)
+    offsets = batch.input_offsets
+    size = batch.read_bytes
+    if size is not None and _runs_per_record(batch.stage) and size > settings.driver_batch_bytes():
+        processes = settings.row_processes()
+        if not processes:
+            return _in_jvm(batch, ComputePath.SPARK, Reason.NO_ROW_PROCESSES, Reason.NO_ROW_PROCESSES)
+        reason = Reason.PER_RECORD_IN_PROCESSES
+        return PathChoice(ComputePath.ROW_PROCESSES, reason, input_offsets=offsets, processes=processes)
+    return PathChoice(ComputePath.ARROW_ON_DRIVER, Reason.WITHIN_DRIVER_RECORDS, input_offsets=offsets)
 
 
 def _arrow_rule(batch: BatchFacts) -> PathChoice | Reason:
@@ -277,6 +292,10 @@ def batch_path(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None
         read = read_offsets_in_arrow(offsets.ranges, stage, spark)
     if isinstance(read, ArrowRefusal):
         return BatchPath(choose_path(dataclasses.replace(facts, arrow_refusal=read)), None)
+    if noted is None:  # its size is known now: the rules may send its per-record operations elsewhere
+        choice = choose_path(dataclasses.replace(facts, read_bytes=read.nbytes))
+        if choice.path not in (ComputePath.ARROW_ON_DRIVER, ComputePath.ROW_PROCESSES):
+            return BatchPath(choice, None)
     return BatchPath(choice, read)
 
 
@@ -339,14 +358,15 @@ def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:
     per-record operations in, if :func:`choose_path`'s Arrow rule can send one there: they boot
     (~1 s) while its query starts rather than in its first large batch."""
     source = stage.source
-    if (
-        source is None
-        or not source_kind(source.kind).arrow_readable
-        or not _runs_per_record(stage)
-        or not native_fields(source.fields)
-    ):
+    if source is None or not _runs_per_record(stage):
         return
     settings = SessionSettings(spark)
+    if source_kind(source.kind).offsets_readable:
+        if settings.driver_records() and settings.row_processes():
+            row_processes(settings.row_processes())
+        return
+    if not source_kind(source.kind).arrow_readable or not native_fields(source.fields):
+        return
     if not settings.arrow_batch_bytes():  # no Arrow read at all (read first, as the batch rule reads it)
         return
     # The smallest batch that may go to the processes: just above the driver-batch limit.
@@ -354,6 +374,21 @@ def start_row_processes(spark: SparkSession, stage: StageSpec) -> None:
     choice = _arrow_rule(just_above)
     if isinstance(choice, PathChoice) and choice.path is ComputePath.ROW_PROCESSES:
         row_processes(choice.processes)
+
+
+def driver_bounded(spark: SparkSession, source: SourceSpec) -> SourceSpec:
+    """``source`` as a source stage's query reads it: a source read by offsets whose
+    definition does not bound its batches gets batches of at most ``kafkaDriverRecords``
+    offsets, so that every batch stays within :func:`choose_path`'s offsets rule and is
+    computed on the driver (a backlog is read in several driver batches rather than one Spark
+    job: reading and counting 100,000 records cost 0.3 s on the driver, and the Kafka word
+    count's backlog of 200,000 sentences took 6.4 s to its last count in Spark's batches, about
+    2 s in driver batches). 0 leaves the batches unbounded."""
+    kind = source_kind(source.kind)
+    if not kind.offsets_readable:
+        return source
+    bound = SessionSettings(spark).driver_records()
+    return kind.with_batch_offsets_bound(source, bound) if bound else source
 
 
 def records_batch(df: DataFrame) -> list[tuple[str, str | None, dict[str, Any]]]:

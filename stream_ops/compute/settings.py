@@ -28,7 +28,9 @@ more cores than the driver's machine)."""
 DRIVER_RECORDS_CONF = "spark.stream_ops.kafkaDriverRecords"
 """Spark setting: the most offsets a source batch read by partition offsets (a Kafka topic's
 batch: the offset range Spark planned for it) may span to be read and computed on the driver
-rather than by a Spark job; 0 turns that path off."""
+rather than by a Spark job; 0 turns that path off. A source whose definition sets no
+``max_offsets_per_trigger`` has its batches bounded by it too (Spark's ``maxOffsetsPerTrigger``),
+so that each stays on the driver."""
 DEFAULT_DRIVER_RECORDS = 50_000
 """Its value when the session does not set it: a Spark job costs a Kafka batch ~0.3-0.4 s
 whatever its size on ``local[2]``, and the driver reads and counts a small batch in a fraction

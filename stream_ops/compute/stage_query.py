@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.compute.batch_inputs import batch_files_noted, noting_batch_files, noting_input_bytes
-from stream_ops.compute.decision import start_row_processes
+from stream_ops.compute.decision import driver_bounded, start_row_processes
 from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.sources import source_kind
@@ -68,7 +68,11 @@ def start_stage_query(
     if stage.reads_source:
         assert stage.source is not None
         df = source_kind(stage.source.kind).read_stream(
-            spark, stage.source, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age
+            spark,
+            driver_bounded(spark, stage.source),
+            queue,
+            max_files_per_trigger=max_files_per_trigger,
+            max_file_age=max_file_age,
         )
         on_batch = noting_input_bytes(on_batch, checkpoint_dir)
         start_row_processes(spark, stage)

@@ -240,6 +240,11 @@ class SourceKind(ABC):
     arrow_readable: bool = False
     offsets_readable: bool = False
 
+    def with_batch_offsets_bound(self, spec: SourceSpec, offsets: int) -> SourceSpec:
+        """``spec`` whose batches each span at most ``offsets`` offsets of a queue, unless the
+        spec bounds them already; a kind that does not read by offsets gives ``spec``."""
+        return spec
+
     @abstractmethod
     def read_stream(
         self,

@@ -349,6 +349,13 @@ class KafkaKind(SourceKind):
             corrupt.alias(CORRUPT_COLUMN),
         )
 
+    def with_batch_offsets_bound(self, spec: SourceSpec, offsets: int) -> SourceSpec:
+        """``spec`` with Spark's ``maxOffsetsPerTrigger`` at ``offsets`` when its definition set
+        none (``max_offsets_per_trigger``); one partition per query, so per partition."""
+        if spec.options.get("max_offsets_per_trigger") is not None:
+            return spec
+        return spec.model_copy(update={"options": {**spec.options, "max_offsets_per_trigger": offsets}})
+
     def read_offsets(self, spec: SourceSpec, ranges: Sequence[OffsetRange]) -> pa.Table | None:
         """The batch over ``ranges`` (one partition of the topic: a task's) read on the driver with confluent-kafka
         (:mod:`stream_ops.kafka.range_reader`: the Spark source's isolation level, the spec's

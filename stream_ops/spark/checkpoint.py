@@ -63,16 +63,18 @@ def batch_offsets(checkpoint_dir: Path, batch_id: int) -> list[Any]:
 def batch_offset_ranges(checkpoint_dir: Path, batch_id: int) -> list[OffsetRange] | None:
     """The offset ranges Spark planned for ``batch_id`` of a query reading one source by
     partition offsets (Kafka): per partition, from the end offset logged for ``batch_id - 1``
-    up to the one logged for ``batch_id`` (the range the task's commit fingerprints,
-    :func:`batch_input`), so a replay of the batch gets the same ranges.
+    (for batch 0: the query's starting offsets, :func:`starting_offsets`) up to the one logged
+    for ``batch_id`` (the range the task's commit fingerprints, :func:`batch_input`), so a
+    replay of the batch gets the same ranges.
 
-    None when they are not known exactly: batch 0 (its start is the query's starting offsets),
-    an entry missing, not one source's ``{"<topic>": {"<partition>": offset}}``, partitions
-    that differ between the two entries or an end below its start.
+    None when they are not known exactly: an entry missing, not one source's
+    ``{"<topic>": {"<partition>": offset}}``, partitions that differ between the two entries
+    or an end below its start.
     """
-    if batch_id < 1:
+    if batch_id < 0:
         return None
-    start, end = _partition_offsets(checkpoint_dir, batch_id - 1), _partition_offsets(checkpoint_dir, batch_id)
+    start = _partition_offsets(checkpoint_dir, batch_id - 1) if batch_id > 0 else starting_offsets(checkpoint_dir)
+    end = _partition_offsets(checkpoint_dir, batch_id)
     if start is None or end is None or set(start) != set(end):
         return None
     ranges = [
@@ -84,13 +86,39 @@ def batch_offset_ranges(checkpoint_dir: Path, batch_id: int) -> list[OffsetRange
     return ranges
 
 
+def starting_offsets(checkpoint_dir: Path) -> dict[tuple[str, int], int] | None:
+    """(topic, partition) -> offset where the query's batch 0 starts, as Spark's Kafka source
+    keeps it (``sources/0/0``, written once before batch 0 is planned and read again by a
+    restarted query: a NUL byte, ``v1``, then ``{"<topic>": {"<partition>": offset}}``);
+    None when there is no such entry (another source, a file source's log)."""
+    try:
+        text = (checkpoint_dir / "sources" / "0" / "0").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    lines = text.lstrip("\0").splitlines()
+    if len(lines) != 2 or not lines[0].startswith("v"):
+        return None
+    try:
+        offsets = json.loads(lines[1])
+    except json.JSONDecodeError:
+        return None
+    return _offsets_by_partition(offsets)
+
+
 def _partition_offsets(checkpoint_dir: Path, batch_id: int) -> dict[tuple[str, int], int] | None:
     """(topic, partition) -> offset of the one source Spark logged for ``batch_id``, or None."""
     offsets = batch_offsets(checkpoint_dir, batch_id)
-    if len(offsets) != 1 or not isinstance(offsets[0], dict) or not offsets[0]:
+    if len(offsets) != 1:
+        return None
+    return _offsets_by_partition(offsets[0])
+
+
+def _offsets_by_partition(offsets: Any) -> dict[tuple[str, int], int] | None:
+    """A Kafka source offset ``{"<topic>": {"<partition>": offset}}`` by (topic, partition), or None."""
+    if not isinstance(offsets, dict) or not offsets:
         return None
     found: dict[tuple[str, int], int] = {}
-    for topic, partitions in offsets[0].items():
+    for topic, partitions in offsets.items():
         if not isinstance(partitions, dict) or not partitions:
             return None
         for partition, offset in partitions.items():

@@ -241,3 +241,30 @@ def test_a_kafka_batch_without_logged_offsets_is_input_unknown_and_the_callers_c
     assert (unknown.path, unknown.reason) == (ComputePath.SPARK, Reason.INPUT_UNKNOWN)
     asked = _decide(_kafka_count(), None, Limits(), input_offsets=10, asked_on_driver=False)
     assert (asked.path, asked.reason) == (ComputePath.SPARK, Reason.ASKED)
+
+
+def _kafka_per_record() -> StageSpec:
+    topology = Topology("kafka_rows")
+    sentences = topology.source("sentences", KafkaTopic("127.0.0.1:9", "sentences", partitions=2), schema={"sentence": "string"})
+    words = sentences.each(split, out="word", fields=["sentence"])
+    words.group_by("word").persistent_aggregate(Count(), out="n", state=OpaqueMapState)
+    return build_plan(topology).stage(0)
+
+
+def test_a_kafka_batch_with_per_record_operations_is_read_first_then_sized() -> None:
+    limits = Limits(processes=3)
+    before = _decide(_kafka_per_record(), None, limits, input_offsets=10_000)
+    assert (before.path, limits.read) == (ComputePath.ARROW_ON_DRIVER, ["records"]), "its size is not known before the read"
+    small = _decide(_kafka_per_record(), None, Limits(processes=3), input_offsets=10_000, read_bytes=1 * KB)
+    assert (small.path, small.reason) == (ComputePath.ARROW_ON_DRIVER, Reason.WITHIN_DRIVER_RECORDS), "limits are inclusive"
+    large = _decide(_kafka_per_record(), None, Limits(processes=3), input_offsets=10_000, read_bytes=1 * KB + 1)
+    assert (large.path, large.reason, large.processes) == (ComputePath.ROW_PROCESSES, Reason.PER_RECORD_IN_PROCESSES, 3)
+    none = _decide(_kafka_per_record(), None, Limits(processes=0), input_offsets=10_000, read_bytes=1 * KB + 1)
+    assert (none.path, none.reason) == (ComputePath.SPARK, Reason.NO_ROW_PROCESSES)
+
+
+def test_a_large_kafka_batch_without_per_record_operations_stays_on_the_driver() -> None:
+    limits = Limits(processes=3)
+    choice = _decide(_kafka_count(), None, limits, input_offsets=10_000, read_bytes=100 * KB)
+    assert (choice.path, choice.reason) == (ComputePath.ARROW_ON_DRIVER, Reason.WITHIN_DRIVER_RECORDS)
+    assert "processes" not in limits.read

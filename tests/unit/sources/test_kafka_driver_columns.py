@@ -17,7 +17,7 @@ from stream_ops.kafka.range_reader import SPARK_KAFKA_SCHEMA
 from stream_ops.sources import KafkaTopic, OffsetRange, source_spec
 from stream_ops.sources.kafka_arrow import HEADERS_ARROW_TYPE, source_table
 from stream_ops.sources.kafka_source import METADATA_FIELDS
-from stream_ops.spark.checkpoint import batch_offset_ranges
+from stream_ops.spark.checkpoint import batch_offset_ranges, starting_offsets
 
 
 def _raw(rows: list[dict[str, Any]]) -> pa.Table:
@@ -125,8 +125,36 @@ def test_a_batch_reads_from_the_previous_batchs_end_offsets_to_its_own(tmp_path:
     _log(tmp_path, 0, '{"t":{"1":10}}')
     _log(tmp_path, 1, '{"t":{"1":25}}')
     assert batch_offset_ranges(tmp_path, 1) == [OffsetRange("t", 1, 10, 25)]
-    assert batch_offset_ranges(tmp_path, 0) is None, "batch 0 starts at the query's starting offsets"
+    assert batch_offset_ranges(tmp_path, 0) is None, "batch 0: no starting offsets kept"
     assert batch_offset_ranges(tmp_path, 2) is None, "not logged yet"
+
+
+def _starting(checkpoint: Path, offsets: str) -> None:
+    """The starting offsets as Spark's Kafka source keeps them: a NUL byte, the version, the JSON."""
+    (checkpoint / "sources" / "0").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "sources" / "0" / "0").write_bytes(b"\0v1\n" + offsets.encode())
+
+
+def test_batch_0_reads_from_the_starting_offsets_spark_kept(tmp_path: Path) -> None:
+    _starting(tmp_path, '{"t":{"1":4}}')
+    _log(tmp_path, 0, '{"t":{"1":10}}')
+    _log(tmp_path, 1, '{"t":{"1":25}}')
+    assert starting_offsets(tmp_path) == {("t", 1): 4}
+    assert batch_offset_ranges(tmp_path, 0) == [OffsetRange("t", 1, 4, 10)]
+    assert batch_offset_ranges(tmp_path, 1) == [OffsetRange("t", 1, 10, 25)], "later batches: from the previous batch's end"
+
+
+def test_starting_offsets_that_are_not_a_kafka_sources_are_none(tmp_path: Path) -> None:
+    _log(tmp_path, 0, '{"t":{"1":10}}')
+    _starting(tmp_path, '{"t":{"0":4}}')
+    assert batch_offset_ranges(tmp_path, 0) is None, "another partition"
+    _starting(tmp_path, '{"t":{"1":-2}}')
+    assert starting_offsets(tmp_path) is None, "an offset Spark has not resolved"
+    _starting(tmp_path, '{"t":{"1":12}}')
+    assert batch_offset_ranges(tmp_path, 0) is None, "an end below its start"
+    # a file source's log entry 0 (one file): no starting offsets
+    (tmp_path / "sources" / "0" / "0").write_text('v1\n{"path":"file:/in/a.json","timestamp":1,"batchId":0,"action":"add"}\n')
+    assert starting_offsets(tmp_path) is None
 
 
 def test_offsets_that_are_not_one_sources_partition_offsets_are_not_ranges(tmp_path: Path) -> None:
