@@ -69,6 +69,27 @@ SPARK_KAFKA_SCHEMA = pa.schema(
 _TIMESTAMP_TYPE_IDS = {0: -1, 1: 0, 2: 1}
 
 
+def consumer_settings(bootstrap: str, topic: str, partition: int, isolation: str, config: Mapping[str, str]) -> dict[str, Any]:
+    """The settings of the consumer reading ``topic``-``partition``'s ranges: the source's client
+    ``config`` (SASL, TLS; it may tune the fetch too), under the settings an exact read needs."""
+    tuning = {
+        "fetch.wait.max.ms": 10,
+        # librdkafka stops prefetching at 100,000 queued messages by default, and a larger range
+        # then waits a fetch round trip per consume call: 200,000 records took 1.2 s, 0.4 s with
+        # this (still capped by queued.max.messages.kbytes).
+        "queued.min.messages": _QUEUED_MESSAGES,
+    }
+    exact = {
+        "group.id": f"stream-ops-batch-{topic}-{partition}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+        "isolation.level": isolation,
+        "enable.partition.eof": True,
+    }
+    return client_config(bootstrap, **{**tuning, **config, **exact})
+
+
 class RangeReader:
     """Reads offset ranges of partitions, one consumer per (brokers, settings, partition) kept
     between reads (each task reads its own partition on its own thread; a lock per consumer
@@ -192,20 +213,10 @@ class RangeReader:
         with self._lock:
             found = self._consumers.get(key)
             if found is None:
-                settings = {
-                    "group.id": f"stream-ops-batch-{topic}-{partition}",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "auto.offset.reset": "error",
-                    "isolation.level": isolation,
-                    "enable.partition.eof": True,
-                    "fetch.wait.max.ms": 10,
-                    # librdkafka stops prefetching at 100,000 queued messages by default, and a
-                    # larger range then waits a fetch round trip per consume call: 200,000
-                    # records took 1.2 s, 0.4 s with this (still capped by queued.max.messages.kbytes).
-                    "queued.min.messages": _QUEUED_MESSAGES,
-                }
-                found = self._consumers[key] = (Consumer(client_config(bootstrap, **config, **settings)), threading.Lock())
+                found = self._consumers[key] = (
+                    Consumer(consumer_settings(bootstrap, topic, partition, isolation, config)),
+                    threading.Lock(),
+                )
             return found
 
     def _drop(self, bootstrap: str, topic: str, partition: int, isolation: str, config: dict[str, str]) -> None:
