@@ -7,8 +7,9 @@ Each test's run is a source stage's streaming query (the three run in one proces
 driver read for the batch's offset range with the rows of Spark's batch. The input mixes plain
 records, committed and aborted transactions (so control markers), null keys and values, an
 empty key, headers, and keys and values that are not UTF-8; batches split anywhere in it
-(``maxOffsetsPerTrigger``), with both isolation levels; and a batch above
-``spark.stream_ops.kafkaDriverRecords`` goes to Spark.
+(``maxOffsetsPerTrigger``), with both isolation levels; a batch above
+``spark.stream_ops.kafkaDriverRecords`` (the source set its own, larger ``maxOffsetsPerTrigger``)
+goes to Spark, and a source that sets none is planned in batches of at most that many offsets.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ REPO = Path(__file__).resolve().parents[3]
 RUNS: dict[str, dict[str, Any]] = {
     "uncommitted": {},
     "committed_split": {"isolation": "read_committed", "max_offsets": 2},
-    "raw_base64": {"format": "raw", "encoding": "base64", "driver_records": 10},
+    "raw_base64": {"format": "raw", "encoding": "base64", "driver_records": 10, "max_offsets": 1000},
+    "bounded": {"format": "raw", "encoding": "utf8", "driver_records": 10},
 }
 """The queries of the one ``driver_parity_main.py`` process: a test's name -> its source's options."""
 
@@ -43,6 +45,7 @@ FIRST: dict[str, Sent] = {
     "uncommitted": Sent(b"k0", b'{"sentence":"first"}'),
     "committed_split": Sent(b"k0", b'{"sentence":"first"}'),
     "raw_base64": Sent(b"k0", b"first"),
+    "bounded": Sent(b"k0", b"first"),
 }
 """The record each topic holds before the queries start (so batch 0 has input)."""
 
@@ -136,7 +139,8 @@ def _driver_batches(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_driver_batches_equal_sparks_read_uncommitted_with_aborted_records_and_bad_utf8(parity, kafka):
     run = parity.runs["uncommitted"]
     first = run.wait_for_end()
-    assert first[0]["reason"] == "INPUT_UNKNOWN", "batch 0 starts at the query's starting offsets: Spark"
+    assert (first[0]["batch"], first[0]["path"]) == (0, "ARROW_ON_DRIVER"), "batch 0 from the starting offsets Spark noted"
+    assert first[0]["ranges"][0][2:] == [0, 1] and first[0]["rows_equal"], first[0]
     produce(kafka.bootstrap_servers, run.topic, MIXED)
     lines = run.wait_for_end()
     driver = _driver_batches(lines)
@@ -176,3 +180,15 @@ def test_raw_base64_batches_equal_sparks_and_a_batch_above_the_bound_goes_to_spa
     above = [line for line in lines if line["ranges"] and line["ranges"][0][3] - line["ranges"][0][2] > 10]
     assert above, f"no batch of more than 10 offsets: {lines}"
     assert all((line["path"], line["reason"]) == ("SPARK", "ABOVE_DRIVER_RECORDS") for line in above), above
+
+
+def test_a_source_without_its_own_bound_is_planned_in_batches_the_driver_reads(parity, kafka):
+    run = parity.runs["bounded"]
+    run.wait_for_end()
+    produce(kafka.bootstrap_servers, run.topic, [("plain", [Sent(b"k", f"v{i % 3}".encode()) for i in range(35)])])
+    lines = run.wait_for_end()
+    _assert_same_as_spark(lines)
+    later = [line for line in lines if line["batch"] > 0]
+    assert sum(line["spark_rows"] for line in later) == 35, lines
+    assert all(line["ranges"][0][3] - line["ranges"][0][2] <= 10 for line in later), "maxOffsetsPerTrigger = kafkaDriverRecords"
+    assert all((line["path"], line["reason"]) == ("ARROW_ON_DRIVER", "WITHIN_DRIVER_RECORDS") for line in later), lines
