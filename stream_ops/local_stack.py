@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -155,12 +154,12 @@ class LocalStack:
                     self.start_worker()
             else:
                 # The workers import stream_ops and start their JVMs (seconds) while ZooKeeper
-                # starts (~1 s): each connects once it serves, with its SparkSession still starting.
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-ops-zookeeper-start") as pool:
-                    zookeeper_started = pool.submit(self.zookeeper.start)
-                    for _ in range(self.workers):
-                        self.start_worker()
-                    zookeeper_started.result()
+                # starts (~1 s): each connects once it serves, with its SparkSession still
+                # starting. ZooKeeper starts on this thread: it dies with the thread that
+                # started it (PR_SET_PDEATHSIG, stream_ops.jvm_server).
+                for _ in range(self.workers):
+                    self.start_worker()
+                self.zookeeper.start()
             self.wait_for_workers(self.workers)
             if self.nimbus:
                 self._nimbus_thread = threading.Thread(
