@@ -532,11 +532,13 @@ class StartupRun:
     """(seconds since the process was started, where, what), in time order."""
 
     def milestones(self) -> list[tuple[str, float | None]]:
+        """Each milestone's time (None: no such event), in time order (the stack may start its
+        worker before or after ZooKeeper)."""
         found = []
         for label, where, text, which in STARTUP_MILESTONES[self.engine]:
             times = [t for t, w, what in self.events if w == where and text in what]
             found.append((label, (times[0] if which == "first" else times[-1]) if times else None))
-        return found
+        return sorted(found, key=lambda item: float("inf") if item[1] is None else item[1])
 
 
 def run_startup_child(engine: str, input_root: Path, expected_file: Path, work: Path, args: argparse.Namespace) -> StartupRun:
