@@ -47,13 +47,16 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import json
 import logging
 import os
 import platform
 import random
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -491,6 +494,127 @@ def report(
         )
 
 
+# --- start-up ----------------------------------------------------------------------------
+
+STARTUP_CHILD = Path(__file__).resolve().parent / "startup_child.py"
+
+STARTUP_MILESTONES: dict[str, list[tuple[str, str, str, str]]] = {
+    # (label, where the event comes from, text it contains, first or last such event)
+    "plain": [
+        ("imports (pyspark)", "bench", "imports done", "first"),
+        ("JVM and SparkSession", "bench", "SparkSession ready", "first"),
+        ("query start", "bench", "query started", "first"),
+        ("first batch (exact)", "bench", "first exact result", "first"),
+    ],
+    "stream_ops": [
+        ("imports (stack process)", "bench", "imports done", "first"),
+        ("ZooKeeper start", "stack", "ZooKeeper ready", "first"),
+        ("worker process spawned", "stack", "started worker", "first"),
+        ("worker: imports, JVM and SparkSession", "worker", "SparkSession ready", "first"),
+        ("worker registered", "worker", "registered", "first"),
+        ("stack sees the worker", "bench", "local stack up", "first"),
+        ("submit", "bench", "submitted", "first"),
+        ("first task owned", "worker", "owns task", "first"),
+        ("last stage query started", "worker", "running on", "last"),
+        ("first commit (a source task)", "zookeeper", "first commit", "first"),
+        ("last task's first commit", "zookeeper", "first commit", "last"),
+        ("state query exact", "bench", "first exact result", "first"),
+    ],
+}
+"""The phases of the start-up breakdown: each runs from the previous milestone to its event."""
+
+
+@dataclass
+class StartupRun:
+    engine: str
+    seconds: float
+    events: list[tuple[float, str, str]]
+    """(seconds since the process was started, where, what), in time order."""
+
+    def milestones(self) -> list[tuple[str, float | None]]:
+        """Each milestone's time (None: no such event), in time order (the stack may start its
+        worker before or after ZooKeeper)."""
+        found = []
+        for label, where, text, which in STARTUP_MILESTONES[self.engine]:
+            times = [t for t, w, what in self.events if w == where and text in what]
+            found.append((label, (times[0] if which == "first" else times[-1]) if times else None))
+        return sorted(found, key=lambda item: float("inf") if item[1] is None else item[1])
+
+
+def run_startup_child(engine: str, input_root: Path, expected_file: Path, work: Path, args: argparse.Namespace) -> StartupRun:
+    """Start ``bench/startup_child.py engine`` in a fresh Python process and time it from its start
+    (just before the fork) to its first exact result."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cmd = [sys.executable, str(STARTUP_CHILD), engine, "--input", str(input_root), "--expected", str(expected_file)]
+    cmd += ["--work", str(work), "--trigger", str(args.trigger), "--timeout", str(args.timeout)]
+    started = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} start-up run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    events = json.loads(done.stdout.strip().splitlines()[-1])["events"]
+    timeline = sorted((t - started, where, what) for t, where, what in events)
+    exact = next(t for t, where, what in timeline if where == "bench" and what == "first exact result")
+    return StartupRun(engine, exact, timeline)
+
+
+def run_startup(args: argparse.Namespace) -> None:
+    """Process start -> first exact result, each engine in a fresh process, ``--startup-repeat``
+    times interleaved; prints every run, the median run's breakdown and the difference."""
+    work = Path(tempfile.mkdtemp(prefix="stream_ops_bench_startup_"))
+    try:
+        sentences = make_sentences(args.startup_sentences, args.vocabulary, args.seed)
+        expected = dict(collections.Counter(w for s in sentences for w in s.split(" ")))
+        topic = write_input(work / "input", sentences, args.records_per_file)
+        expected_file = work / "expected.json"
+        expected_file.write_text(json.dumps(expected))
+        n_files = sum(len(topic.files(q)) for q in range(QUEUES))
+        print(
+            f"start-up input: {len(sentences):,} sentences, {sum(expected.values()):,} words, {len(expected):,} distinct, "
+            f"{n_files} files in {QUEUES} queues; trigger {args.trigger} s (both engines)",
+            flush=True,
+        )
+        del sentences
+        load_before = os.getloadavg()
+        runs: dict[str, list[StartupRun]] = {"plain": [], "stream_ops": []}
+        for repeat in range(args.startup_repeat):
+            for engine in ("plain", "stream_ops") if repeat % 2 == 0 else ("stream_ops", "plain"):
+                time.sleep(args.settle)
+                run = run_startup_child(engine, topic.root, expected_file, work / f"run-{engine}-{repeat}", args)
+                runs[engine].append(run)
+                print(f"{engine}: first exact result {run.seconds:.2f} s after process start", flush=True)
+        load_after = os.getloadavg()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    medians = {engine: sorted(r, key=lambda run: run.seconds)[(len(r) - 1) // 2] for engine, r in runs.items()}
+    print()
+    print(
+        "start-up: process start (fork + exec of a fresh Python) -> first exact result; plain Spark: SparkSession, "
+        "file-source query, foreachBatch counts equal to the ground truth; stream_ops: what `stream-ops demo` runs with "
+        "one worker (embedded ZooKeeper, a `stream-ops worker` process, nimbus, submit, state query until exact)"
+    )
+    for engine, run in medians.items():
+        print(f"{engine}: median {run.seconds:.2f} s of {' '.join(f'{r.seconds:.2f}' for r in runs[engine])}; breakdown:")
+        previous = 0.0
+        for label, at in run.milestones():
+            if at is None:
+                print(f"  {label:<42} (no event)")
+                continue
+            print(f"  {label:<42} +{at - previous:5.2f} s  (at {at:5.2f} s)")
+            previous = at
+    if args.startup_timeline:
+        for engine, run in medians.items():
+            print(f"{engine} median run, every event:")
+            for t, where, what in run.events:
+                print(f"  {t:6.2f} {where:<9} {what[:140]}")
+    difference = medians["stream_ops"].seconds - medians["plain"].seconds
+    print(
+        f"stream_ops - plain Spark: {difference:+.2f} s (target <= +2.00 s: {'met' if difference <= 2.0 else 'NOT met'}); "
+        f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
+
+
 # --- main --------------------------------------------------------------------------------
 
 
@@ -695,7 +819,19 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1.0, help="pause before each timed run, seconds")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--startup",
+        action="store_true",
+        help="measure start-up instead of throughput: each engine in a fresh process, from its start to the first "
+        "exact result (bench/startup_child.py), with stream_ops' breakdown",
+    )
+    parser.add_argument("--startup-sentences", type=int, default=200_000, help="with --startup: the input, sentences")
+    parser.add_argument("--startup-repeat", type=int, default=3, help="with --startup: runs of each engine, interleaved")
+    parser.add_argument("--startup-timeline", action="store_true", help="with --startup: print every event of the median runs")
     args = parser.parse_args()
+    if args.startup:
+        run_startup(args)
+        return
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     count_arrow_batches()

@@ -30,7 +30,9 @@ from typing import Any, Literal
 from stream_ops.config import ClusterConfig, QueryConfig, ZooKeeperConfig
 from stream_ops.coordination.cluster_state import find_topology
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
-from stream_ops.coordination.store import ZkStore
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.store import ZkStore, ZnodeStat
+from stream_ops.coordination.watches import watch_children, watch_data
 from stream_ops.dsl.build_plan import build_plan
 from stream_ops.dsl.streams import Topology
 from stream_ops.errors import QueryAuthError, QueryError, QueryTLSError, StreamOpsError, WorkerError
@@ -42,11 +44,12 @@ from stream_ops.nimbus.dist_store import load_submission, sha256_hex
 from stream_ops.nimbus.leader import run_nimbus
 from stream_ops.nimbus.submission import activate, kill, submit
 from stream_ops.ports import free_port
-from stream_ops.runtime.processes import kill_group, spawn, stop_process, worker_command
+from stream_ops.runtime.processes import kill_group, start_worker, stop_process, worker_command, worker_launch_from_env
 from stream_ops.runtime.query_client import query_state
 from stream_ops.sources import KafkaTopic
 from stream_ops.topics.file_topic import FileTopic
 from stream_ops.topics.producer import produce
+from stream_ops.topology_env import pass_env_names, topology_environment
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,9 @@ _QUERY_ENV = (
     "STREAM_OPS_QUERY_TLS_KEY",
     "STREAM_OPS_QUERY_TLS_CA",
 )
+#: Seconds between two checks that the stack's worker processes are alive while it waits for
+#: their registration or for exact counts (a ZooKeeper watch wakes the wait for those at once).
+WORKER_CHECK_S = 0.5
 #: Environment variables of ZooKeeper credentials, never passed to the stack's processes.
 _ZK_AUTH_ENV = ("STREAM_OPS_ZK_AUTH", "STREAM_OPS_ZK_AUTH_FILE", "STREAM_OPS_ZK_OPEN_READS")
 
@@ -139,13 +145,21 @@ class LocalStack:
             self.home,
         )
         try:
-            self.zookeeper = EmbeddedZooKeeper(data_dir=self.home / "zookeeper", port=self.zookeeper_port)
-            self.zookeeper.start()
+            self.zookeeper = EmbeddedZooKeeper(data_dir=self.home / "zookeeper", port=self.zookeeper_port or free_port())
             if self.kafka:
+                self.zookeeper.start()
                 self.kafka_broker = EmbeddedKafka(self.home / "kafka", port=self.kafka_port)
                 self.kafka_broker.start()
-            for _ in range(self.workers):
-                self.start_worker()
+                for _ in range(self.workers):
+                    self.start_worker()
+            else:
+                # The workers import stream_ops and start their JVMs (seconds) while ZooKeeper
+                # starts (~1 s): each connects once it serves, with its SparkSession still
+                # starting. ZooKeeper starts on this thread: it dies with the thread that
+                # started it (PR_SET_PDEATHSIG, stream_ops.jvm_server).
+                for _ in range(self.workers):
+                    self.start_worker()
+                self.zookeeper.start()
             self.wait_for_workers(self.workers)
             if self.nimbus:
                 self._nimbus_thread = threading.Thread(
@@ -191,8 +205,23 @@ class LocalStack:
         extra_args = [*self.worker_args, *(() if "--insecure" in self.worker_args else ("--insecure",))]
         if self.kafka and "--kafka-connector" not in extra_args:
             extra_args.append("--kafka-connector")
-        cmd = worker_command(self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=extra_args)
-        worker = WorkerProcess(port, log, spawn(cmd, log, self.env()))
+        # The worker gets the allow-listed environment, what the rest says as arguments and the
+        # secrets on its pipe: given more, it would start itself again without it (~1 s).
+        env = self.env()
+        global_args, env_args, secrets = worker_launch_from_env(env)
+        cmd = worker_command(
+            self.zk_config, self.home, host="127.0.0.1", port=port, extra_args=[*extra_args, *env_args], global_args=global_args
+        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = start_worker(
+                cmd,
+                env=topology_environment(env, pass_env_names(env)),
+                secrets=secrets,
+                stop_with_parent=False,
+                output=out.fileno(),
+            )
+        worker = WorkerProcess(port, log, proc)
         self.worker_processes.append(worker)
         logger.info("started worker %s (pid %d), log %s", worker.worker_id, worker.proc.pid, log)
         return worker
@@ -206,7 +235,11 @@ class LocalStack:
     def wait_for_workers(self, count: int, timeout_s: float = 90.0) -> list[str]:
         """Wait until ``count`` workers are registered in ZooKeeper."""
         deadline = time.monotonic() + timeout_s
+        registered = threading.Event()
         with ZkStore.connect(self.zk_config) as store:
+            store.ensure_path(ZkPaths.WORKERS)
+            # Woken by each registration; the timeout only checks on the worker processes.
+            watch_children(store, ZkPaths.WORKERS, lambda children: registered.set() if len(children) >= count else None)
             while True:
                 live = sorted(live_workers(store))
                 if len(live) >= count:
@@ -216,7 +249,8 @@ class LocalStack:
                         raise WorkerError(f"worker {w.worker_id} exited with {w.proc.returncode}; see {w.log}:\n{_tail(w.log)}")
                 if time.monotonic() > deadline:
                     raise WorkerError(f"only {len(live)} of {count} workers registered after {timeout_s:.0f} s")
-                time.sleep(0.2)
+                registered.wait(WORKER_CHECK_S)
+                registered.clear()
 
     def start_dagster(self, *, port: int = 3000, working_directory: Path | None = None) -> str:
         """Start ``dagster dev`` (webserver and daemon) on the example definitions."""
@@ -323,12 +357,16 @@ def wait_for_counts(
     timeout_s: float,
     query_config: QueryConfig | None = None,
 ) -> dict[str, Any]:
-    """Poll the state query until every expected word has its expected count.
+    """Ask the state query until every expected word has its expected count.
 
-    ``query_config`` is passed to :func:`query_state` (token, TLS CA).
+    It asks again as soon as a stateful task of ``topology`` commits a batch (a ZooKeeper watch
+    on each such task's transactional node: only a commit changes the answer), and at least
+    every :data:`WORKER_CHECK_S` seconds. ``query_config`` is passed to :func:`query_state`
+    (token, TLS CA).
     """
     deadline = time.monotonic() + timeout_s
     last: dict[str, Any] = {}
+    committed = _watch_commits(store, topology)
     while True:
         try:
             last = query_state(store, topology, query, [[w] for w in sorted(expected)], query_config=query_config)
@@ -341,7 +379,27 @@ def wait_for_counts(
         if time.monotonic() > deadline:
             wrong = {w: (last.get(w), n) for w, n in expected.items() if last.get(w) != n}
             raise StreamOpsError(f"counts did not reach the ground truth in {timeout_s:.0f} s; (got, expected): {wrong}")
-        time.sleep(0.5)
+        committed.wait(WORKER_CHECK_S)
+        committed.clear()
+
+
+def _watch_commits(store: ZkStore, topology: str) -> threading.Event:
+    """An event set each time a stateful task of ``topology`` (a name) commits a batch.
+
+    The watches end at their first change after the store is closed. A topology not found is
+    left to the caller's timer (the event is never set)."""
+    committed = threading.Event()
+    record = find_topology(store, topology, missing_ok=True)
+    if record is None:
+        return committed
+
+    def on_commit(data: bytes | None, stat: ZnodeStat | None) -> bool | None:
+        committed.set()
+        return None if data is not None else False
+
+    for task_id in record.stateful_tasks:
+        watch_data(store, ZkPaths.transactional_task(record.topology_id, task_id), on_commit)
+    return committed
 
 
 def feed_sentences(stack: LocalStack, input_topic: FileTopic | KafkaTopic, sentences: Sequence[str]) -> None:

@@ -122,3 +122,50 @@ def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         kill_group(proc, signal.SIGKILL)
         proc.wait(5)
+
+
+#: Variables ``stream-ops`` reads for the options a worker is started with, each as the option
+#: (before the ``worker`` verb, or after it) that says the same on a command line.
+WORKER_OPTION_ENV: Mapping[str, tuple[str, str]] = {
+    "STREAM_OPS_ZK_AUTH_FILE": ("global", "--zk-auth-file"),
+    "STREAM_OPS_ZK_OPEN_READS": ("global", "--zk-open-reads"),
+    "STREAM_OPS_LOCAL_DIR": ("global", "--local-dir"),
+    "STREAM_OPS_QUERY_TOKEN_FILE": ("global", "--query-token-file"),
+    "STREAM_OPS_QUERY_TLS_CA": ("global", "--query-tls-ca"),
+    "STREAM_OPS_TOPOLOGY_DEFAULTS": ("global", "--topology-default"),
+    "STREAM_OPS_QUERY_TLS_CERT": ("worker", "--query-tls-cert"),
+    "STREAM_OPS_QUERY_TLS_KEY": ("worker", "--query-tls-key"),
+}
+
+#: Variables of a worker's options that :func:`worker_command` always gives on the command line.
+WORKER_COMMAND_ENV = frozenset({"STREAM_OPS_ZOOKEEPER", "STREAM_OPS_CHROOT", "STREAM_OPS_HOME", "STREAM_OPS_SESSION_TIMEOUT"})
+
+#: Variables of a worker's secret options, passed on its secrets pipe (:class:`WorkerSecrets`).
+WORKER_SECRET_ENV = frozenset({"STREAM_OPS_ZK_AUTH", "STREAM_OPS_QUERY_TOKEN"})
+
+
+def worker_launch_from_env(env: Mapping[str, str]) -> tuple[list[str], list[str], WorkerSecrets]:
+    """What ``env`` tells a worker through the variables its options read, said instead as
+    arguments (global ones, the worker verb's) and secrets for its pipe.
+
+    A worker that finds variables beyond the allow-list in its environment starts itself again
+    without them (``stream-ops worker``), importing everything a second time (~1 s). A worker
+    started with :func:`~stream_ops.topology_env.topology_environment` of ``env``, these
+    arguments and these secrets on ``--secrets-fd`` runs with the same settings and starts once.
+    """
+    global_args: list[str] = []
+    worker_args: list[str] = []
+    for name, (where, option) in WORKER_OPTION_ENV.items():
+        value = env.get(name)
+        if not value:
+            continue
+        target = global_args if where == "global" else worker_args
+        if option == "--zk-open-reads":
+            target.append(option if value.strip().lower() in ("1", "true", "yes", "on", "t", "y") else "--no-zk-open-reads")
+        elif option == "--topology-default":
+            for item in value.split():
+                target += [option, item]
+        else:
+            target += [option, value]
+    secrets = WorkerSecrets(zk_auth=env.get("STREAM_OPS_ZK_AUTH") or None, query_token=env.get("STREAM_OPS_QUERY_TOKEN") or None)
+    return global_args, worker_args, secrets

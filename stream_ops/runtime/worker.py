@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,6 +113,12 @@ class WorkerSettings(BaseModel):
         "cores on 2 busy cores at 10k records/s, with no gain in latency there).",
     )
     max_files_per_trigger: int = Field(100, ge=1)
+    start_concurrency: int = Field(
+        4,
+        ge=1,
+        description="Tasks this worker starts at once (ownership, state, Spark query). Four tasks of a word count "
+        "started one after another took 2.5 s, most of it waiting for Spark to plan each query.",
+    )
     launched_by: str = "cli"
     query: QueryConfig = Field(
         default_factory=QueryConfig,
@@ -208,14 +215,21 @@ class Worker:
         raise_open_files_limit()
         require_auth(self.zookeeper, "worker")
         apply_umask(self.cluster.umask)
-        self.store = ZkStore.connect(self.zookeeper)
+        # The JVM and SparkSession take seconds to start: they start while this thread connects
+        # to ZooKeeper (and ZooKeeper itself may still be starting, as in the local stack).
+        spark = self._start_spark()
+        try:
+            self.store = ZkStore.connect(self.zookeeper)
+        except BaseException:
+            self._discard_spark(spark)
+            raise
         self.store.add_listener(self._on_state)
         self._connected.set()
         # A stop (SIGTERM) must not wait for ZooKeeper to come back: ZooKeeper calls in flight
         # give up at once when the connection is away, and the shutdown starts.
         threading.Thread(target=self._give_up_on_stop, args=(stop,), name="stream-ops-stop-watch", daemon=True).start()
         try:
-            self.spark = self._spark_factory()
+            self.spark = spark.result()
             self._server = self._query_server()
             self._server.start()
             self._register(stop)
@@ -246,6 +260,32 @@ class Worker:
                     logger.warning("worker %s: %s", self.worker_id, e)
         finally:
             self._shutdown()
+
+    def _start_spark(self) -> Future[SparkSession]:
+        """Create the SparkSession on its own thread; the future holds it (or the error).
+
+        Off the main thread PySpark also leaves the process's SIGINT handler alone (on the
+        main thread it installs its own, which raises KeyboardInterrupt instead of letting
+        the worker stop cleanly)."""
+        future: Future[SparkSession] = Future()
+
+        def create() -> None:
+            try:
+                future.set_result(self._spark_factory())
+            except BaseException as e:  # noqa: BLE001 - handed to the thread that waits for it
+                future.set_exception(e)
+
+        threading.Thread(target=create, name="stream-ops-spark-start", daemon=True).start()
+        return future
+
+    def _discard_spark(self, spark: Future[SparkSession]) -> None:
+        """Stop a session started for a worker that could not start (once it exists)."""
+        try:
+            session = spark.result()
+        except BaseException:  # noqa: BLE001 - the worker's own error is the one raised
+            return
+        if self._owns_spark:
+            session.stop()
 
     def _give_up_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
@@ -354,11 +394,13 @@ class Worker:
             elif self._failed.recovered(key, now):
                 self._failed.mark_recovered(key)
         self._failed.forget_unassigned(desired.keys())
-        for key, want in sorted(desired.items()):
-            if key in self._runners or len(self._runners) >= self.settings.capacity:
-                continue
-            if self._failed.may_start(key, want.assigned_at, now):
-                self._start_runner(key, want.storm, want.assigned_at)
+        room = self.settings.capacity - len(self._runners)
+        wanted = [
+            (key, want.storm, want.assigned_at)
+            for key, want in sorted(desired.items())
+            if key not in self._runners and self._failed.may_start(key, want.assigned_at, now)
+        ]
+        self._start_runners(wanted[: max(0, room)])
 
     def _may_log(self, topic: Hashable) -> bool:
         """Whether to log about ``topic`` now (at most every ``WAIT_LOG_EVERY_S``)."""
@@ -378,14 +420,41 @@ class Worker:
             self._plans[storm.topology_id] = plan
         return plan
 
-    def _start_runner(self, key: tuple[str, int], storm: StormRecord, assigned_at: float | None = None) -> None:
-        """Start ``key``; any error of its plan, code or state marks it failed, never the worker."""
+    def _start_runners(self, wanted: list[tuple[tuple[str, int], StormRecord, float | None]]) -> None:
+        """Start the tasks ``wanted`` (key, topology record, when assigned), up to
+        ``start_concurrency`` at once.
+
+        Starting one task is mostly waiting: ZooKeeper round trips, the state's rebuild and, the
+        longest, Spark planning its streaming query (1-2 s for a worker's first). Tasks started
+        one after another added those waits up; started together, they overlap. Each start takes
+        ownership on its own (its own owner epoch and fencing, as before); plans are loaded
+        first, on this thread, so a topology's code archive is installed once; what a start
+        leads to is recorded on this thread too."""
+        starts: list[tuple[tuple[str, int], StormRecord, float | None, Plan]] = []
+        for key, storm, assigned_at in wanted:
+            if self._standbys is not None:
+                self._standbys.release(key)  # its warm store is the task's now
+            try:
+                plan = self._plan(storm)
+            except Exception as e:  # noqa: BLE001 - the task's failure (or ZooKeeper trouble), never the worker's
+                self._record_start(key, assigned_at, e)
+                continue
+            starts.append((key, storm, assigned_at, plan))
+        if len(starts) <= 1 or self.settings.start_concurrency == 1:
+            outcomes = [self._launch(key, storm, plan) for key, storm, _, plan in starts]
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(len(starts), self.settings.start_concurrency), thread_name_prefix="stream-ops-task-start"
+            ) as pool:
+                outcomes = list(pool.map(lambda start: self._launch(start[0], start[1], start[3]), starts))
+        for (key, _, assigned_at, _), outcome in zip(starts, outcomes, strict=True):
+            self._record_start(key, assigned_at, outcome)
+
+    def _launch(self, key: tuple[str, int], storm: StormRecord, plan: Plan) -> TaskRunner | Exception:
+        """Take ownership of ``key`` and start its query; the runner, or why it did not start."""
         assert self.store is not None and self.spark is not None
         topology_id, task_id = key
-        if self._standbys is not None:
-            self._standbys.release(key)  # its warm store is the task's now
         try:
-            plan = self._plan(storm)
             runner = TaskRunner(
                 zk=self.store,
                 spark=self.spark,
@@ -405,24 +474,32 @@ class Worker:
                 clock=self.clock,
             )
             runner.start()
-        except TaskBusyError as e:
+        except Exception as e:  # noqa: BLE001 - recorded by _record_start, never the worker's failure
+            return e
+        return runner
+
+    def _record_start(self, key: tuple[str, int], assigned_at: float | None, outcome: TaskRunner | Exception) -> None:
+        """Keep a started runner; otherwise wait for a busy owner, retry after ZooKeeper trouble,
+        or mark the task failed (any error of its plan, code or state; never the worker's)."""
+        topology_id, task_id = key
+        if isinstance(outcome, TaskBusyError):
             if self._may_log(key):
-                logger.info("%s; waiting for its owner to go", e)
+                logger.info("%s; waiting for its owner to go", outcome)
             self._watch_owner(key)
             return
-        except (TransientError, OwnershipLostError) as e:
+        if isinstance(outcome, TransientError | OwnershipLostError):
             # ZooKeeper trouble or a takeover, not the task's fault: tried again on the next loop.
             if self._may_log(key):
-                logger.warning("task %s/%d could not start: %s; trying again", topology_id, task_id, e)
+                logger.warning("task %s/%d could not start: %s; trying again", topology_id, task_id, outcome)
             return
-        except Exception as e:
-            logger.debug("task %s/%d: start failure", topology_id, task_id, exc_info=True)
-            self._failed.failed(key, assigned_at, f"start failed: {describe_error(e)}")
+        if isinstance(outcome, Exception):
+            logger.debug("task %s/%d: start failure", topology_id, task_id, exc_info=outcome)
+            self._failed.failed(key, assigned_at, f"start failed: {describe_error(outcome)}")
             return
         self._busy_logged.pop(key, None)
         self._failed.started(key, time.monotonic())
-        self._runners[key] = runner
-        logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, runner.ownership.epoch)  # type: ignore[union-attr]
+        self._runners[key] = outcome
+        logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, outcome.ownership.epoch)  # type: ignore[union-attr]
 
     def _watch_owner(self, key: tuple[str, int]) -> None:
         """Wake the main loop the moment ``key``'s current owner releases it (one watch per task)."""

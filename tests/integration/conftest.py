@@ -4,12 +4,15 @@ in-process workers sharing it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
+from stream_ops.coordination.paths import ZkPaths
+from stream_ops.coordination.store import ZkStore
 from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.spark.session import create_spark_session
@@ -39,7 +42,18 @@ class WorkerPool:
         thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
         thread.start()
         self.running.append((worker, stop, thread))
+        self._wait_registered(worker, thread)
         return worker
+
+    def _wait_registered(self, worker: Worker, thread: threading.Thread, timeout_s: float = 60.0) -> None:
+        """Until ``worker`` is in ``/workers``: a topology submitted before that has its tasks
+        assigned to nobody (these tests run no nimbus)."""
+        deadline = time.monotonic() + timeout_s
+        with ZkStore.connect(self.zk_config) as store:
+            while not store.exists(ZkPaths.worker(worker.worker_id)):
+                assert thread.is_alive(), f"worker {worker.worker_id} stopped before it registered"
+                assert time.monotonic() < deadline, f"worker {worker.worker_id} did not register within {timeout_s:.0f} s"
+                time.sleep(0.02)
 
     def stop(self, worker: Worker) -> None:
         """Stop a worker cleanly (its tasks are released)."""
