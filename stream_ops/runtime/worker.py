@@ -500,6 +500,8 @@ class Worker:
         self._failed.started(key, time.monotonic())
         self._runners[key] = outcome
         logger.info("task %s/%d running on %s (epoch %d)", topology_id, task_id, self.worker_id, outcome.ownership.epoch)  # type: ignore[union-attr]
+        # Its first heartbeat at once: the task shows alive from its start, not one interval later.
+        self._beat(outcome)
 
     def _watch_owner(self, key: tuple[str, int]) -> None:
         """Wake the main loop the moment ``key``'s current owner releases it (one watch per task)."""

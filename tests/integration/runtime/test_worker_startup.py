@@ -19,7 +19,7 @@ from stream_ops.coordination.records import OwnerRecord
 from stream_ops.coordination.store import ZkStore
 from stream_ops.examples.wordcount import build_wordcount
 from stream_ops.local_stack import expected_word_counts, wait_for_counts
-from stream_ops.nimbus import submit
+from stream_ops.nimbus import describe_topology, submit
 from stream_ops.nimbus.assignment import reassign
 from stream_ops.ports import free_port
 from stream_ops.runtime import task_runner
@@ -39,7 +39,9 @@ def run_worker(zk_config: ZooKeeperConfig, tmp_path: Path, spark: Any) -> Iterat
         worker = Worker(
             zk_config,
             ClusterConfig(root=tmp_path / "cluster"),
-            WorkerSettings(host="127.0.0.1", port=free_port(), trigger_seconds=0.2, heartbeat_interval_s=0.5, **settings),
+            WorkerSettings(
+                **{"host": "127.0.0.1", "port": free_port(), "trigger_seconds": 0.2, "heartbeat_interval_s": 0.5, **settings}
+            ),
             spark_factory=spark_factory or (lambda: spark),
         )
         stop = threading.Event()
@@ -132,3 +134,14 @@ def test_a_task_still_owned_elsewhere_waits_while_the_others_start(
     assert owner is not None and (owner.worker_id, owner.epoch) == (worker.worker_id, 1)
     produce(topology.chains[0].source.topic, ({"sentence": s} for s in SENTENCES))
     wait_for_counts(zk_store, topology.name, "words", expected_word_counts(SENTENCES), timeout_s=90)
+
+
+def test_a_started_task_is_alive_before_its_first_heartbeat_interval(
+    run_worker: Any, zk_store: ZkStore, tmp_path: Path, wait_until: Any
+) -> None:
+    worker = run_worker(heartbeat_interval_s=600.0)
+    wait_until(lambda: worker.worker_id in zk_store.children(ZkPaths.WORKERS), 30, "the worker to register")
+    topology = build_wordcount(tmp_path / "input", queues=2)
+    topology_id = submit(zk_store, worker.cluster, topology, workers=1)
+    wait_until(lambda: len(worker.running_tasks) == TASKS, 60, "the four tasks to start")
+    wait_until(lambda: describe_topology(zk_store, topology_id).health() == "healthy", 10, "every task's first heartbeat")
