@@ -84,8 +84,10 @@ from pyspark.sql import functions as F
 
 from stream_ops import Topology
 from stream_ops.config import ClusterConfig
+from stream_ops.errors import KafkaServerError
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.embedded import EmbeddedKafka
+from stream_ops.kafka.producing import produce_json
 from stream_ops.operators import JoinBolt
 from stream_ops.sources import KafkaTopic
 
@@ -321,29 +323,29 @@ class Throughput:
         return self.records / self.seconds
 
 
+def dealt_round_robin(partitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The records of ``partitions`` in the order that deals record ``i`` to partition ``i %
+    len(partitions)`` (as :func:`produce_json` does) so that each partition gets its own, in
+    order: partition ``p`` holds the records ``p, p + n, p + 2n, ...`` of a round-robin deal, as
+    :func:`make_inputs` splits them (its closing records, one a partition, included).
+
+    Raises:
+        ValueError: the partitions' lengths are not those of a round-robin deal.
+    """
+    n, total = len(partitions), sum(len(p) for p in partitions)
+    if [len(p) for p in partitions] != [len(range(p, total, n)) for p in range(n)]:
+        raise ValueError(f"partitions of {[len(p) for p in partitions]} records are not a round-robin deal")
+    return [partitions[i % n][i // n] for i in range(total)]
+
+
 def _produce(kafka: EmbeddedKafka, topic: str, partitions: list[list[dict[str, Any]]], timeout_s: float = 60.0) -> None:
     """Each partition's records, in order, to that partition of a new topic."""
     kafka.create_topic(topic, len(partitions))
-    failures: list[str] = []
-
-    def delivered(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    producer = Producer(client_config(kafka.bootstrap_servers, **{"enable.idempotence": True, "linger.ms": 5}))
-    for p, records in enumerate(partitions):
-        for record in records:
-            value = json.dumps(record, separators=(",", ":")).encode("utf-8")
-            while True:
-                try:
-                    producer.produce(topic, value=value, partition=p, on_delivery=delivered)
-                    break
-                except BufferError:  # the local queue is full: let the broker acknowledge some first
-                    producer.poll(0.1)
-            producer.poll(0)
-    left = producer.flush(timeout_s)
-    if left or failures:
-        raise SystemExit(f"writing {topic!r} failed: {failures[0] if failures else f'{left} records not acknowledged'}")
+    records = dealt_round_robin(partitions)
+    try:
+        produce_json(kafka.bootstrap_servers, topic, records, partitions=len(partitions), timeout_s=timeout_s)
+    except KafkaServerError as e:
+        raise SystemExit(str(e)) from e
 
 
 def differences(seen: collections.Counter[Row], expected: collections.Counter[Row]) -> str:
