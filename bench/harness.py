@@ -367,7 +367,7 @@ def kafka_processes(rig: BenchRig, kafka: EmbeddedKafka) -> Processes:
     return Processes(spark_jvm=spark_jvm, broker=kafka.pid, zookeeper=rig.zk.pid)
 
 
-def print_machine(spark: SparkSession, partitions: int, loads: Sequence[Sequence[float]]) -> None:
+def print_kafka_machine(spark: SparkSession, partitions: int, loads: Sequence[Sequence[float]]) -> None:
     """A Kafka benchmark's ``machine:`` and ``load:`` report lines; ``loads`` are the 1/5/15-min
     load averages sampled through the run (the first and the last are shown)."""
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]

@@ -106,7 +106,7 @@ from harness import (  # the benchmarks' shared rig
     kafka_broker,
     kafka_processes,
     pct,
-    print_machine,
+    print_kafka_machine,
     wait_until,
 )
 
@@ -519,7 +519,7 @@ def report(
 ) -> None:
     print()
     print("== Kafka impressions + clicks -> event-time windowed join -> Kafka: plain Spark vs stream_ops' JoinBolt ==")
-    print_machine(spark, args.partitions, loads)
+    print_kafka_machine(spark, args.partitions, loads)
     print(f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines), inner join on ad")
     if results:
         report_throughput(args, inputs, results)

@@ -116,7 +116,7 @@ from harness import (  # the benchmarks' shared rig
     kafka_broker,
     kafka_processes,
     pct,
-    print_machine,
+    print_kafka_machine,
     wait_until,
 )
 from kafka_streams_peer import KafkaStreamsPeer, PeerBuildError, build  # the Kafka Streams peer
@@ -648,7 +648,7 @@ def report(
     names = ", ".join(r.engine for r in (throughput or latency))
     print()
     print(f"== Kafka -> word count -> Kafka: {names} ==")
-    print_machine(spark, PARTITIONS, loads)
+    print_kafka_machine(spark, PARTITIONS, loads)
     print(
         f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (Spark engines), stream_ops opaque state; "
         f"Kafka Streams {KAFKA_VERSION} exactly_once_v2, commit.interval.ms {args.trigger * 1000:g}, "
