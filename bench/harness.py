@@ -1,6 +1,9 @@
 """What the in-process benchmarks share: one embedded ZooKeeper, one SparkSession, a ZooKeeper
 client and stream_ops Workers on threads sharing that session, all under a temporary work
-directory and torn down in the right order (workers, client, Spark, ZooKeeper, files).
+directory and torn down in the right order (workers, client, Spark, ZooKeeper, files); the CPU
+read from ``/proc``; and what the Kafka benchmarks (``kafka.py``, ``join_kafka.py``) add to that
+rig: an embedded broker, a ``read_committed`` reader of an output topic, plain Spark's Kafka
+queries and the stream_ops topologies they submit.
 
 Example::
 
@@ -11,24 +14,35 @@ Example::
 
 from __future__ import annotations
 
+import abc
+import contextlib
+import math
 import os
+import platform
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from pyspark.sql import SparkSession
+import pyspark
+from confluent_kafka import Consumer, Message, TopicPartition
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
+from stream_ops import Topology
 from stream_ops.config import ClusterConfig, ZooKeeperConfig
 from stream_ops.coordination.cluster_state import read_storm
 from stream_ops.coordination.embedded import EmbeddedZooKeeper
 from stream_ops.coordination.paths import ZkPaths
 from stream_ops.coordination.store import ZkStore
+from stream_ops.kafka.client import client_config
+from stream_ops.kafka.embedded import EmbeddedKafka
+from stream_ops.nimbus import kill, submit
 from stream_ops.ports import free_port
 from stream_ops.runtime.worker import Worker, WorkerSettings
 from stream_ops.spark.session import create_spark_session
@@ -173,6 +187,12 @@ def cpu_use(parts: Sequence[str], before: dict[str, float], after: dict[str, flo
     if "bench" in parts:
         engine_s -= harness_s
     return CpuUse(engine_s, harness_s, spent["broker"], spent["zookeeper"], spent["bench"] - harness_s)
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-1) of ``values`` (nan when empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
@@ -322,3 +342,161 @@ class BenchRig:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> Any:
         self.close()
         return None
+
+
+# --- the Kafka benchmarks -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def kafka_broker(rig: BenchRig) -> Iterator[EmbeddedKafka]:
+    """An embedded Kafka broker (KRaft) under the rig's work directory: started, its address and
+    start-up time printed, stopped when the block ends."""
+    kafka = EmbeddedKafka(rig.work / "kafka")
+    kafka.start()
+    try:
+        print(f"Kafka ready on {kafka.bootstrap_servers} in {kafka.started_in_s:.1f} s", flush=True)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+def kafka_processes(rig: BenchRig, kafka: EmbeddedKafka) -> Processes:
+    """The processes whose CPU a Kafka benchmark reads: the rig's Spark JVM, the broker and ZooKeeper."""
+    spark_jvm = int(rig.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    assert kafka.pid is not None and rig.zk.pid is not None
+    return Processes(spark_jvm=spark_jvm, broker=kafka.pid, zookeeper=rig.zk.pid)
+
+
+def print_kafka_machine(spark: SparkSession, partitions: int, loads: Sequence[Sequence[float]]) -> None:
+    """A Kafka benchmark's ``machine:`` and ``load:`` report lines; ``loads`` are the 1/5/15-min
+    load averages sampled through the run (the first and the last are shown)."""
+    java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
+    start, end = (", ".join(f"{v:.2f}" for v in load) for load in (loads[0], loads[-1]))
+    print(
+        f"machine:  {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, pyspark "
+        f"{pyspark.__version__}, Java {java}; Kafka broker embedded (KRaft, 1 node), {partitions} partitions per topic"
+    )
+    print(f"load:     1/5/15-min load average {start} at the start, {end} at the end")
+
+
+Decoded = TypeVar("Decoded")
+
+
+class OutputReader(abc.ABC, Generic[Decoded]):
+    """Reads an output topic (``read_committed``, every partition from offset 0) on a thread.
+
+    Each message without an error is read at a wall-clock time ``now``, decoded by
+    :meth:`_decode` (None: skipped) and counted in :attr:`messages`, and the decoded value taken
+    by :meth:`_take` under the reader's lock (``self._lock``, which the subclass's queries take
+    too). A subclass sets up what ``_take`` fills before calling this ``__init__``: it starts the
+    thread.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.messages = 0
+        self.thread_cpu_s = 0.0
+        """CPU seconds of the reading thread's Python loop so far (its librdkafka threads not included)."""
+        settings = {"group.id": f"bench-{topic}", "isolation.level": "read_committed", "enable.auto.commit": False}
+        self._consumer = Consumer(client_config(bootstrap, **settings, **{"fetch.wait.max.ms": 10}))
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"read-{topic}", daemon=True)
+        self._thread.start()
+
+    @abc.abstractmethod
+    def _decode(self, message: Message) -> Decoded | None:
+        """What ``message`` holds, None to skip it (called outside the lock)."""
+
+    @abc.abstractmethod
+    def _take(self, decoded: Decoded, message: Message, now: float) -> None:
+        """Record a decoded message read at ``now`` (called under the lock)."""
+
+    def _run(self) -> None:
+        started = time.thread_time()
+        while not self._stop.is_set():
+            self.thread_cpu_s = time.thread_time() - started
+            for message in self._consumer.consume(10_000, timeout=0.05):
+                if message.error() is not None:
+                    continue
+                now = time.time()
+                decoded = self._decode(message)
+                if decoded is None:
+                    continue
+                with self._lock:
+                    self.messages += 1
+                    self._take(decoded, message, now)
+
+    def close(self) -> None:
+        """Stop the thread and close the consumer."""
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+class SparkKafkaQueries:
+    """Plain Spark's streaming queries between Kafka topics, checkpointed under ``checkpoints``,
+    on a ``trigger_s`` processing-time trigger, all stopped by :meth:`stop`."""
+
+    def __init__(self, spark: SparkSession, bootstrap: str, checkpoints: Path, trigger_s: float) -> None:
+        self._spark = spark
+        self._bootstrap = bootstrap
+        self._checkpoints = checkpoints
+        self._trigger_s = trigger_s
+        self._queries: list[StreamingQuery] = []
+
+    def read(self, topic: str) -> DataFrame:
+        """``topic`` as a streaming DataFrame (Spark's Kafka columns), from the earliest offsets."""
+        return (
+            self._spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self._bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+
+    def write(self, frame: DataFrame, topic: str, *, output_mode: str) -> None:
+        """Start a query writing ``frame`` (its ``key`` and ``value`` columns) to ``topic``,
+        checkpointed in ``<checkpoints>/<topic>``."""
+        query = (
+            frame.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", self._bootstrap)
+            .option("topic", topic)
+            .option("checkpointLocation", str(self._checkpoints / topic))
+            .outputMode(output_mode)
+            .trigger(processingTime=f"{self._trigger_s} seconds")
+            .start()
+        )
+        self._queries.append(query)
+
+    def stop(self) -> None:
+        """Stop every query started."""
+        for query in self._queries:
+            query.stop()
+        self._queries.clear()
+
+
+class Topologies:
+    """stream_ops topologies submitted to one of the rig's workers, killed together by :meth:`kill_all`."""
+
+    def __init__(self, rig: BenchRig, worker: WorkerThread) -> None:
+        self._rig = rig
+        self._worker = worker
+        self._names: list[str] = []
+        self.ids: list[str] = []
+        """The running topologies' ids."""
+
+    def submit(self, topology: Topology) -> None:
+        """Submit ``topology`` to the worker (one worker slot)."""
+        self.ids.append(submit(self._rig.store, self._worker.cluster, topology, workers=1))
+        self._names.append(topology.name)
+
+    def _until_stopped(self, _: float) -> None:
+        wait_until(lambda: not self._worker.worker.running_tasks, 60)
+
+    def kill_all(self) -> None:
+        """Kill every topology submitted, each once the worker has no task running."""
+        for name in self._names:
+            kill(self._rig.store, name, wait_s=1.0, sleep=self._until_stopped)
+        self._names.clear()
+        self.ids.clear()

@@ -68,10 +68,8 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,21 +78,37 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyspark
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stream_ops import Topology
 from stream_ops.config import ClusterConfig
+from stream_ops.errors import KafkaServerError
 from stream_ops.kafka.client import client_config
 from stream_ops.kafka.embedded import EmbeddedKafka
-from stream_ops.nimbus import kill, submit
+from stream_ops.kafka.producing import produce_json
 from stream_ops.operators import JoinBolt
 from stream_ops.sources import KafkaTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import IN_PROCESS, SPARK_MASTER, BenchRig, CpuUse, Processes, WorkerThread, cpu_use, wait_until
+from harness import (  # the benchmarks' shared rig
+    IN_PROCESS,
+    SPARK_MASTER,
+    BenchRig,
+    CpuUse,
+    OutputReader,
+    Processes,
+    SparkKafkaQueries,
+    Topologies,
+    WorkerThread,
+    cpu_use,
+    kafka_broker,
+    kafka_processes,
+    pct,
+    print_kafka_machine,
+    wait_until,
+)
 
 T0 = 1_800_000_000.0
 """Event time of the first record (seconds since the epoch; a multiple of every window length used)."""
@@ -173,39 +187,25 @@ def expected_rows(inputs: Inputs, window_s: float) -> collections.Counter[Row]:
 # --- reading the output ------------------------------------------------------------------------
 
 
-class RowsReader:
+class RowsReader(OutputReader[Row]):
     """Reads an output topic (``read_committed``) on a thread: every row, as a multiset."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         self.rows: collections.Counter[Row] = collections.Counter()
         self.first_seen: dict[Row, float] = {}
         """Wall-clock time each row was first read."""
-        self.messages = 0
-        self.thread_cpu_s = 0.0
-        """CPU seconds of the reading thread's Python loop so far (its librdkafka threads not included)."""
-        settings = {"group.id": f"bench-{topic}", "isolation.level": "read_committed", "enable.auto.commit": False}
-        self._consumer = Consumer(client_config(bootstrap, **settings, **{"fetch.wait.max.ms": 10}))
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=f"read-{topic}", daemon=True)
-        self._thread.start()
+        super().__init__(bootstrap, topic, partitions)
 
-    def _run(self) -> None:
-        started = time.thread_time()
-        while not self._stop.is_set():
-            self.thread_cpu_s = time.thread_time() - started
-            for message in self._consumer.consume(10_000, timeout=0.05):
-                value = message.value()
-                if message.error() is not None or value is None:
-                    continue
-                now = time.time()
-                decoded = json.loads(value)
-                row = (str(decoded["ad"]), str(decoded["click_id"]), str(decoded["imp_id"]))
-                with self._lock:
-                    self.messages += 1
-                    self.rows[row] += 1
-                    self.first_seen.setdefault(row, now)
+    def _decode(self, message: Message) -> Row | None:
+        value = message.value()
+        if value is None:
+            return None
+        decoded = json.loads(value)
+        return (str(decoded["ad"]), str(decoded["click_id"]), str(decoded["imp_id"]))
+
+    def _take(self, decoded: Row, message: Message, now: float) -> None:
+        self.rows[decoded] += 1
+        self.first_seen.setdefault(decoded, now)
 
     def has_all(self, expected: collections.Counter[Row]) -> bool:
         with self._lock:
@@ -218,11 +218,6 @@ class RowsReader:
     def snapshot(self) -> collections.Counter[Row]:
         with self._lock:
             return collections.Counter(self.rows)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
 
 
 # --- the two engines ---------------------------------------------------------------------------
@@ -249,16 +244,12 @@ class Engine:
 
 def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, args: argparse.Namespace) -> Engine:
     """Plain Structured Streaming: both topics watermarked, windowed, joined on ad and window."""
-    queries: list[Any] = []
+    queries = SparkKafkaQueries(spark, kafka.bootstrap_servers, work / "plain-checkpoints", args.trigger)
 
     def side(topic: str, schema: dict[str, str], lag_s: float) -> DataFrame:
         ddl = ", ".join(f"{k} {v.upper()}" for k, v in schema.items())
         return (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .load()
+            queries.read(topic)
             .select(F.from_json(F.col("value").cast("string"), ddl).alias("v"))
             .select("v.*")
             .withColumn("t", F.timestamp_seconds("ts"))
@@ -277,23 +268,9 @@ def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, args: arg
             impressions, (F.col("ad") == F.col("imp_ad")) & (F.col("click_window") == F.col("imp_window")), "inner"
         )
         out = joined.select(F.col("click_id").alias("key"), F.to_json(F.struct("ad", "click_id", "imp_id")).alias("value"))
-        query = (
-            out.writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-            .option("topic", output_topic)
-            .option("checkpointLocation", str(work / "plain-checkpoints" / output_topic))
-            .outputMode("append")
-            .trigger(processingTime=f"{args.trigger} seconds")
-            .start()
-        )
-        queries.append(query)
+        queries.write(out, output_topic, output_mode="append")
 
-    def stop() -> None:
-        for query in queries:
-            query.stop()
-        queries.clear()
-
-    return Engine("plain Spark", start, stop)
+    return Engine("plain Spark", start, queries.stop)
 
 
 def join_bolt(shape: Shape) -> JoinBolt:
@@ -310,11 +287,10 @@ def join_bolt(shape: Shape) -> JoinBolt:
 
 def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka, args: argparse.Namespace) -> Engine:
     """The stream_ops topology: two KafkaTopic sources -> JoinBolt -> to_kafka."""
-    running: list[str] = []
+    topologies = Topologies(rig, worker)
 
     def start(impressions_topic: str, clicks_topic: str, output_topic: str, shape: Shape) -> None:
-        name = f"join-{output_topic}"
-        t = Topology(name)
+        t = Topology(f"join-{output_topic}")
         impressions = t.source(
             "impressions",
             KafkaTopic(kafka.bootstrap_servers, impressions_topic, partitions=args.partitions),
@@ -326,18 +302,9 @@ def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka,
         t.join(join_bolt(shape), impressions=impressions, clicks=clicks, name="ad-clicks").to_kafka(
             kafka.bootstrap_servers, output_topic, key="click_id"
         )
-        submit(rig.store, worker.cluster, t, workers=1)
-        running.append(name)
+        topologies.submit(t)
 
-    def until_stopped(_: float) -> None:
-        wait_until(lambda: not worker.worker.running_tasks, 60)
-
-    def stop() -> None:
-        for name in running:
-            kill(rig.store, name, wait_s=1.0, sleep=until_stopped)
-        running.clear()
-
-    return Engine("stream_ops", start, stop)
+    return Engine("stream_ops", start, topologies.kill_all)
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -356,29 +323,29 @@ class Throughput:
         return self.records / self.seconds
 
 
+def dealt_round_robin(partitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The records of ``partitions`` in the order that deals record ``i`` to partition ``i %
+    len(partitions)`` (as :func:`produce_json` does) so that each partition gets its own, in
+    order: partition ``p`` holds the records ``p, p + n, p + 2n, ...`` of a round-robin deal, as
+    :func:`make_inputs` splits them (its closing records, one a partition, included).
+
+    Raises:
+        ValueError: the partitions' lengths are not those of a round-robin deal.
+    """
+    n, total = len(partitions), sum(len(p) for p in partitions)
+    if [len(p) for p in partitions] != [len(range(p, total, n)) for p in range(n)]:
+        raise ValueError(f"partitions of {[len(p) for p in partitions]} records are not a round-robin deal")
+    return [partitions[i % n][i // n] for i in range(total)]
+
+
 def _produce(kafka: EmbeddedKafka, topic: str, partitions: list[list[dict[str, Any]]], timeout_s: float = 60.0) -> None:
     """Each partition's records, in order, to that partition of a new topic."""
     kafka.create_topic(topic, len(partitions))
-    failures: list[str] = []
-
-    def delivered(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    producer = Producer(client_config(kafka.bootstrap_servers, **{"enable.idempotence": True, "linger.ms": 5}))
-    for p, records in enumerate(partitions):
-        for record in records:
-            value = json.dumps(record, separators=(",", ":")).encode("utf-8")
-            while True:
-                try:
-                    producer.produce(topic, value=value, partition=p, on_delivery=delivered)
-                    break
-                except BufferError:  # the local queue is full: let the broker acknowledge some first
-                    producer.poll(0.1)
-            producer.poll(0)
-    left = producer.flush(timeout_s)
-    if left or failures:
-        raise SystemExit(f"writing {topic!r} failed: {failures[0] if failures else f'{left} records not acknowledged'}")
+    records = dealt_round_robin(partitions)
+    try:
+        produce_json(kafka.bootstrap_servers, topic, records, partitions=len(partitions), timeout_s=timeout_s)
+    except KafkaServerError as e:
+        raise SystemExit(str(e)) from e
 
 
 def differences(seen: collections.Counter[Row], expected: collections.Counter[Row]) -> str:
@@ -539,12 +506,6 @@ def run_latency(
         reader.close()
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-1) of ``values`` (nan when empty)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
-
-
 # --- report ---------------------------------------------------------------------------------------
 
 
@@ -556,15 +517,9 @@ def report(
     latency: list[Latency],
     loads: list[Any],
 ) -> None:
-    java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
-    loads_text = [", ".join(f"{v:.2f}" for v in load) for load in (loads[0], loads[-1])]
     print()
     print("== Kafka impressions + clicks -> event-time windowed join -> Kafka: plain Spark vs stream_ops' JoinBolt ==")
-    print(
-        f"machine:  {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, pyspark "
-        f"{pyspark.__version__}, Java {java}; Kafka broker embedded (KRaft, 1 node), {args.partitions} partitions per topic"
-    )
-    print(f"load:     1/5/15-min load average {loads_text[0]} at the start, {loads_text[1]} at the end")
+    print_kafka_machine(spark, args.partitions, loads)
     print(f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (both engines), inner join on ad")
     if results:
         report_throughput(args, inputs, results)
@@ -660,47 +615,42 @@ def main() -> None:
     warm_expected = expected_rows(warm, args.window)
     print(f"{inputs.records:,} input records, {expected.total():,} expected rows", flush=True)
     loads = [os.getloadavg()]
-    with BenchRig("join_kafka", app_name="bench-join-kafka", keep=args.keep, kafka_connector=True, log_level="ERROR") as rig:
-        kafka = EmbeddedKafka(rig.work / "kafka")
-        kafka.start()
-        try:
-            print(f"Kafka ready on {kafka.bootstrap_servers} in {kafka.started_in_s:.1f} s", flush=True)
-            worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=args.trigger, max_files=100)
-            spark_jvm = int(rig.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-            assert kafka.pid is not None and rig.zk.pid is not None
-            processes = Processes(spark_jvm=spark_jvm, broker=kafka.pid, zookeeper=rig.zk.pid)
-            engines = [plain_spark(rig.spark, kafka, rig.work, args), stream_ops_engine(rig, worker, kafka, args)]
-            engines = [e for e in engines if {"plain Spark": "plain", "stream_ops": "stream_ops"}[e.name] in args.engines]
-            results: list[Throughput] = []
-            latency: list[Latency] = []
-            shape = Shape(args.window, args.lag)
-            for i, engine in enumerate(engines):
-                options = {"shape": shape, "partitions": args.partitions, "timeout_s": args.timeout, "settle_s": args.settle}
-                run_throughput(engine, kafka, processes, warm, warm_expected, f"warm{i}", **options)  # JIT, Python workers
-                if "throughput" not in args.skip:
-                    result = run_throughput(engine, kafka, processes, inputs, expected, f"tp{i}", **options)
-                    print(f"{engine.name}: {result.seconds:.2f} s, {result.cpu.engine_s:.1f} CPU s, rows verified", flush=True)
-                    results.append(result)
-                if "latency" not in args.skip:
-                    lat = run_latency(
-                        engine,
-                        kafka,
-                        processes,
-                        f"lat{i}",
-                        shape=Shape(args.latency_window, args.latency_lag),
-                        rate=args.rate,
-                        ads=args.ads,
-                        partitions=args.partitions,
-                        duration_s=args.duration,
-                        warmup_s=args.warmup,
-                        timeout_s=args.timeout,
-                    )
-                    print(f"{engine.name}: latency e2e p50 {pct(lat.end_to_end_ms, 0.5):.0f} ms, rows verified", flush=True)
-                    latency.append(lat)
-            loads.append(os.getloadavg())
-            report(rig.spark, args, inputs, results, latency, loads)
-        finally:
-            kafka.stop()
+    with (
+        BenchRig("join_kafka", app_name="bench-join-kafka", keep=args.keep, kafka_connector=True, log_level="ERROR") as rig,
+        kafka_broker(rig) as kafka,
+    ):
+        worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=args.trigger, max_files=100)
+        processes = kafka_processes(rig, kafka)
+        engines = [plain_spark(rig.spark, kafka, rig.work, args), stream_ops_engine(rig, worker, kafka, args)]
+        engines = [e for e in engines if {"plain Spark": "plain", "stream_ops": "stream_ops"}[e.name] in args.engines]
+        results: list[Throughput] = []
+        latency: list[Latency] = []
+        shape = Shape(args.window, args.lag)
+        for i, engine in enumerate(engines):
+            options = {"shape": shape, "partitions": args.partitions, "timeout_s": args.timeout, "settle_s": args.settle}
+            run_throughput(engine, kafka, processes, warm, warm_expected, f"warm{i}", **options)  # JIT, Python workers
+            if "throughput" not in args.skip:
+                result = run_throughput(engine, kafka, processes, inputs, expected, f"tp{i}", **options)
+                print(f"{engine.name}: {result.seconds:.2f} s, {result.cpu.engine_s:.1f} CPU s, rows verified", flush=True)
+                results.append(result)
+            if "latency" not in args.skip:
+                lat = run_latency(
+                    engine,
+                    kafka,
+                    processes,
+                    f"lat{i}",
+                    shape=Shape(args.latency_window, args.latency_lag),
+                    rate=args.rate,
+                    ads=args.ads,
+                    partitions=args.partitions,
+                    duration_s=args.duration,
+                    warmup_s=args.warmup,
+                    timeout_s=args.timeout,
+                )
+                print(f"{engine.name}: latency e2e p50 {pct(lat.end_to_end_ms, 0.5):.0f} ms, rows verified", flush=True)
+                latency.append(lat)
+        loads.append(os.getloadavg())
+        report(rig.spark, args, inputs, results, latency, loads)
 
 
 if __name__ == "__main__":

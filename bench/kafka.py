@@ -73,9 +73,7 @@ import argparse
 import collections
 import json
 import logging
-import math
 import os
-import platform
 import random
 import sys
 import threading
@@ -88,8 +86,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyspark
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -100,7 +97,6 @@ from stream_ops.kafka.embedded import EmbeddedKafka
 from stream_ops.kafka.jars import KAFKA_VERSION
 from stream_ops.kafka.producing import produce_json
 from stream_ops.kafka.sink_records import HEADER_TASK, HEADER_TXID
-from stream_ops.nimbus import kill, submit
 from stream_ops.runtime.batch_timeline import BatchTimes
 from stream_ops.runtime.task_runner import TaskRunner
 from stream_ops.sources import KafkaTopic
@@ -111,9 +107,16 @@ from harness import (  # the benchmarks' shared rig
     SPARK_MASTER,
     BenchRig,
     CpuUse,
+    OutputReader,
     Processes,
+    SparkKafkaQueries,
+    Topologies,
     WorkerThread,
     cpu_use,
+    kafka_broker,
+    kafka_processes,
+    pct,
+    print_kafka_machine,
     wait_until,
 )
 from kafka_streams_peer import KafkaStreamsPeer, PeerBuildError, build  # the Kafka Streams peer
@@ -139,40 +142,26 @@ class Seen:
     created_at: float | None
 
 
-class CountsReader:
+class CountsReader(OutputReader[tuple[str, int]]):
     """Reads an output topic (``read_committed``) on a thread: the latest count per word, and
     each word's first message (the probes' arrivals)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.latest: dict[str, int] = {}
         self.first_seen: dict[str, Seen] = {}
-        self.messages = 0
-        self.thread_cpu_s = 0.0
-        """CPU seconds of the reading thread's Python loop so far (its librdkafka threads not included)."""
-        settings = {"group.id": f"bench-{topic}", "isolation.level": "read_committed", "enable.auto.commit": False}
-        self._consumer = Consumer(client_config(bootstrap, **settings, **{"fetch.wait.max.ms": 10}))
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=f"read-{topic}", daemon=True)
-        self._thread.start()
+        super().__init__(bootstrap, topic, PARTITIONS)
 
-    def _run(self) -> None:
-        started = time.thread_time()
-        while not self._stop.is_set():
-            self.thread_cpu_s = time.thread_time() - started
-            for message in self._consumer.consume(10_000, timeout=0.05):
-                key, value = message.key(), message.value()
-                if message.error() is not None or key is None or value is None:
-                    continue
-                now = time.time()
-                word = key.decode("utf-8")
-                count = _count_of(value)
-                with self._lock:
-                    self.messages += 1
-                    self.latest[word] = count
-                    if word not in self.first_seen:
-                        self.first_seen[word] = _seen(message, now)
+    def _decode(self, message: Message) -> tuple[str, int] | None:
+        key, value = message.key(), message.value()
+        if key is None or value is None:
+            return None
+        return key.decode("utf-8"), _count_of(value)
+
+    def _take(self, decoded: tuple[str, int], message: Message, now: float) -> None:
+        word, count = decoded
+        self.latest[word] = count
+        if word not in self.first_seen:
+            self.first_seen[word] = _seen(message, now)
 
     def matches(self, expected: dict[str, int]) -> bool:
         with self._lock:
@@ -182,13 +171,8 @@ class CountsReader:
         with self._lock:
             return self.first_seen.get(word)
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
 
-
-def _seen(message: Any, now: float) -> Seen:
+def _seen(message: Message, now: float) -> Seen:
     headers = dict(message.headers() or [])
     task, txid = headers.get(HEADER_TASK), headers.get(HEADER_TXID)
     kind, created_ms = message.timestamp()
@@ -224,66 +208,33 @@ class Engine:
 
 def plain_spark(spark: SparkSession, kafka: EmbeddedKafka, work: Path, trigger_s: float) -> Engine:
     """Plain Structured Streaming: Kafka in, count by word, Kafka out."""
-    queries: list[Any] = []
+    queries = SparkKafkaQueries(spark, kafka.bootstrap_servers, work / "plain-checkpoints", trigger_s)
 
     def start(input_topic: str, output_topic: str) -> None:
-        sentences = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-            .option("subscribe", input_topic)
-            .option("startingOffsets", "earliest")
-            .load()
-            .select(F.from_json(F.col("value").cast("string"), "sentence STRING").alias("v"))
-        )
+        sentences = queries.read(input_topic).select(F.from_json(F.col("value").cast("string"), "sentence STRING").alias("v"))
         counts = sentences.select(F.explode(F.split("v.sentence", " ")).alias("word")).groupBy("word").count()
         out = counts.select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
-        query = (
-            out.writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-            .option("topic", output_topic)
-            .option("checkpointLocation", str(work / "plain-checkpoints" / output_topic))
-            .outputMode("update")
-            .trigger(processingTime=f"{trigger_s} seconds")
-            .start()
-        )
-        queries.append(query)
+        queries.write(out, output_topic, output_mode="update")
 
-    def stop() -> None:
-        for query in queries:
-            query.stop()
-        queries.clear()
-
-    return Engine("plain Spark", start, stop, IN_PROCESS)
+    return Engine("plain Spark", start, queries.stop, IN_PROCESS)
 
 
 def stream_ops_engine(rig: BenchRig, worker: WorkerThread, kafka: EmbeddedKafka) -> Engine:
     """The stream_ops topology: KafkaTopic -> split -> persistent count -> new_values -> to_kafka."""
-    running: list[str] = []
-    topology_ids: list[str] = []
+    topologies = Topologies(rig, worker)
 
     def start(input_topic: str, output_topic: str) -> None:
-        name = f"kwc-{output_topic}"
-        t = Topology(name)
+        t = Topology(f"kwc-{output_topic}")
         source = KafkaTopic(kafka.bootstrap_servers, input_topic, partitions=PARTITIONS)
         words = t.source("sentences", source, schema={"sentence": "string"}).select_expr("explode(split(sentence, ' ')) AS word")
         counts = words.group_by("word").persistent_aggregate(Count(), out="count", state=OpaqueMapState)
         counts.new_values().to_kafka(kafka.bootstrap_servers, output_topic, key="word")
-        topology_ids.append(submit(rig.store, worker.cluster, t, workers=1))
-        running.append(name)
-
-    def until_stopped(_: float) -> None:
-        wait_until(lambda: not worker.worker.running_tasks, 60)
-
-    def stop() -> None:
-        for name in running:
-            kill(rig.store, name, wait_s=1.0, sleep=until_stopped)
-        running.clear()
-        topology_ids.clear()
+        topologies.submit(t)
 
     def runners() -> list[TaskRunner]:
-        return [r for (tid, _), r in list(worker.worker._runners.items()) if tid in topology_ids]
+        return [r for (tid, _), r in list(worker.worker._runners.items()) if tid in topologies.ids]
 
-    return Engine("stream_ops", start, stop, IN_PROCESS, runners)
+    return Engine("stream_ops", start, topologies.kill_all, IN_PROCESS, runners)
 
 
 def kafka_streams_engine(peer: KafkaStreamsPeer) -> Engine:
@@ -534,12 +485,6 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-1) of ``values`` (nan when empty)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
-
-
 # --- runs ----------------------------------------------------------------------------------------
 
 
@@ -697,22 +642,13 @@ def run_latency(
 # --- report ---------------------------------------------------------------------------------------
 
 
-def _loads(values: Sequence[float]) -> str:
-    return ", ".join(f"{v:.2f}" for v in values)
-
-
 def report(
     spark: SparkSession, args: argparse.Namespace, throughput: list[Throughput], latency: list[Latency], loads: list[Any]
 ) -> None:
-    java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     names = ", ".join(r.engine for r in (throughput or latency))
     print()
     print(f"== Kafka -> word count -> Kafka: {names} ==")
-    print(
-        f"machine:  {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, pyspark "
-        f"{pyspark.__version__}, Java {java}; Kafka broker embedded (KRaft, 1 node), {PARTITIONS} partitions per topic"
-    )
-    print(f"load:     1/5/15-min load average {_loads(loads[0])} at the start, {_loads(loads[-1])} at the end")
+    print_kafka_machine(spark, PARTITIONS, loads)
     print(
         f"settings: {SPARK_MASTER}, trigger processingTime {args.trigger:g} s (Spark engines), stream_ops opaque state; "
         f"Kafka Streams {KAFKA_VERSION} exactly_once_v2, commit.interval.ms {args.trigger * 1000:g}, "
@@ -826,16 +762,14 @@ def main() -> None:
         except PeerBuildError as e:
             print(f"Kafka Streams skipped: {e}", flush=True)
     loads = [os.getloadavg()]
-    with BenchRig("kafka", app_name="bench-kafka", keep=args.keep, kafka_connector=True, log_level="ERROR") as rig:
-        kafka = EmbeddedKafka(rig.work / "kafka")
-        kafka.start()
+    with (
+        BenchRig("kafka", app_name="bench-kafka", keep=args.keep, kafka_connector=True, log_level="ERROR") as rig,
+        kafka_broker(rig) as kafka,
+    ):
         peer: KafkaStreamsPeer | None = None
         try:
-            print(f"Kafka ready on {kafka.bootstrap_servers} in {kafka.started_in_s:.1f} s", flush=True)
             worker = rig.start_worker(ClusterConfig(root=rig.work / "cluster"), trigger_s=args.trigger, max_files=100)
-            spark_jvm = int(rig.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-            assert kafka.pid is not None and rig.zk.pid is not None
-            processes = Processes(spark_jvm=spark_jvm, broker=kafka.pid, zookeeper=rig.zk.pid)
+            processes = kafka_processes(rig, kafka)
             engines = [plain_spark(rig.spark, kafka, rig.work, args.trigger), stream_ops_engine(rig, worker, kafka)]
             if classpath is not None:
                 peer = KafkaStreamsPeer(
@@ -882,7 +816,6 @@ def main() -> None:
         finally:
             if peer is not None:
                 peer.close()
-            kafka.stop()
 
 
 if __name__ == "__main__":

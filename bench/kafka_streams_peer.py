@@ -6,8 +6,9 @@ running it for a whole benchmark.
 its jar and dependency jars kept in ``~/.cache/stream_ops/peers/kafka-streams-<digest>`` (or
 under ``$STREAM_OPS_CACHE``), where the digest is that of ``pom.xml`` and the source: a changed
 program is built again, an unchanged one never. Built in a temporary directory and renamed into
-place under a lock file, as :mod:`stream_ops.kafka.jars` fetches jars. Without Maven or Maven
-Central the build raises :class:`PeerBuildError` saying why (the benchmark then skips the peer).
+place under a lock file (:func:`stream_ops.kafka.jars.cache_lock`), as :mod:`stream_ops.kafka.jars`
+fetches jars. Without Maven or Maven Central the build raises :class:`PeerBuildError` saying why
+(the benchmark then skips the peer).
 
 **Run.** :class:`KafkaStreamsPeer` starts ``java -cp <jars> stream_ops.peers.WordCount`` and
 drives it over stdin/stdout (``start <application id> <input> <output> <state dir>`` ->
@@ -19,8 +20,6 @@ Run ``.venv/bin/python bench/kafka_streams_peer.py`` to build it (or see where i
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stream_ops.errors import KafkaJarsError
 from stream_ops.jvm_server import die_with_parent, find_java
-from stream_ops.kafka.jars import KAFKA_VERSION, find_mvn, jars_cache_dir
+from stream_ops.kafka.jars import KAFKA_VERSION, cache_lock, find_mvn, jars_cache_dir
 
 PROJECT = Path(__file__).resolve().parent / "peers" / "kafka-streams"
 MAIN_CLASS = "stream_ops.peers.WordCount"
@@ -79,17 +77,6 @@ def _complete(directory: Path) -> list[Path] | None:
     return jars if jars and all(jar.is_file() for jar in jars) else None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build(project: Path = PROJECT, cache_dir: Path | None = None) -> list[Path]:
     """The peer's classpath (its jar first), built with Maven unless the cache has this version.
 
@@ -105,7 +92,7 @@ def build(project: Path = PROJECT, cache_dir: Path | None = None) -> list[Path]:
         mvn = find_mvn()
     except KafkaJarsError as e:
         raise PeerBuildError(str(e)) from e
-    with _locked(root / f".{target.name}.lock"):
+    with cache_lock(root / f".{target.name}.lock"):
         found = _complete(target)
         if found is not None:
             return found

@@ -336,7 +336,10 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (created, with its directory, when
+    missing) for the block: how the processes that fill a cache take turns, so that one of them
+    builds an entry and the others, once they hold the lock, find it complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -361,7 +364,7 @@ def fetch_jar_set(jar_set: JarSet, cache_dir: Path | None = None) -> list[Path]:
     located = _locate(root, jar_set)
     if located is not None and not located[1]:
         return located[0]
-    with _locked(root / f".{jar_set.name}.lock"):
+    with cache_lock(root / f".{jar_set.name}.lock"):
         located = _locate(root, jar_set)  # fetched (or renamed) by another process while we waited
         if located is not None:
             return _rename_old_fallback(root, jar_set) if located[1] else located[0]

@@ -126,3 +126,15 @@ def test_the_kafka_streams_peer_is_built_again_only_when_its_project_changes(
     assert peer.project_digest(project) == first  # build output is not the project
     (project / "src" / "A.java").write_text("class A { int x; }")
     assert peer.project_digest(project) != first
+
+
+def test_the_join_input_dealt_round_robin_puts_each_partitions_records_in_it_in_order(join_kafka: ModuleType) -> None:
+    for partitions in (1, 2, 3):
+        inputs = join_kafka.make_inputs(_args(partitions=partitions, impressions=401, clicks=103))
+        for topic in (inputs.impressions, inputs.clicks):
+            dealt: list[list[dict[str, object]]] = [[] for _ in range(partitions)]
+            for i, record in enumerate(join_kafka.dealt_round_robin(topic)):
+                dealt[i % partitions].append(record)  # produce_json(partitions=n): record i to partition i % n
+            assert dealt == topic
+    with pytest.raises(ValueError, match="round-robin"):
+        join_kafka.dealt_round_robin([[{"a": 1}], [{"a": 2}, {"a": 3}]])
