@@ -29,7 +29,8 @@ output topic (``read_committed``) has seen, for every word, its final count. Eve
 checked against ``collections.Counter`` over the sentences.
 
 **CPU.** Read from ``/proc`` (user + system, all threads) at the start and end of each phase:
-the throughput run (start -> every final count seen) and the latency run's load. Plain Spark and
+the throughput run (start -> every final count seen) and the latency run's load after its
+warm-up (every engine warmed at the same rate before its CPU is counted). Plain Spark and
 stream_ops run in this process and its SparkSession: their CPU is this process's threads + the
 Spark JVM + the Python workers it starts (live or reaped), less the harness's own Python threads
 (the output reader's loop, the load loop, the probe breakdown's poller: measured with
@@ -511,7 +512,7 @@ class Latency:
     breakdown: Breakdown | None = None
     cpu: CpuUse | None = None
     load_s: float = float("nan")
-    """Seconds from the first sentence of the load to the last acknowledged (the CPU window)."""
+    """Seconds from the end of the warm-up to the last sentence acknowledged (the CPU window)."""
     sentences: int = 0
 
     def pct(self, q: float) -> float:
@@ -587,14 +588,16 @@ def run_latency(
         if not wait_until(lambda: reader.arrival("start") is not None, timeout_s, interval_s=0.05):
             raise SystemExit(f"{engine.name} ({tag}): no output within {timeout_s:.0f} s of the start")
         sent: dict[str, tuple[float, int]] = {}
-        cpu_before, main_before = processes.sample(), time.thread_time()
-        reader_before = reader.thread_cpu_s
-        timelines_before = timelines.thread_cpu_s if timelines is not None else 0.0
         began = time.time()
         tick = 0.01
         next_probe = began
         n = 0
+        cpu_window: tuple[Any, float, float, float, float, int] | None = None
         while (now := time.time()) < began + warmup_s + duration_s:
+            if cpu_window is None and now >= began + warmup_s:
+                # the CPU window is the counted part: every engine's JIT and caches warmed at the same rate
+                timelines_before = timelines.thread_cpu_s if timelines is not None else 0.0
+                cpu_window = (processes.sample(), time.thread_time(), reader.thread_cpu_s, timelines_before, now, n + len(sent))
             due = int((now - began) * rate) - n
             for _ in range(max(0, due)):
                 sentence = " ".join(rng.choice(vocabulary) for _ in range(6))
@@ -610,7 +613,9 @@ def run_latency(
             producer.poll(0)
             time.sleep(tick)
         producer.flush(30)
-        result.load_s, result.sentences = time.time() - began, n + len(sent)
+        assert cpu_window is not None
+        cpu_before, main_before, reader_before, timelines_before, window_start, sent_before = cpu_window
+        result.load_s, result.sentences = time.time() - window_start, n + len(sent) - sent_before
         harness_s = time.thread_time() - main_before + reader.thread_cpu_s - reader_before
         if timelines is not None:
             harness_s += timelines.thread_cpu_s - timelines_before
@@ -690,7 +695,7 @@ def report(
         print(
             f"  probe sentence (one new word) every {1 / args.probe_rate:g} s under {args.rate:g} sentences/s; latency = "
             f"produce -> its count read from the output topic; the first {args.warmup:g} s of probes not counted; "
-            "CPU over the load (warm-up included), cores = CPU s per second of it (broker, ZK, harness, process likewise)"
+            "CPU over the counted load (after the warm-up), cores = CPU s per second of it (broker, ZK, harness, process likewise)"
         )
     if throughput or latency:
         print(
