@@ -65,7 +65,7 @@ from typing import Any
 from stream_ops.errors import KafkaSinkError
 from stream_ops.kafka.client import ensure_topic, topic_partitions
 from stream_ops.kafka.sink_options import KafkaSinkSpec, resolve_config, transactional_id
-from stream_ops.kafka.sink_records import batch_headers, batch_messages
+from stream_ops.kafka.sink_records import MessageParts, batch_headers, message_parts, messages_of
 from stream_ops.kafka.transactions import TransactionalBatchWriter
 
 
@@ -123,6 +123,10 @@ class KafkaSinkWriter(TransactionalBatchWriter):
             KafkaSinkError: Kafka refused the transaction or did not answer; the outcome is
                 settled when the next writer starts.
         """
+        return self.deliver_parts(txid, message_parts(records, key=self.spec.key, value=self.spec.value))
+
+    def deliver_parts(self, txid: int, parts: Sequence[MessageParts]) -> bool:
+        """:meth:`deliver` for the batch's messages' (key, value) already encoded
+        (:func:`~stream_ops.kafka.sink_records.message_parts`)."""
         headers = batch_headers(self.topology_id, self.task_id, txid)
-        messages = batch_messages(records, key=self.spec.key, value=self.spec.value, headers=headers)
-        return self.deliver_messages(txid, messages, self.spec.topic)
+        return self.deliver_messages(txid, messages_of(parts, headers), self.spec.topic)
