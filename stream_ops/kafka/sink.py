@@ -3,8 +3,9 @@
 ``Stream.to_kafka(...)`` is a delivery sink (:mod:`stream_ops.topics.delivery_topic`): a batch's
 records are staged under (task, txid, epoch) in step 3 of the commit protocol, recorded in the
 ZooKeeper commit (step 5) and published after it (step 6), like a function sink's. The task then
-hands every published, undelivered batch, oldest first, to :meth:`KafkaSinkWriter.deliver`, and
-marks it delivered (``.delivered-t<task>-v<version>.json``) once that returned. That path alone is at-least-once
+hands every published, undelivered batch, oldest first, to :meth:`KafkaSinkWriter.deliver` (the
+batch just published, kept in memory as its messages, to :meth:`KafkaSinkWriter.deliver_parts`:
+the same bytes, :mod:`stream_ops.sinks.kafka`), and marks it delivered (``.delivered-t<task>-v<version>.json``) once that returned. That path alone is at-least-once
 per txid: a crash between the delivery and the marker delivers the batch again. The writer makes
 the second delivery a no-op:
 
