@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, NamedTuple
 
 from stream_ops.helpers.compact_json import compact_json_lines
 from stream_ops.helpers.field_paths import value_or_none
@@ -30,9 +30,8 @@ HEADER_TASK = "stream-ops-task"
 HEADER_TXID = "stream-ops-txid"
 
 
-@dataclass(frozen=True)
-class KafkaMessage:
-    """One message to produce."""
+class KafkaMessage(NamedTuple):
+    """One message to produce (a named tuple: a batch makes one per record, cheaply)."""
 
     key: bytes | None
     value: bytes | None
@@ -84,15 +83,38 @@ def staged_message_parts(
     and the record as JSON is its line itself. Any other record (nested, a non-text key, a
     mapping of another type) is read back from its line, as from the file.
     """
-    parts: list[MessageParts] = []
-    for record, line in zip(records, lines, strict=True):
-        if type(record) is not dict or not all(type(k) is str and type(v) in _PLAIN_SCALARS for k, v in record.items()):
-            parts += message_parts([json.loads(line)], key=key, value=value)
-            continue
-        message_key = encode_value(value_or_none(record, key)) if key is not None else None
-        message_value = encode_value(value_or_none(record, value)) if value is not None else line.encode("utf-8")
-        parts.append((message_key, message_value))
-    return parts
+    if len(records) != len(lines):
+        raise ValueError(f"{len(records)} records but {len(lines)} lines")
+    if not _all_flat(records):  # record by record, each flat one as below
+        parts: list[MessageParts] = []
+        for record, line in zip(records, lines, strict=True):
+            flat = _all_flat([record])
+            parts += staged_message_parts([record], [line], key=key, value=value) if flat else _read_back(line, key, value)
+        return parts
+    # Every record flat: whole columns at a time.
+    keys = _encoded_field(records, key) if key is not None else [None] * len(records)
+    values = _encoded_field(records, value) if value is not None else [line.encode("utf-8") for line in lines]
+    return list(zip(keys, values, strict=True))
+
+
+def _read_back(line: str, key: str | None, value: str | None) -> list[MessageParts]:
+    """The :func:`message_parts` of the record ``line`` reads back as (what its file gives)."""
+    return message_parts([json.loads(line)], key=key, value=value)
+
+
+def _all_flat(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every record is a ``dict`` of text keys and :data:`_PLAIN_SCALARS` values."""
+    return (
+        set(map(type, records)) <= {dict}
+        and set(map(type, chain.from_iterable(records))) <= {str}
+        and set(map(type, chain.from_iterable(map(dict.values, records)))) <= _PLAIN_SCALARS  # type: ignore[arg-type]
+    )
+
+
+def _encoded_field(records: Sequence[Mapping[str, Any]], name: str) -> list[bytes | None]:
+    """:func:`encode_value` of each record's field ``name`` (a dotted path works)."""
+    found = [record.get(name) for record in records] if "." not in name else [value_or_none(r, name) for r in records]
+    return [v.encode("utf-8") if type(v) is str else encode_value(v) for v in found]
 
 
 def messages_of(parts: Iterable[MessageParts], headers: tuple[tuple[str, bytes], ...]) -> list[KafkaMessage]:

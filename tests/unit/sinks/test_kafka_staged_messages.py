@@ -45,6 +45,18 @@ AWKWARD: list[dict[str, Any]] = [
 """Records a batch stages: unicode, nested, floats (NaN, -0.0, infinities), nulls, non-text keys
 (two of which collide once written as JSON), tuples, a top-level name with a dot."""
 
+FLAT: list[dict[str, Any]] = [
+    {"word": "été", "count": 3},
+    {"word": '😀 \u2028 \u2029 \x00 \t \n \r " \\', "count": -0.0},
+    {"word": None, "count": math.nan},
+    {"word": 12, "count": 2**70},
+    {"word": True, "count": 1e300},
+    {"word": 1.5, "count": -math.inf},
+    {"user.id": "a top-level field with a dot", "word": ""},
+    {},
+]
+"""Flat records only (encoded a column at a time): the same awkward scalars."""
+
 OPTIONS = [(None, None), ("word", None), ("user.id", None), ("word", "user"), ("count", "user.name"), (None, "count")]
 """(key, value) options of the sink: none, a text field, a nested path, a value field."""
 
@@ -73,11 +85,12 @@ def _old_parts(records: list[dict[str, Any]], *, key: str | None, value: str | N
     ]
 
 
+@pytest.mark.parametrize("records", [AWKWARD, FLAT], ids=["mixed", "flat"])
 @pytest.mark.parametrize(("key", "value"), OPTIONS)
-def test_staged_parts_are_the_bytes_the_file_gives_and_the_sink_gave_before(key, value):
-    lines = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in AWKWARD]
-    staged = staged_message_parts(AWKWARD, lines, key=key, value=value)
-    assert staged == _file_parts(AWKWARD, key=key, value=value) == _old_parts(AWKWARD, key=key, value=value)
+def test_staged_parts_are_the_bytes_the_file_gives_and_the_sink_gave_before(records, key, value):
+    lines = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in records]
+    staged = staged_message_parts(records, lines, key=key, value=value)
+    assert staged == _file_parts(records, key=key, value=value) == _old_parts(records, key=key, value=value)
 
 
 def test_a_flat_records_value_is_its_staged_line_and_a_nested_one_is_read_back_from_its_line():
