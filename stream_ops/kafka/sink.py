@@ -3,8 +3,9 @@
 ``Stream.to_kafka(...)`` is a delivery sink (:mod:`stream_ops.topics.delivery_topic`): a batch's
 records are staged under (task, txid, epoch) in step 3 of the commit protocol, recorded in the
 ZooKeeper commit (step 5) and published after it (step 6), like a function sink's. The task then
-hands every published, undelivered batch, oldest first, to :meth:`KafkaSinkWriter.deliver`, and
-marks it delivered (``.delivered-t<task>-v<version>.json``) once that returned. That path alone is at-least-once
+hands every published, undelivered batch, oldest first, to :meth:`KafkaSinkWriter.deliver` (the
+batch just published, kept in memory as its messages, to :meth:`KafkaSinkWriter.deliver_parts`:
+the same bytes, :mod:`stream_ops.sinks.kafka`), and marks it delivered (``.delivered-t<task>-v<version>.json``) once that returned. That path alone is at-least-once
 per txid: a crash between the delivery and the marker delivers the batch again. The writer makes
 the second delivery a no-op:
 
@@ -65,7 +66,7 @@ from typing import Any
 from stream_ops.errors import KafkaSinkError
 from stream_ops.kafka.client import ensure_topic, topic_partitions
 from stream_ops.kafka.sink_options import KafkaSinkSpec, resolve_config, transactional_id
-from stream_ops.kafka.sink_records import batch_headers, batch_messages
+from stream_ops.kafka.sink_records import MessageParts, batch_headers, message_parts, messages_of
 from stream_ops.kafka.transactions import TransactionalBatchWriter
 
 
@@ -123,6 +124,10 @@ class KafkaSinkWriter(TransactionalBatchWriter):
             KafkaSinkError: Kafka refused the transaction or did not answer; the outcome is
                 settled when the next writer starts.
         """
+        return self.deliver_parts(txid, message_parts(records, key=self.spec.key, value=self.spec.value))
+
+    def deliver_parts(self, txid: int, parts: Sequence[MessageParts]) -> bool:
+        """:meth:`deliver` for the batch's messages' (key, value) already encoded
+        (:func:`~stream_ops.kafka.sink_records.message_parts`)."""
         headers = batch_headers(self.topology_id, self.task_id, txid)
-        messages = batch_messages(records, key=self.spec.key, value=self.spec.value, headers=headers)
-        return self.deliver_messages(txid, messages, self.spec.topic)
+        return self.deliver_messages(txid, messages_of(parts, headers), self.spec.topic)

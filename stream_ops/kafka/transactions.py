@@ -185,8 +185,12 @@ class TransactionalBatchWriter:
         started = time.perf_counter()
         try:
             self._producer.begin_transaction()
+            shared: tuple[tuple[str, bytes], ...] | None = None
+            as_list: list[tuple[str, bytes]] = []
             for message in messages:
-                self._produce(topic, message)
+                if message.headers is not shared:  # the client takes a list: one per batch, not per message
+                    shared, as_list = message.headers, list(message.headers)
+                self._produce(topic, message, as_list)
             self._produce(self.progress_topic, KafkaMessage(key, value, headers, self._progress_partition))
             self._commit()
         except KafkaException as e:
@@ -213,11 +217,13 @@ class TransactionalBatchWriter:
         )
         return True
 
-    def _produce(self, topic: str, message: KafkaMessage) -> None:
+    def _produce(self, topic: str, message: KafkaMessage, headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Produce ``message`` (``headers``: its headers as a list, when the caller has one)."""
         extra = {} if message.partition is None else {"partition": message.partition}
+        headers = list(message.headers) if headers is None else headers
         while True:
             try:
-                self._producer.produce(topic, value=message.value, key=message.key, headers=list(message.headers), **extra)
+                self._producer.produce(topic, value=message.value, key=message.key, headers=headers, **extra)
                 return
             except BufferError:  # the local queue is full: let it drain into the transaction
                 self._producer.poll(0.05)

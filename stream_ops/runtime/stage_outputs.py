@@ -292,10 +292,13 @@ class StageOutputs:
         if writer.delivered_txid is None:
             writer.start()
         queue, task_id = self.task.queue, self.task.task_id
-        for txid, records in topic.undelivered(queue, task_id):
-            writer.deliver(txid, records)
-            topic.mark_delivered(queue, task_id, txid, epoch=epoch)
-            logger.debug("shuffle into stage %d: txid %d of task %d delivered", to_stage, txid, task_id)
+        for batch in topic.published(queue, task_id):
+            records = topic.read_batch(batch)
+            if records is None:
+                continue  # delivered and removed meanwhile by a stale owner
+            writer.deliver(batch.txid, records)
+            topic.mark_delivered(queue, task_id, batch.txid, epoch=epoch, path=batch.path)
+            logger.debug("shuffle into stage %d: txid %d of task %d delivered", to_stage, batch.txid, task_id)
 
     def close(self) -> None:
         """Close the Kafka producers of this task's shuffles and sinks (none is mid-transaction

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stream_ops.topology.sink_kinds import AfterPublish, Record, SinkContext, SinkWriter
 
 if TYPE_CHECKING:
+    from stream_ops.topics.delivery_topic import PublishedBatch
     from stream_ops.topics.staged_output import StagedOutput
     from stream_ops.topology.plan import SinkSpec
 
@@ -47,10 +48,20 @@ class DeliveredBatchWriter(SinkWriter):
     def deliver(self, txid: int, records: list[Record]) -> None:
         """Hand one published batch over; raising leaves it undelivered (retried at the next start)."""
 
+    def deliver_published(self, batch: PublishedBatch) -> bool:
+        """Hand one published batch over, read from its file (default); False when the file is
+        gone (delivered and removed meanwhile by a stale owner)."""
+        records = self.topic.read_batch(batch)
+        if records is None:
+            return False
+        self.deliver(batch.txid, records)
+        return True
+
     def after_publish(self, publish: AfterPublish) -> None:
         queue, task_id = self.context.task.queue, self.context.task.task_id
         self.start_delivery()
-        for txid, records in self.topic.undelivered(queue, task_id):
-            self.deliver(txid, records)
-            self.topic.mark_delivered(queue, task_id, txid, epoch=publish.epoch)
-            logger.debug("sink %s: txid %d of task %d delivered", self.spec.name, txid, task_id)
+        for batch in self.topic.published(queue, task_id):
+            if not self.deliver_published(batch):
+                continue
+            self.topic.mark_delivered(queue, task_id, batch.txid, epoch=publish.epoch, path=batch.path)
+            logger.debug("sink %s: txid %d of task %d delivered", self.spec.name, batch.txid, task_id)

@@ -4,25 +4,65 @@ transaction, whose progress record makes a second delivery of a txid a no-op
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stream_ops.asset_metadata import AssetMetadata
 from stream_ops.errors import TopologyDefinitionError
 from stream_ops.kafka.sink_options import KafkaSinkSpec
+from stream_ops.kafka.sink_records import MessageParts, staged_message_parts
 from stream_ops.sinks.delivered import DeliveredBatchWriter
+from stream_ops.topics.file_topic import encode_json_lines
 from stream_ops.topology.sink_kinds import Record, SinkAsset, SinkContext, SinkKind, SinkWriter
 
 if TYPE_CHECKING:
     from stream_ops.kafka.sink import KafkaSinkWriter
+    from stream_ops.topics.delivery_topic import PublishedBatch
     from stream_ops.topology.plan import SinkSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _StagedMessages:
+    """What this writer staged last: batch (txid, epoch)'s messages' (key, value), as the
+    batch's file gives them back."""
+
+    txid: int
+    epoch: int
+    parts: list[MessageParts]
 
 
 class KafkaWriter(DeliveredBatchWriter):
-    """Delivers a task's published batches through its transactional producer."""
+    """Delivers a task's published batches through its transactional producer.
+
+    The batch it staged last is also kept in memory, encoded as its messages: when that batch
+    is the one to deliver (the usual case: the batch just published) its messages are taken
+    from there, without reading and parsing its file; any other batch (one published by an
+    earlier owner, or left undelivered by a failure) is read from its file. The messages are
+    the same bytes either way (:func:`~stream_ops.kafka.sink_records.staged_message_parts`):
+    the file stays the one record of the batch, and what a restart delivers from it.
+    """
 
     def __init__(self, spec: SinkSpec, context: SinkContext) -> None:
         super().__init__(spec, context)
         self._producer: KafkaSinkWriter | None = None
+        self._staged: _StagedMessages | None = None
+
+    def stage_batch(self, txid: int, epoch: int, records: list[Record]) -> None:
+        """Stage the batch's file and keep its messages for its delivery."""
+        assert self.spec.kafka is not None  # checked by KafkaKind.check_spec
+        task = self.context.task
+        self._staged = None  # until the file holds the batch kept
+        lines = encode_json_lines(records, self.topic.pending_path(task.queue))
+        self.topic.stage_lines(task.queue, task.task_id, txid, epoch, lines)
+        try:
+            parts = staged_message_parts(records, lines, key=self.spec.kafka.key, value=self.spec.kafka.value)
+        except Exception:  # a record no message is made of fails its delivery, as from the file
+            logger.debug("sink %s: txid %d kept for delivery from its file", self.spec.name, txid, exc_info=True)
+            return
+        self._staged = _StagedMessages(txid, epoch, parts)
 
     def start_delivery(self) -> None:
         """Start the producer (a new owner fences the old one's) at the first pass, even with nothing to deliver."""
@@ -42,6 +82,17 @@ class KafkaWriter(DeliveredBatchWriter):
     def deliver(self, txid: int, records: list[Record]) -> None:
         assert self._producer is not None
         self._producer.deliver(txid, records)
+
+    def deliver_published(self, batch: PublishedBatch) -> bool:
+        """Deliver the batch staged last from memory when it is ``batch`` (same txid and owner
+        epoch: the same file), else from its file."""
+        staged = self._staged
+        if staged is None or (staged.txid, staged.epoch) != (batch.txid, batch.epoch):
+            return super().deliver_published(batch)
+        assert self._producer is not None
+        self._producer.deliver_parts(batch.txid, staged.parts)
+        self._staged = None  # delivered: the marker comes next, nothing delivers it again
+        return True
 
     def close(self) -> None:
         if self._producer is not None:

@@ -37,12 +37,15 @@ class PrintWriter(DeliveredBatchWriter):
 
     def after_publish(self, publish: AfterPublish) -> None:
         queue, task_id = self.context.task.queue, self.context.task.task_id
-        for txid, lines in self.topic.undelivered(queue, task_id):
-            if txid > publish.committed_txid:
+        for batch in self.topic.published(queue, task_id):
+            if batch.txid > publish.committed_txid:
                 break
+            lines = self.topic.read_batch(batch)
+            if lines is None:
+                continue  # delivered and removed meanwhile by a stale owner
             publish.verify_owner()
-            self.deliver(txid, lines)
-            self.topic.mark_delivered(queue, task_id, txid, epoch=publish.epoch)
+            self.deliver(batch.txid, lines)
+            self.topic.mark_delivered(queue, task_id, batch.txid, epoch=publish.epoch, path=batch.path)
 
 
 class PrintKind(SinkKind):

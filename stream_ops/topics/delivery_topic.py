@@ -19,6 +19,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from stream_ops.durable_files import ForwardMarker
 from stream_ops.topics.file_topic import FileTopic, parse_batch_file_name, queue_sizes
@@ -27,6 +28,15 @@ logger = logging.getLogger(__name__)
 
 _TXID = "txid"
 """The one key of a delivery marker."""
+
+
+@dataclass(frozen=True)
+class PublishedBatch:
+    """A published batch of a task, not yet delivered: its (txid, owner epoch) and file."""
+
+    txid: int
+    epoch: int
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,9 @@ class DeliveryTopic(FileTopic):
         pending = {q: size for q, size in queue_sizes(expected).items() if txid > self.delivered_txid(q, task_id)}
         return super().publish_batch(task_id, txid, epoch, pending)
 
-    def undelivered(self, queue: int, task_id: int) -> Iterator[tuple[int, list[dict]]]:
-        """(txid, records) of each published batch of ``task_id`` not yet delivered, by txid."""
+    def published(self, queue: int, task_id: int) -> Iterator[PublishedBatch]:
+        """Each published batch of ``task_id`` not yet delivered, by txid (its records not read:
+        :meth:`read_batch`). The files of batches delivered before a crash are removed."""
         delivered = self.delivered_txid(queue, task_id)
         for path in self.files(queue):
             found = parse_batch_file_name(path.name)
@@ -55,16 +66,29 @@ class DeliveryTopic(FileTopic):
             if found.txid <= delivered:
                 path.unlink(missing_ok=True)  # delivered before a crash that left the file
                 continue
-            try:
-                with open(path, encoding="utf-8") as f:
-                    records = [json.loads(line) for line in f if line.strip()]
-            except FileNotFoundError:
-                continue  # delivered and removed meanwhile by a stale owner finishing its last batch
-            yield found.txid, records
+            yield PublishedBatch(found.txid, found.epoch, path)
 
-    def mark_delivered(self, queue: int, task_id: int, txid: int, *, epoch: int | None = None) -> bool:
+    @staticmethod
+    def read_batch(batch: PublishedBatch) -> list[dict] | None:
+        """The records of a published batch; None when its file is gone (delivered and removed
+        meanwhile by a stale owner finishing its last batch)."""
+        try:
+            with open(batch.path, encoding="utf-8") as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return None
+
+    def undelivered(self, queue: int, task_id: int) -> Iterator[tuple[int, list[dict]]]:
+        """(txid, records) of each published batch of ``task_id`` not yet delivered, by txid."""
+        for batch in self.published(queue, task_id):
+            records = self.read_batch(batch)
+            if records is not None:
+                yield batch.txid, records
+
+    def mark_delivered(self, queue: int, task_id: int, txid: int, *, epoch: int | None = None, path: Path | None = None) -> bool:
         """Record ``txid`` as delivered (durably, never moving the marker back, as a stale owner
-        finishing an older batch would), then remove its batch file.
+        finishing an older batch would), then remove its batch file: ``path`` when the caller
+        knows it (:attr:`PublishedBatch.path`), else every file of the txid in the queue.
 
         Given the task's owner ``epoch``, a previous owner's call records and removes nothing
         once a newer owner has marked a batch (that owner delivers the batch itself). Returns
@@ -79,8 +103,11 @@ class DeliveryTopic(FileTopic):
                 txid,
             )
             return False
-        for path in self.files(queue):
-            found = parse_batch_file_name(path.name)
+        if path is not None:
+            path.unlink(missing_ok=True)
+            return True
+        for file in self.files(queue):
+            found = parse_batch_file_name(file.name)
             if found is not None and found.task_id == task_id and found.txid == txid:
-                path.unlink(missing_ok=True)
+                file.unlink(missing_ok=True)
         return True

@@ -30,7 +30,6 @@ No file, fsync or ZooKeeper round trip is added per batch.
 from __future__ import annotations
 
 import functools
-import io
 import itertools
 import json
 import logging
@@ -45,6 +44,7 @@ from typing import Any, BinaryIO
 
 from stream_ops.durable_files import FILE_MODE, ForwardMarker, fsync_dir, fsync_dirs, make_dirs
 from stream_ops.errors import TopicError
+from stream_ops.helpers.compact_json import compact_json_lines
 from stream_ops.topics.publishing import publish_file
 
 logger = logging.getLogger(__name__)
@@ -175,8 +175,19 @@ def write_json_lines_atomically(target: Path, records: Iterable[Any], *, durable
 
     Returns the number of records written.
     """
-    lines = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) for record in records)
-    return write_lines_atomically(target, lines, durable=durable)
+    return write_lines_atomically(target, encode_json_lines(records, target), durable=durable)
+
+
+def encode_json_lines(records: Iterable[Any], target: Path | str) -> list[str]:
+    """Each record as the compact JSON line a batch file holds (:func:`compact_json_lines`).
+
+    Raises:
+        TopicError: a record is not JSON-serialisable (``target`` names the file in the message).
+    """
+    try:
+        return compact_json_lines(records)
+    except (TypeError, ValueError) as e:
+        raise TopicError(f"record for {target} is not JSON-serialisable: {e}") from e
 
 
 @contextmanager
@@ -209,16 +220,25 @@ def write_lines_atomically(target: Path, lines: Iterable[str], *, durable: bool 
     count = 0
     try:
         with _replaced_atomically(target, durable=durable) as out:
-            text = io.TextIOWrapper(out, encoding="utf-8", newline="\n")
+            # In chunks of lines, each written in one call: a file of small lines costs a
+            # few writes, not two per line.
+            chunk: list[str] = []
             for line in lines:
-                text.write(line)
-                text.write("\n")
-                count += 1
-            text.flush()
-            text.detach()  # the file stays open for _replaced_atomically to fsync and close
+                chunk.append(line)
+                if len(chunk) == _LINES_PER_WRITE:
+                    out.write(("\n".join(chunk) + "\n").encode("utf-8"))
+                    count += len(chunk)
+                    chunk.clear()
+            if chunk:
+                out.write(("\n".join(chunk) + "\n").encode("utf-8"))
+                count += len(chunk)
     except TypeError as e:
         raise TopicError(f"record for {target} is not JSON-serialisable: {e}") from e
     return count
+
+
+_LINES_PER_WRITE = 4096
+"""How many lines :func:`write_lines_atomically` joins into one write."""
 
 
 def write_bytes_atomically(target: Path, data: bytes | memoryview, *, durable: bool = True) -> int:
@@ -287,20 +307,27 @@ class FileTopic:
         for q in range(self.queues):
             make_dirs(self.queue_path(q))
 
+    def _visible_target(self, queue: int, name: str) -> Path:
+        """Where a file ``name`` of ``queue`` goes; refused when Spark would not list it."""
+        if name.startswith((".", "_")):
+            raise TopicError(f"file name {name!r} would be ignored by Spark (starts with '.' or '_')")
+        return self.queue_path(queue) / name
+
     def write_file(self, queue: int, name: str, records: Iterable[Any], *, overwrite: bool = True) -> Path:
         """Atomically write one file of JSON lines into a queue.
 
         With ``overwrite=False`` an existing file of that name is kept as it is (a replayed
         batch that was already published).
         """
-        lines = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) for record in records)
-        return self.write_lines(queue, name, lines, overwrite=overwrite)
+        target = self._visible_target(queue, name)
+        if not overwrite and target.exists():
+            return target
+        write_json_lines_atomically(target, records, durable=self.durable)
+        return target
 
     def write_lines(self, queue: int, name: str, lines: Iterable[str], *, overwrite: bool = True) -> Path:
         """:meth:`write_file` for lines already encoded as JSON text (one record each)."""
-        if name.startswith((".", "_")):
-            raise TopicError(f"file name {name!r} would be ignored by Spark (starts with '.' or '_')")
-        target = self.queue_path(queue) / name
+        target = self._visible_target(queue, name)
         if not overwrite and target.exists():
             return target
         write_lines_atomically(target, lines, durable=self.durable)
@@ -308,9 +335,7 @@ class FileTopic:
 
     def write_bytes(self, queue: int, name: str, data: bytes | memoryview, *, overwrite: bool = True) -> Path:
         """:meth:`write_file` for a file already encoded as bytes (e.g. an Arrow IPC file)."""
-        if name.startswith((".", "_")):
-            raise TopicError(f"file name {name!r} would be ignored by Spark (starts with '.' or '_')")
-        target = self.queue_path(queue) / name
+        target = self._visible_target(queue, name)
         if not overwrite and target.exists():
             return target
         write_bytes_atomically(target, data, durable=self.durable)
@@ -333,6 +358,15 @@ class FileTopic:
         if self.chained:
             records = with_previous_txid(records, self._chains.previous(task_id, txid, queue))
         write_json_lines_atomically(target, records, durable=self.durable)
+        return target
+
+    def stage_lines(self, queue: int, task_id: int, txid: int, epoch: int, lines: Iterable[str]) -> Path:
+        """:meth:`stage_batch` for records already encoded as JSON lines (:func:`encode_json_lines`);
+        not for a chained topic, whose first line the staging changes."""
+        if self.chained:
+            raise TopicError(f"{self.path}: a chained topic stages records (its first line names the previous file)")
+        target = self.pending_path(queue) / self._batch_name(task_id, txid, epoch)
+        write_lines_atomically(target, lines, durable=self.durable)
         return target
 
     def staged_sizes(self, task_id: int, txid: int, epoch: int) -> dict[str, int]:
@@ -450,9 +484,12 @@ class FileTopic:
     def files(self, queue: int) -> list[Path]:
         """Visible files of a queue, sorted by name."""
         qdir = self.queue_path(queue)
-        if not qdir.exists():
+        try:
+            with os.scandir(qdir) as entries:  # each entry's type from the listing: no stat per file
+                names = sorted(e.name for e in entries if not e.name.startswith((".", "_")) and e.is_file())
+        except FileNotFoundError:
             return []
-        return sorted(p for p in qdir.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+        return [qdir / name for name in names]
 
     def discard_stale_temp_files(self, queue: int, prefix: str, *, older_than_s: float, now: float) -> int:
         """Delete temp files of ``queue`` whose target name starts with ``prefix`` and that were

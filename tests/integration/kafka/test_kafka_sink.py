@@ -158,10 +158,10 @@ def test_a_crash_after_the_kafka_commit_before_the_delivered_marker_is_not_deliv
     a.process_batch(_batch(spark, BATCHES[0]), 0)
     real_mark = DeliveryTopic.mark_delivered
 
-    def crash_before_marker(topic: DeliveryTopic, queue: int, task_id: int, txid: int, *, epoch: int | None = None) -> bool:
+    def crash_before_marker(topic: DeliveryTopic, queue: int, task_id: int, txid: int, **kwargs: Any) -> bool:
         if txid == 1:
             raise SimulatedCrashError("after the Kafka commit, before the marker")
-        return real_mark(topic, queue, task_id, txid, epoch=epoch)
+        return real_mark(topic, queue, task_id, txid, **kwargs)
 
     monkeypatch.setattr(DeliveryTopic, "mark_delivered", crash_before_marker)
     with pytest.raises(SimulatedCrashError):
@@ -196,6 +196,78 @@ def test_a_zombie_owners_kafka_transaction_is_fenced_and_never_visible(owners, s
     a._close_state()
     assert read_topic(kafka, topic_name) == _expected(*enumerate(BATCHES))
     assert Counter(read_topic(kafka, topic_name, committed=False))[("how", 1)] == 2
+
+
+AWKWARD_BATCHES = [["été", "naïve"], ["😀 \u2028", "how", "été", '"quoted" \\ back'], ["nice"]]
+"""Words whose JSON text is not plain ASCII: non-ASCII letters, an emoji, a line separator, quotes."""
+
+
+def _copies_of(kafka: EmbeddedKafka, topic: str, txid: int, *, committed: bool) -> Counter[tuple[Any, ...]]:
+    """Each message of batch ``txid`` as (key, value, headers) bytes, counted."""
+    return Counter(
+        (m.key, m.value, tuple(sorted(m.headers.items())))
+        for m in read_messages(kafka.bootstrap_servers, topic, committed=committed)
+        if int(m.headers[HEADER_TXID]) == txid
+    )
+
+
+def _count_file_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The txids the sink reads from their batch files from now on (the others are delivered from memory)."""
+    reads: list[int] = []
+    real_read = DeliveryTopic.read_batch
+
+    def counting_read(batch: Any) -> Any:
+        reads.append(batch.txid)
+        return real_read(batch)
+
+    monkeypatch.setattr(DeliveryTopic, "read_batch", staticmethod(counting_read))
+    return reads
+
+
+def test_a_batch_from_memory_and_the_same_batch_from_its_file_after_a_restart_are_the_same_messages(
+    owners, spark, kafka, topic_name, monkeypatch
+):
+    reads = _count_file_reads(monkeypatch)
+    a = owners.runner("host-a:1")
+    a.process_batch(_batch(spark, AWKWARD_BATCHES[0]), 0)
+    undo_crash = crash_before_kafka_commit(monkeypatch, KafkaSinkWriter, txid=1)
+    with pytest.raises(SimulatedCrashError):
+        a.process_batch(_batch(spark, AWKWARD_BATCHES[1]), 1)  # produced from memory, never committed
+    owners.crash(a)
+    assert reads == [], "A delivered both batches from memory"
+
+    undo_crash()
+    b = owners.runner("host-b:2")  # a restart: txid 1 delivered from its file
+    assert reads == [1]
+    b.process_batch(_batch(spark, AWKWARD_BATCHES[1]), 1)  # Spark replays the committed batch: nothing more
+    b.process_batch(_batch(spark, AWKWARD_BATCHES[2]), 2)
+    b.stop()
+    assert reads == [1]
+    assert read_topic(kafka, topic_name) == _expected(*enumerate(AWKWARD_BATCHES))
+    from_file = _copies_of(kafka, topic_name, 1, committed=True)
+    both = _copies_of(kafka, topic_name, 1, committed=False)
+    assert sum(from_file.values()) == 4 and both == from_file + from_file, "A's aborted copy, from memory, is B's byte for byte"
+
+
+def test_a_zombie_owners_batch_from_memory_and_the_new_owners_from_its_file_are_the_same_messages(
+    owners, spark, kafka, topic_name, monkeypatch
+):
+    reads = _count_file_reads(monkeypatch)
+    a = owners.runner("host-a:1")
+    a.process_batch(_batch(spark, AWKWARD_BATCHES[0]), 0)
+    zombie = PausedCommit(monkeypatch, KafkaSinkWriter, lambda: a.process_batch(_batch(spark, AWKWARD_BATCHES[1]), 1))
+    zombie.start()  # A's transaction of txid 1, produced from memory, is open when A loses the task
+    owners.admin.delete(ZkPaths.owner(owners.topology_id, a.task.task_id))
+    b = owners.runner("host-b:2")  # fences A, delivers txid 1 from its file
+    b.process_batch(_batch(spark, AWKWARD_BATCHES[2]), 2)
+    errors = zombie.finish()
+    assert len(errors) == 1 and isinstance(errors[0], KafkaSinkFencedError), errors
+    b.stop()
+    a._close_state()
+    assert reads == [1]
+    assert read_topic(kafka, topic_name) == _expected(*enumerate(AWKWARD_BATCHES))
+    from_file = _copies_of(kafka, topic_name, 1, committed=True)
+    assert _copies_of(kafka, topic_name, 1, committed=False) == from_file + from_file
 
 
 _KILLED_WRITER = """
