@@ -48,7 +48,7 @@ def _run(spark, tmp_path: Path, name: str, on_batch, *, foreach_batch: bool = Fa
     try:
         query.processAllAvailable()
         if plans is not None:  # the logical plan Spark analysed, optimised and planned for the last batch
-            plans.append(query._jsq.lastExecution().analyzed().toString())
+            plans.append(query._jsq.streamingQuery().lastExecution().analyzed().toString())
         return query.lastProgress
     finally:
         query.stop()
