@@ -2,11 +2,13 @@
 
 A task is one ``readStream`` of its input (its source, or its shuffle queue) with a callback per
 micro-batch (:mod:`stream_ops.spark.callback_sink`: ``foreachBatch``'s DataFrame, planned only
-when used). A source whose kind reads a bare relation (:meth:`~stream_ops.sources.base.SourceKind.open_stream`)
-has its projection applied to a batch only when Spark plans it. The callback (the runtime's commit protocol) has each batch computed by
-:mod:`stream_ops.compute`; this module wraps it so that the batch's input files are noted for
+when used). A source whose kind reads a bare relation
+(:meth:`~stream_ops.sources.base.SourceKind.open_stream`) has its projection applied to a batch
+only when Spark plans it. The callback (the runtime's commit protocol) has each batch computed
+by :mod:`stream_ops.compute`; this module wraps it so that the batch's input files are noted for
 that computation while it runs (:mod:`stream_ops.compute.batch_inputs`): a source batch's files
-and size, a keyed batch's Parquet shuffle files.
+and size, a keyed batch's Parquet shuffle files; and a source stage's batches their query's
+settings (:func:`~stream_ops.compute.settings.noting_query_settings`).
 """
 
 from __future__ import annotations
