@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
 
 from stream_ops.arrow_types import ARROW_TYPES
-from stream_ops.compute.sql_arrow import COLLATION_CONF, ArrowSql, compile_arrow_sql
+from stream_ops.compute.settings import SessionSettings
+from stream_ops.compute.sql_arrow import ArrowSql, compile_arrow_sql
 from stream_ops.operators.record_pipeline import BATCH_OPERATIONS, SQL_OPERATIONS
 from stream_ops.sources import OffsetRange, source_kind
 from stream_ops.sources.arrow_json import read_json_lines
@@ -52,13 +52,13 @@ class ArrowRefusal(enum.Enum):
     )
 
 
-def read_in_arrow(files: Sequence[Path], stage: StageSpec, spark: SparkSession) -> pa.Table | ArrowRefusal:
-    """The source batch of ``files`` read in Arrow, after the stage's SQL operations, or why
-    Spark must compute it instead."""
+def read_in_arrow(files: Sequence[Path], stage: StageSpec, settings: SessionSettings) -> pa.Table | ArrowRefusal:
+    """The source batch of ``files`` read in Arrow, after the stage's SQL operations (compiled
+    under the batch's ``settings``), or why Spark must compute it instead."""
     source = stage.source
     assert source is not None, f"stage {stage.name} reads no source"
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
-    compiled = _compiled(spark, source.fields, sql) if sql else None
+    compiled = _compiled(settings, source.fields, sql) if sql else None
     if sql and compiled is None:
         return ArrowRefusal.SQL_NOT_TRANSLATED
     table = read_json_lines(files, source.fields)
@@ -73,7 +73,7 @@ def read_in_arrow(files: Sequence[Path], stage: StageSpec, spark: SparkSession) 
     return table
 
 
-def read_offsets_in_arrow(ranges: Sequence[OffsetRange], stage: StageSpec, spark: SparkSession) -> pa.Table | ArrowRefusal:
+def read_offsets_in_arrow(ranges: Sequence[OffsetRange], stage: StageSpec, settings: SessionSettings) -> pa.Table | ArrowRefusal:
     """The source batch of the offset ``ranges`` Spark planned for it read on the
     driver by its source kind (:meth:`~stream_ops.sources.base.SourceKind.read_offsets`), after
     the stage's SQL operations, or why Spark must compute it instead. The SQL is compiled over
@@ -83,7 +83,7 @@ def read_offsets_in_arrow(ranges: Sequence[OffsetRange], stage: StageSpec, spark
     assert source is not None, f"stage {stage.name} reads no source"
     sql = [op for op in stage.operations if op.kind in SQL_OPERATIONS]
     scalar = {name: typ for name, typ in source.fields.items() if typ in ARROW_TYPES}
-    compiled = _compiled(spark, scalar, sql) if sql else None
+    compiled = _compiled(settings, scalar, sql) if sql else None
     if sql and compiled is None:
         return ArrowRefusal.SQL_NOT_TRANSLATED
     table = source_kind(source.kind).read_offsets(source, ranges)
@@ -107,20 +107,15 @@ def table_batches(table: pa.Table, stage: StageSpec, *, max_records: int) -> lis
     return table.combine_chunks().to_batches(max_chunksize=max_records)
 
 
-def _compiled(spark: SparkSession, fields: dict[str, str], sql: Sequence[OperationSpec]) -> ArrowSql | None:
+def _compiled(settings: SessionSettings, fields: dict[str, str], sql: Sequence[OperationSpec]) -> ArrowSql | None:
     """The SQL operations compiled to Arrow once per process for their fields, expressions and
     the settings that change what they mean (not per session: a ``foreachBatch`` callback gets
     a new SparkSession object each batch, and compiling, a Spark analysis, took 30-75 ms)."""
-    key = (
-        tuple(fields.items()),
-        tuple((op.kind, op.exprs) for op in sql),
-        spark.conf.get("spark.sql.ansi.enabled", None),
-        spark.conf.get(COLLATION_CONF, None),
-    )
+    key = (tuple(fields.items()), tuple((op.kind, op.exprs) for op in sql), *settings.sql_meaning())
     with _COMPILED_LOCK:
         if key not in _COMPILED:
             try:
-                _COMPILED[key] = compile_arrow_sql(spark, fields, sql)
+                _COMPILED[key] = compile_arrow_sql(settings.session(), fields, sql)
             except Exception as e:  # noqa: BLE001 - Spark runs what Arrow cannot; it reports real errors
                 logger.warning("SQL operations %s run in Spark: compiling them to Arrow failed: %s", [op.exprs for op in sql], e)
                 _COMPILED[key] = None

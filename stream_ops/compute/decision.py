@@ -42,7 +42,7 @@ from stream_ops.compute.in_spark import spark_batch, spark_batch_after_sql
 from stream_ops.compute.jvm_sql import BatchAfterSql, sql_in_jvm, sql_operations, without_failing_rows
 from stream_ops.compute.results import SourceBatchResult, stage_run
 from stream_ops.compute.row_processes import row_processes, row_processes_batch
-from stream_ops.compute.settings import SessionSettings, max_records_per_batch
+from stream_ops.compute.settings import SessionSettings, batch_settings
 from stream_ops.compute.stage_function import typed_partials
 from stream_ops.operators.aggregators import aggregator_from_spec
 from stream_ops.operators.partials_combine import combine_partials
@@ -274,11 +274,11 @@ def batch_path(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None
     there; a batch the read gives back is decided again, knowing why."""
     noted = noted_input(df)
     offsets = noted_offsets(df) if noted is None else None
-    spark = df.sparkSession
+    settings = batch_settings(df)
     facts = BatchFacts(
         stage,
         noted.bytes if noted is not None else None,
-        SessionSettings(spark),
+        settings,
         asked_on_driver=on_driver,
         input_offsets=offsets.offsets if offsets is not None else None,
     )
@@ -286,10 +286,10 @@ def batch_path(df: DataFrame, stage: StageSpec, *, on_driver: bool | None = None
     if choice.path not in (ComputePath.ARROW_ON_DRIVER, ComputePath.ROW_PROCESSES):
         return BatchPath(choice, None)
     if noted is not None:
-        read = read_in_arrow(noted.files, stage, spark)
+        read = read_in_arrow(noted.files, stage, settings)
     else:
         assert offsets is not None
-        read = read_offsets_in_arrow(offsets.ranges, stage, spark)
+        read = read_offsets_in_arrow(offsets.ranges, stage, settings)
     if isinstance(read, ArrowRefusal):
         return BatchPath(choose_path(dataclasses.replace(facts, arrow_refusal=read)), None)
     if noted is None:  # its size is known now: the rules may send its per-record operations elsewhere
@@ -323,7 +323,7 @@ def source_batch(
     logger.debug("stage %s: a batch %s", stage.name, choice)
     if path.table is None:
         return _parsed_by_spark(df, stage, choice)
-    batches = table_batches(path.table, stage, max_records=max_records_per_batch(df.sparkSession))
+    batches = table_batches(path.table, stage, max_records=batch_settings(df).max_records())
     if choice.path is ComputePath.ROW_PROCESSES:
         return row_processes_batch(batches, stage, stage_run(stage), processes=choice.processes)
     return arrow_batch(batches, stage, sent_before=sent_before)

@@ -3,12 +3,24 @@
 Each is read from the session when a rule needs it (:class:`SessionSettings`), never before:
 a setting that is not a whole number raises :class:`~stream_ops.errors.ConfigError` only where
 the decision uses it.
+
+A source stage's query notes one :class:`QuerySettings` against each of its batches while its
+callback runs (:func:`noting_query_settings`): every batch of a query runs in the same session
+(Spark clones the query's session once, when the query starts), so a value read for one batch
+is every batch's, and is read once per query rather than once per batch (each read is a py4j
+round trip, and a batch's PySpark session costs 5-7 more).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
+from pyspark.sql import DataFrame, SparkSession
+
+from stream_ops.compute.sql_arrow import COLLATION_CONF
 from stream_ops.spark.settings import DEFAULT_DRIVER_BATCH_BYTES, DRIVER_BATCH_BYTES_CONF, whole_number_setting
 
 ARROW_BATCH_BYTES_CONF = "spark.stream_ops.arrowBatchBytes"
@@ -90,20 +102,113 @@ def max_records_per_batch(spark: SparkSession) -> int:
     return value if value > 0 else 1 << 62
 
 
+def sql_meaning(spark: SparkSession) -> tuple[str | None, str | None]:
+    """The session's settings that change what a SQL expression means (ANSI mode, the default
+    collation), as set (None: Spark's default)."""
+    return spark.conf.get("spark.sql.ansi.enabled", None), spark.conf.get(COLLATION_CONF, None)
+
+
+_T = TypeVar("_T")
+
+
 class SessionSettings:
     """A session's path settings, each read when asked (the decision's ``PathSettings``)."""
 
     def __init__(self, spark: SparkSession) -> None:
         self._spark = spark
 
+    def session(self) -> SparkSession:
+        """The session the settings are read from."""
+        return self._spark
+
     def arrow_batch_bytes(self) -> int:
-        return arrow_batch_bytes(self._spark)
+        return arrow_batch_bytes(self.session())
 
     def driver_batch_bytes(self) -> int:
-        return driver_batch_bytes(self._spark)
+        return driver_batch_bytes(self.session())
 
     def row_processes(self) -> int:
-        return row_processes_setting(self._spark)
+        return row_processes_setting(self.session())
 
     def driver_records(self) -> int:
-        return driver_records(self._spark)
+        return driver_records(self.session())
+
+    def max_records(self) -> int:
+        """:func:`max_records_per_batch`."""
+        return max_records_per_batch(self.session())
+
+    def sql_meaning(self) -> tuple[str | None, str | None]:
+        """:func:`sql_meaning`."""
+        return sql_meaning(self.session())
+
+
+class QuerySettings(SessionSettings):
+    """The settings of one streaming query's batches: each read once, from the session of the
+    batch that first needs it (the query's session, which every batch shares), then remembered.
+
+    A setting that cannot be read (:class:`~stream_ops.errors.ConfigError`) is not remembered:
+    every batch that needs it raises.
+    """
+
+    def __init__(self) -> None:
+        self._batch: DataFrame | None = None
+        self._values: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def session(self) -> SparkSession:
+        """The session of the batch being computed (its batches' shared session)."""
+        batch = self._batch
+        assert batch is not None, "the query's settings are read while one of its batches is computed"
+        return batch.sparkSession
+
+    def _remembered(self, name: str, read: Callable[[], _T]) -> _T:
+        with self._lock:
+            if name not in self._values:
+                self._values[name] = read()
+            return self._values[name]  # type: ignore[return-value]
+
+    def arrow_batch_bytes(self) -> int:
+        return self._remembered("arrow_batch_bytes", super().arrow_batch_bytes)
+
+    def driver_batch_bytes(self) -> int:
+        return self._remembered("driver_batch_bytes", super().driver_batch_bytes)
+
+    def row_processes(self) -> int:
+        return self._remembered("row_processes", super().row_processes)
+
+    def driver_records(self) -> int:
+        return self._remembered("driver_records", super().driver_records)
+
+    def max_records(self) -> int:
+        return self._remembered("max_records", super().max_records)
+
+    def sql_meaning(self) -> tuple[str | None, str | None]:
+        return self._remembered("sql_meaning", super().sql_meaning)
+
+
+_NOTED: weakref.WeakKeyDictionary[DataFrame, QuerySettings] = weakref.WeakKeyDictionary()
+"""The settings of the query each batch DataFrame being computed belongs to."""
+
+
+def noting_query_settings(on_batch: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+    """``on_batch`` (one query's callback) with one :class:`QuerySettings` noted against each
+    batch while it runs, for :func:`batch_settings`."""
+    settings = QuerySettings()
+
+    def run(df: DataFrame, batch_id: int) -> None:
+        settings._batch = df
+        _NOTED[df] = settings
+        try:
+            on_batch(df, batch_id)
+        finally:
+            _NOTED.pop(df, None)
+            settings._batch = None
+
+    return run
+
+
+def batch_settings(df: DataFrame) -> SessionSettings:
+    """The settings of the batch ``df``: its query's (:func:`noting_query_settings`) while its
+    callback runs, else its session's."""
+    noted = _NOTED.get(df)
+    return noted if noted is not None else SessionSettings(df.sparkSession)

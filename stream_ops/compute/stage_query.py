@@ -2,10 +2,13 @@
 
 A task is one ``readStream`` of its input (its source, or its shuffle queue) with a callback per
 micro-batch (:mod:`stream_ops.spark.callback_sink`: ``foreachBatch``'s DataFrame, planned only
-when used). The callback (the runtime's commit protocol) has each batch computed by
-:mod:`stream_ops.compute`; this module wraps it so that the batch's input files are noted for
+when used). A source whose kind reads a bare relation
+(:meth:`~stream_ops.sources.base.SourceKind.open_stream`) has its projection applied to a batch
+only when Spark plans it. The callback (the runtime's commit protocol) has each batch computed
+by :mod:`stream_ops.compute`; this module wraps it so that the batch's input files are noted for
 that computation while it runs (:mod:`stream_ops.compute.batch_inputs`): a source batch's files
-and size, a keyed batch's Parquet shuffle files.
+and size, a keyed batch's Parquet shuffle files; and a source stage's batches their query's
+settings (:func:`~stream_ops.compute.settings.noting_query_settings`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops.compute.batch_inputs import batch_files_noted, noting_batch_files, noting_input_bytes
 from stream_ops.compute.decision import driver_bounded, start_row_processes
+from stream_ops.compute.settings import noting_query_settings
 from stream_ops.helpers.spark_ddl import schema_ddl
 from stream_ops.kafka.shuffle_reader import KafkaShuffleInput, read_shuffle_stream
 from stream_ops.sources import source_kind
-from stream_ops.spark.callback_sink import start_with_callback
+from stream_ops.spark.callback_sink import BatchShape, start_with_callback
 from stream_ops.spark.input_wake import shuffle_wake_setting, wake_on_input
 from stream_ops.spark.shuffle_queue import batch_files, read_queue_stream, round_wait_ms, shuffle_suffix, uses_queue_source
 from stream_ops.topology.plan import StageSpec
@@ -65,16 +69,18 @@ def start_stage_query(
     """
     reads_shuffle_files = not stage.reads_source and kafka_input is None and input_dir is not None
     wakes = reads_shuffle_files and wake_producers > 0 and shuffle_wake_setting(spark)
+    shape: BatchShape | None = None
     if stage.reads_source:
         assert stage.source is not None
-        df = source_kind(stage.source.kind).read_stream(
+        stream = source_kind(stage.source.kind).open_stream(
             spark,
             driver_bounded(spark, stage.source),
             queue,
             max_files_per_trigger=max_files_per_trigger,
             max_file_age=max_file_age,
         )
-        on_batch = noting_input_bytes(on_batch, checkpoint_dir)
+        df, shape = stream.raw, stream.shape
+        on_batch = noting_query_settings(noting_input_bytes(on_batch, checkpoint_dir))
         start_row_processes(spark, stage)
     elif kafka_input is not None:
         df = read_shuffle_stream(spark, kafka_input.shuffle, topic=kafka_input.topic, queue=queue, fields=stage.input_fields)
@@ -106,7 +112,7 @@ def start_stage_query(
         .option("checkpointLocation", str(checkpoint_dir))
         .trigger(processingTime=f"{trigger_seconds} seconds")
     )
-    query = start_with_callback(spark, writer, on_batch)
+    query = start_with_callback(spark, writer, on_batch, shape=shape)
     if wakes:
         assert input_dir is not None
         wake_on_input(spark, query, input_dir, wake_producers)

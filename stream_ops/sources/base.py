@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -167,6 +167,25 @@ class OffsetRange:
 
 
 @dataclass(frozen=True)
+class SourceStream:
+    """A source task's streaming DataFrame as its query reads it: ``raw``, which Spark plans
+    every micro-batch, and ``shape``, the projection that turns a batch of it into the source's
+    columns (:meth:`SourceKind.read_stream`'s DataFrame), applied only to a batch Spark computes.
+
+    Spark analyses, optimises and physically plans each micro-batch's whole plan, and describes
+    it for the batch's SQL execution, before the query's sink runs, even when the sink never
+    executes it (a batch read on the driver). A bare relation keeps that per-batch work small.
+
+    Attributes:
+        raw: the streaming DataFrame the query reads.
+        shape: ``raw`` (or a batch of it) -> the source's columns; None: ``raw`` has them.
+    """
+
+    raw: DataFrame
+    shape: Callable[[DataFrame], DataFrame] | None = None
+
+
+@dataclass(frozen=True)
 class SourceAsset:
     """How a source describes the input it reads to Dagster: the external asset every topology
     reading that input shares (the translator adds its key prefix and group).
@@ -260,6 +279,22 @@ class SourceKind(ABC):
         Its columns are :meth:`columns`. ``max_files_per_trigger`` and ``max_file_age`` are
         Spark's ``maxFilesPerTrigger`` and ``maxFileAge`` (ignored by sources without files).
         """
+
+    def open_stream(
+        self,
+        spark: SparkSession,
+        spec: SourceSpec,
+        queue: int,
+        *,
+        max_files_per_trigger: int,
+        max_file_age: str,
+    ) -> SourceStream:
+        """What task ``queue``'s query reads: :meth:`read_stream`'s DataFrame, or a bare relation
+        and the projection to it (:class:`SourceStream`). The default: :meth:`read_stream`'s
+        DataFrame, no projection."""
+        return SourceStream(
+            self.read_stream(spark, spec, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age)
+        )
 
     @abstractmethod
     def queue_dir(self, spec: SourceSpec, queue: int) -> Path | None:

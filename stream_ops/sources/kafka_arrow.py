@@ -25,6 +25,7 @@ import base64
 import logging
 from collections.abc import Mapping
 
+import numpy as np
 import pyarrow as pa
 
 from stream_ops.arrow_types import ARROW_TYPES
@@ -65,7 +66,7 @@ def source_table(
         "kafka_key": key,
         "kafka_partition": raw.column("partition").combine_chunks(),
         "kafka_offset": raw.column("offset").combine_chunks(),
-        "kafka_timestamp": pa.array([None if us is None else us // 1000 for us in stamps.to_pylist()], pa.int64()),
+        "kafka_timestamp": _millis(stamps),
         "kafka_headers": header_values,
     }
     if set(columns) != set(fields):
@@ -75,6 +76,13 @@ def source_table(
         [(name, HEADERS_ARROW_TYPE if name == "kafka_headers" else ARROW_TYPES[typ]) for name, typ in fields.items()]
     )
     return pa.Table.from_arrays([columns[name] for name in fields], schema=schema)
+
+
+def _millis(micros: pa.Array) -> pa.Array:
+    """Epoch microseconds as milliseconds, rounded down as Spark's ``unix_millis`` (``floorDiv``)."""
+    values = np.floor_divide(micros.fill_null(0).to_numpy(), 1000)
+    mask = micros.is_null().to_numpy(zero_copy_only=False) if micros.null_count else None
+    return pa.array(values, pa.int64(), mask=mask)
 
 
 def _text(column: pa.Array, encoding: str) -> pa.Array | None:
@@ -105,19 +113,28 @@ def _headers(column: pa.Array, encoding: str) -> pa.Array | None:
 def _parsed(values: pa.Array, fields: Mapping[str, str]) -> pa.Table | None:
     """The JSON ``values`` (one object each) parsed against ``fields``, null fields for a null
     value, or None when Spark must parse them."""
-    items = values.to_pylist()
-    present = [item for item in items if item is not None]
-    data = b"\n".join(present)
-    if data.count(b"\n") != max(len(present) - 1, 0):
+    present = values.drop_null() if values.null_count else values
+    data = _lines(present)
+    if data is None:
         logger.debug("a Kafka batch is left to Spark: a JSON value holding a line break")
         return None
     parsed = read_json_bytes(data, fields)
     if parsed is None or parsed.num_rows != len(present):
         return None  # read_json_bytes logged why; an empty value is a line it skips
-    if len(present) == len(items):
+    if not values.null_count:
         return parsed
-    where, n = [], 0
-    for item in items:
-        where.append(None if item is None else n)
-        n += item is not None
-    return parsed.take(pa.array(where, pa.int64()))
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.cumsum(valid) - 1  # the parsed row of each present value
+    return parsed.take(pa.array(rows, pa.int64(), mask=~valid))
+
+
+def _lines(values: pa.Array) -> bytes | None:
+    """The binary ``values`` (no nulls) joined by line breaks, None when one holds a line break."""
+    if len(values) == 0:
+        return b""
+    array = values.cast(pa.binary()) if values.type != pa.binary() else values
+    offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset : array.offset + len(array) + 1]
+    body = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    if np.count_nonzero(body == 0x0A):
+        return None
+    return np.insert(body, offsets[1:-1] - offsets[0], 0x0A).tobytes()

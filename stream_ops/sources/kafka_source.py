@@ -74,6 +74,7 @@ from stream_ops.sources.base import (
     SourceKind,
     SourceLag,
     SourceSpec,
+    SourceStream,
     schema_fields,
 )
 
@@ -281,8 +282,22 @@ class KafkaKind(SourceKind):
         max_file_age: str,
     ) -> DataFrame:
         """Partition ``queue`` of the topic; ``max_files_per_trigger`` and ``max_file_age`` do not apply."""
-        from pyspark.sql import functions as F
+        stream = self.open_stream(spark, spec, queue, max_files_per_trigger=max_files_per_trigger, max_file_age=max_file_age)
+        assert stream.shape is not None
+        return stream.shape(stream.raw)
 
+    def open_stream(
+        self,
+        spark: SparkSession,
+        spec: SourceSpec,
+        queue: int,
+        *,
+        max_files_per_trigger: int,
+        max_file_age: str,
+    ) -> SourceStream:
+        """Spark's Kafka relation of partition ``queue`` as it is (key, value, ..., headers), and
+        the projection to the source's fields (values parsed, metadata columns, bytes as
+        strings): a batch read on the driver is planned by Spark without them."""
         self.check_spec(spec, queue)
         options = self._options(spec)
         topic = str(options["topic"])
@@ -316,38 +331,9 @@ class KafkaKind(SourceKind):
                     "stream_ops.kafka.jars --spark-jars) (spark.jars must be set before its SparkSession is created)"
                 ) from e
             raise
-        encoding = str(options.get("encoding", "utf8"))
-
-        def text(column: Column) -> Column:
-            return F.base64(column) if encoding == "base64" else column.cast("string")
-
-        headers = F.transform(F.col("headers"), lambda h: F.struct(h["key"].alias("key"), text(h["value"]).alias("value")))
-        metadata = [
-            text(F.col("key")).alias("kafka_key"),
-            F.col("partition").cast("int").alias("kafka_partition"),
-            F.col("offset").cast("long").alias("kafka_offset"),
-            F.unix_millis(F.col("timestamp")).alias("kafka_timestamp"),
-            headers.cast(HEADER_TYPE).alias("kafka_headers"),
-        ]
+        fmt, encoding = str(options.get("format", "json")), str(options.get("encoding", "utf8"))
         value_fields = {name: typ for name, typ in spec.fields.items() if name not in METADATA_FIELDS}
-        if options.get("format", "json") == "raw":
-            return raw.select(text(F.col("value")).alias(RAW_VALUE_FIELD), *metadata)
-        value = F.col("value").cast("string")
-        parsed = F.from_json(
-            value,
-            schema_ddl({**value_fields, CORRUPT_COLUMN: "string"}),
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN},
-        )
-        fields = raw.select(parsed.alias("_parsed"), value.alias("_value"), *metadata)
-        # A value that is no JSON object at all ('', an array) parses to null, not to a corrupt record.
-        corrupt = F.coalesce(
-            F.col(f"_parsed.{CORRUPT_COLUMN}"), F.when(F.col("_value").isNotNull() & F.col("_parsed").isNull(), F.col("_value"))
-        )
-        return fields.select(
-            *[F.col("_parsed").getField(name).alias(name) for name in value_fields],
-            *[F.col(name) for name in METADATA_FIELDS],
-            corrupt.alias(CORRUPT_COLUMN),
-        )
+        return SourceStream(raw, lambda records: _source_columns(records, value_fields, fmt=fmt, encoding=encoding))
 
     def with_batch_offsets_bound(self, spec: SourceSpec, offsets: int) -> SourceSpec:
         """``spec`` with Spark's ``maxOffsetsPerTrigger`` at ``offsets`` when its definition set
@@ -518,3 +504,40 @@ class KafkaKind(SourceKind):
             client_config=tuple(sorted((str(k), str(v)) for k, v in config.items())),
             from_earliest=spec.options.get("starting_offsets", "earliest") == "earliest",
         )
+
+
+def _source_columns(raw: DataFrame, value_fields: Mapping[str, str], *, fmt: str, encoding: str) -> DataFrame:
+    """Spark's Kafka records ``raw`` (streaming, or one batch of them) as the source's columns:
+    the values parsed against ``value_fields`` (JSON) or as a string (raw), then the metadata
+    fields and, for JSON, :data:`CORRUPT_COLUMN`."""
+    from pyspark.sql import functions as F
+
+    def text(column: Column) -> Column:
+        return F.base64(column) if encoding == "base64" else column.cast("string")
+
+    headers = F.transform(F.col("headers"), lambda h: F.struct(h["key"].alias("key"), text(h["value"]).alias("value")))
+    metadata = [
+        text(F.col("key")).alias("kafka_key"),
+        F.col("partition").cast("int").alias("kafka_partition"),
+        F.col("offset").cast("long").alias("kafka_offset"),
+        F.unix_millis(F.col("timestamp")).alias("kafka_timestamp"),
+        headers.cast(HEADER_TYPE).alias("kafka_headers"),
+    ]
+    if fmt == "raw":
+        return raw.select(text(F.col("value")).alias(RAW_VALUE_FIELD), *metadata)
+    value = F.col("value").cast("string")
+    parsed = F.from_json(
+        value,
+        schema_ddl({**value_fields, CORRUPT_COLUMN: "string"}),
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN},
+    )
+    fields = raw.select(parsed.alias("_parsed"), value.alias("_value"), *metadata)
+    # A value that is no JSON object at all ('', an array) parses to null, not to a corrupt record.
+    corrupt = F.coalesce(
+        F.col(f"_parsed.{CORRUPT_COLUMN}"), F.when(F.col("_value").isNotNull() & F.col("_parsed").isNull(), F.col("_value"))
+    )
+    return fields.select(
+        *[F.col("_parsed").getField(name).alias(name) for name in value_fields],
+        *[F.col(name) for name in METADATA_FIELDS],
+        corrupt.alias(CORRUPT_COLUMN),
+    )

@@ -37,6 +37,12 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
+    # Every micro-batch's SQL execution posts its plan's description to the status store, built in
+    # this mode whether or not a UI shows it: 'formatted' (Spark's default, per-operator details)
+    # took 0.20-0.41 ms a call against 0.13-0.19 ms for 'simple' on a Kafka batch's plan, 0.47 against
+    # 0.25 with the source's projection (py4j round trip of ~0.1 ms included; local[2], load ~2.5).
+    # Small: bench/kafka.py's CPU at 2,000 sentences/s did not separate it from run-to-run noise.
+    "spark.sql.ui.explainMode": "simple",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",

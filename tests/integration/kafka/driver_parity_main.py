@@ -11,7 +11,9 @@ run's ``out``: the offset ranges, the path :func:`~stream_ops.compute.decision.c
 chose and why, the result of that path (:func:`~stream_ops.compute.decision.source_batch`) next
 to Spark's (``on_driver=False``), and whether the rows the driver read
 (:meth:`~stream_ops.sources.base.SourceKind.read_offsets`) are exactly the rows of Spark's batch
-DataFrame. It stops when ``--stop`` exists.
+DataFrame, and the logical plan Spark planned for the batch (the query reads Spark's Kafka relation
+alone; the source's projection is applied only to a batch Spark computes). It stops when
+``--stop`` exists.
 """
 
 from __future__ import annotations
@@ -109,8 +111,10 @@ def _start(spark: SparkSession, bootstrap: str, run: ParityQuery) -> StreamingQu
         if offsets is not None:
             table = kind.read_offsets(stage.source, offsets.ranges)
             driver_rows = None if table is None else sorted(table.to_pylist(), key=lambda r: r["kafka_offset"])
+        streaming = getattr(df, "_streaming", None)  # the batch as Spark planned it (stream_ops' sink)
         line = {
             "batch": batch_id,
+            "spark_plan": None if streaming is None else streaming.queryExecution().analyzed().toString(),
             "ranges": None if offsets is None else [[r.topic, r.partition, r.start, r.end] for r in offsets.ranges],
             "path": choice.path.name,
             "reason": choice.reason.name,

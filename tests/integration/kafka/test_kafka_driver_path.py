@@ -10,6 +10,8 @@ empty key, headers, and keys and values that are not UTF-8; batches split anywhe
 (``maxOffsetsPerTrigger``), with both isolation levels; a batch above
 ``spark.stream_ops.kafkaDriverRecords`` (the source set its own, larger ``maxOffsetsPerTrigger``)
 goes to Spark, and a source that sets none is planned in batches of at most that many offsets.
+Spark plans each batch over its Kafka relation alone: the source's projection (values parsed,
+metadata columns) is applied only to the batches Spark computes.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ def parity(tmp_path_factory, kafka, connector_jars) -> Iterator[ParityProcess]:
 def _assert_same_as_spark(lines: list[dict[str, Any]]) -> None:
     for line in lines:
         assert line["chosen"] == line["spark"], line
+        assert line["spark_plan"] is not None and "kafka_offset" not in line["spark_plan"], line["spark_plan"]
         if line["path"] == "ARROW_ON_DRIVER":
             assert line["rows_equal"] is True, line
             assert not line["spark_corrupt"], line

@@ -469,7 +469,7 @@ def test_sql_that_fails_to_compile_to_arrow_runs_in_spark(spark, monkeypatch, ca
     monkeypatch.setattr(arrow_read, "compile_arrow_sql", broken)
     monkeypatch.setattr(arrow_read, "_COMPILED", {})
     op = OperationSpec(kind="select_expr", function="", exprs=("upper(s) AS s",), fields=None, out={"s": "string"})
-    assert arrow_read._compiled(spark, {"s": "string"}, [op]) is None
+    assert arrow_read._compiled(SessionSettings(spark), {"s": "string"}, [op]) is None
     assert "compiling them to Arrow failed: analysis went wrong" in caplog.text
 
 
@@ -485,12 +485,12 @@ def test_sql_is_compiled_to_arrow_once_for_every_batch_of_a_query(spark, monkeyp
     batch_sessions = [
         SparkSession(spark.sparkContext, spark._jsparkSession) for _ in range(3)
     ]  # as ForeachBatchFunction makes them
-    compiled = {id(arrow_read._compiled(session, {"s": "string"}, [op])) for session in batch_sessions}
+    compiled = {id(arrow_read._compiled(SessionSettings(session), {"s": "string"}, [op])) for session in batch_sessions}
     assert len(calls) == 1 and len(compiled) == 1
     ansi = spark.conf.get("spark.sql.ansi.enabled")
     spark.conf.set("spark.sql.ansi.enabled", "false" if ansi == "true" else "true")
     try:
-        arrow_read._compiled(spark, {"s": "string"}, [op])
+        arrow_read._compiled(SessionSettings(spark), {"s": "string"}, [op])
     finally:
         spark.conf.set("spark.sql.ansi.enabled", ansi)
     assert len(calls) == 2, "a setting that changes what the SQL means compiles it anew"

@@ -2,7 +2,9 @@
 ``CallbackSink.java``), on real streaming queries over JSON files.
 
 A batch the callback uses gives the rows ``foreachBatch`` gives, with the same batch ids; a
-batch it does not use is never planned, nor its session made (a used one is the batch's own); without the JVM class the query runs on
+batch it does not use is never planned, nor its session made (a used one is the batch's own); a
+query started with a ``shape`` plans its batches without it and hands the callback the shaped
+batch, with or without the JVM class; without the JVM class the query runs on
 ``foreachBatch``; a failing callback fails the query with its Python error; and no
 registration outlives a query's start.
 """
@@ -37,14 +39,25 @@ def _writer(spark, source: Path, checkpoint: Path, name: str):
     return frame.writeStream.queryName(name).option("checkpointLocation", str(checkpoint)).trigger(processingTime="0.1 seconds")
 
 
-def _run(spark, tmp_path: Path, name: str, on_batch, *, foreach_batch: bool = False) -> dict:
+def _run(spark, tmp_path: Path, name: str, on_batch, *, foreach_batch: bool = False, shape=None, plans=None) -> dict:
     writer = _writer(spark, tmp_path / "in", tmp_path / f"checkpoint-{name}", name)
-    query = writer.foreachBatch(on_batch).start() if foreach_batch else start_with_callback(spark, writer, on_batch)
+    if foreach_batch:
+        query = writer.foreachBatch(on_batch).start()
+    else:
+        query = start_with_callback(spark, writer, on_batch, shape=shape)
     try:
         query.processAllAvailable()
+        if plans is not None:  # the logical plan Spark analysed, optimised and planned for the last batch
+            plans.append(query._jsq.streamingQuery().lastExecution().analyzed().toString())
         return query.lastProgress
     finally:
         query.stop()
+
+
+def _doubled(df):
+    from pyspark.sql import functions as F
+
+    return df.select(F.upper("word").alias("word"), (F.col("n") * 2).alias("n"))
 
 
 def test_a_used_batch_holds_what_foreach_batch_gives(spark, tmp_path):
@@ -96,6 +109,30 @@ def test_a_batch_session_is_made_only_when_used_and_is_the_batch_own(spark, tmp_
     [(batch_session, streaming_session)] = sessions
     assert batch_session.equals(streaming_session)
     assert not batch_session.equals(spark._jsparkSession)
+
+
+@pytest.mark.parametrize("sink_class", [True, False], ids=["sink", "foreachBatch"])
+def test_a_shaped_query_plans_its_batches_bare_and_hands_over_the_shaped_rows(spark, tmp_path, monkeypatch, sink_class):
+    records = _write_input(tmp_path / "in", files=2, per_file=10)
+    if not sink_class:
+        monkeypatch.setattr(callback_sink, "jvm_class", lambda session, name: None)
+    seen: dict[int, list] = {}
+    unplanned: list[bool] = []
+
+    def collect(df, batch_id):
+        if isinstance(df, BatchFrame):
+            unplanned.append(not df.planned)
+        seen[batch_id] = sorted((r["word"], r["n"]) for r in df.collect())
+
+    plans: list[str] = []
+    _run(spark, tmp_path, f"shaped-{sink_class}", collect, shape=_doubled, plans=plans)
+    assert sorted(row for rows in seen.values() for row in rows) == sorted(
+        (str(r["word"]).upper(), 2 * int(str(r["n"]))) for r in records
+    )
+    assert sorted(seen) == [0, 1]
+    assert unplanned == ([True, True] if sink_class else [])
+    [plan] = plans
+    assert "upper" not in plan.lower(), plan  # Spark planned the relation alone
 
 
 def test_without_the_sink_class_the_query_runs_on_foreach_batch(spark, tmp_path, monkeypatch):
