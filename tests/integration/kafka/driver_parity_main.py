@@ -12,8 +12,9 @@ chose and why, the result of that path (:func:`~stream_ops.compute.decision.sour
 to Spark's (``on_driver=False``), and whether the rows the driver read
 (:meth:`~stream_ops.sources.base.SourceKind.read_offsets`) are exactly the rows of Spark's batch
 DataFrame, and the logical plan Spark planned for the batch (the query reads Spark's Kafka relation
-alone; the source's projection is applied only to a batch Spark computes). It stops when
-``--stop`` exists.
+alone; the source's projection is applied only to a batch Spark computes). A query marked
+``upgraded`` continues a checkpoint that a query with the projection in its streaming plan
+began, as a task's checkpoint from before the bare relation. It stops when ``--stop`` exists.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from stream_ops import Count, OpaqueMapState, Topology
 from stream_ops.compute.batch_inputs import noted_offsets
-from stream_ops.compute.decision import batch_path, source_batch
+from stream_ops.compute.decision import batch_path, driver_bounded, source_batch
 from stream_ops.compute.results import SourceBatchResult
 from stream_ops.compute.settings import DRIVER_RECORDS_CONF
 from stream_ops.compute.stage_query import start_stage_query
 from stream_ops.dsl.build_plan import build_plan
 from stream_ops.sources import CORRUPT_COLUMN, KafkaTopic, source_kind
+from stream_ops.spark.callback_sink import start_with_callback
 from stream_ops.spark.session import create_spark_session
 from stream_ops.topology.plan import StageSpec
 
@@ -56,6 +58,9 @@ class ParityQuery:
     isolation: str = ""
     max_offsets: int = 0
     driver_records: int = 50_000
+    upgraded: bool = False
+    """Its checkpoint begun by a query of the form before the bare relation (the source's
+    projection in the streaming plan), run to the topic's end and stopped first."""
 
 
 def _stage(bootstrap: str, run: ParityQuery) -> StageSpec:
@@ -93,6 +98,21 @@ def _spark_rows(df: Any) -> tuple[list[dict[str, Any]], bool]:
     return sorted(rows, key=lambda r: r["kafka_offset"]), corrupt
 
 
+def _run_projected_query(session: SparkSession, stage: StageSpec, checkpoint: Path) -> None:
+    """Run the query a source task started before its plan was bare (the projection in the
+    streaming plan) over everything in the topic now, and stop it."""
+    assert stage.source is not None
+    projected = source_kind(stage.source.kind).read_stream(
+        session, driver_bounded(session, stage.source), 0, max_files_per_trigger=1, max_file_age="7d"
+    )
+    writer = projected.writeStream.option("checkpointLocation", str(checkpoint)).trigger(processingTime="0.2 seconds")
+    query = start_with_callback(session, writer, lambda df, batch_id: None)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
 def _start(spark: SparkSession, bootstrap: str, run: ParityQuery) -> StreamingQuery:
     session = spark.newSession()
     session.conf.set(DRIVER_RECORDS_CONF, str(run.driver_records))
@@ -100,6 +120,8 @@ def _start(spark: SparkSession, bootstrap: str, run: ParityQuery) -> StreamingQu
     assert stage.source is not None
     kind = source_kind(stage.source.kind)
     out = Path(run.out)
+    if run.upgraded:
+        _run_projected_query(session, stage, Path(run.checkpoint))
 
     def on_batch(df: Any, batch_id: int) -> None:
         offsets = noted_offsets(df)

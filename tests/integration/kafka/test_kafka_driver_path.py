@@ -1,7 +1,7 @@
 """A small Kafka source batch read and computed on the driver gives exactly Spark's result for
 the same batch, on a real broker and real Spark with its Kafka connector.
 
-Each test's run is a source stage's streaming query (the three run in one process of their own,
+Each test's run is a source stage's streaming query (they all run in one process of their own,
 ``driver_parity_main.py``) computing every batch on the path
 :func:`~stream_ops.compute.decision.choose_path` picks and with Spark, and comparing the rows the
 driver read for the batch's offset range with the rows of Spark's batch. The input mixes plain
@@ -11,7 +11,8 @@ empty key, headers, and keys and values that are not UTF-8; batches split anywhe
 ``spark.stream_ops.kafkaDriverRecords`` (the source set its own, larger ``maxOffsetsPerTrigger``)
 goes to Spark, and a source that sets none is planned in batches of at most that many offsets.
 Spark plans each batch over its Kafka relation alone: the source's projection (values parsed,
-metadata columns) is applied only to the batches Spark computes.
+metadata columns) is applied only to the batches Spark computes; a task's checkpoint begun by a
+query with that projection in its plan (stream_ops before the bare relation) continues on it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "committed_split": {"isolation": "read_committed", "max_offsets": 2},
     "raw_base64": {"format": "raw", "encoding": "base64", "driver_records": 10, "max_offsets": 1000},
     "bounded": {"format": "raw", "encoding": "utf8", "driver_records": 10},
+    "upgraded": {"upgraded": True},
 }
 """The queries of the one ``driver_parity_main.py`` process: a test's name -> its source's options."""
 
@@ -48,6 +50,7 @@ FIRST: dict[str, Sent] = {
     "committed_split": Sent(b"k0", b'{"sentence":"first"}'),
     "raw_base64": Sent(b"k0", b"first"),
     "bounded": Sent(b"k0", b"first"),
+    "upgraded": Sent(b"k0", b'{"sentence":"first"}'),
 }
 """The record each topic holds before the queries start (so batch 0 has input)."""
 
@@ -195,3 +198,14 @@ def test_a_source_without_its_own_bound_is_planned_in_batches_the_driver_reads(p
     assert sum(line["spark_rows"] for line in later) == 35, lines
     assert all(line["ranges"][0][3] - line["ranges"][0][2] <= 10 for line in later), "maxOffsetsPerTrigger = kafkaDriverRecords"
     assert all((line["path"], line["reason"]) == ("ARROW_ON_DRIVER", "WITHIN_DRIVER_RECORDS") for line in later), lines
+
+
+def test_a_checkpoint_begun_with_the_projection_in_the_plan_continues_on_the_bare_relation(parity, kafka):
+    run = parity.runs["upgraded"]
+    produce(
+        kafka.bootstrap_servers, run.topic, [("plain", [Sent(b"k", f'{{"sentence":"w{i % 3}"}}'.encode()) for i in range(12)])]
+    )
+    lines = run.wait_for_end()
+    _assert_same_as_spark(lines)
+    assert lines[0]["batch"] >= 1 and lines[0]["ranges"][0][2] == 1, f"the first record was batch 0 of the old query: {lines}"
+    assert sum(line["spark_rows"] for line in lines) == 12, lines
